@@ -1,0 +1,199 @@
+"""The typed, frozen form of a validated playbook: what every later stage trusts.
+
+Units crossing module boundaries are SI and named: seconds (`_s`), tokens,
+requests per second, US dollars. Nothing here parses or validates; that is
+`playbook.py`'s job at the edge.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+Scalar = str | int | float | bool | None
+
+
+def frozen_map(d: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(d or {}))
+
+
+@dataclass(frozen=True)
+class Metadata:
+    name: str
+    version: str = "0"
+    owner: str = ""
+    description: str = ""
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Gate:
+    """`metric op value`, e.g. ttft.p95 < 0.5 (seconds)."""
+
+    metric: str  # e.g. "ttft.p95", "throughput.output_tok_s"
+    op: str  # one of < <= > >=
+    value: float  # SI units: seconds, tok/s, req/s, USD, fraction
+    text: str  # as written in the playbook, for reports
+
+    def holds(self, observed: float | None) -> bool | None:
+        if observed is None:
+            return None
+        return {
+            "<": observed < self.value,
+            "<=": observed <= self.value,
+            ">": observed > self.value,
+            ">=": observed >= self.value,
+        }[self.op]
+
+
+@dataclass(frozen=True)
+class Objective:
+    direction: str  # "minimize" | "maximize"
+    metric: str
+    min_effect: float = 0.02  # relative change that counts as real
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A metric that must not regress by more than `tolerance` (relative)."""
+
+    metric: str
+    tolerance: float  # 0.05 == 5 % worse allowed
+    direction: str  # "minimize" (lower is better) | "maximize"
+
+
+@dataclass(frozen=True)
+class Goals:
+    gates: tuple[Gate, ...] = ()
+    objective: Objective = Objective("minimize", "ttft.p95")
+    guards: tuple[Guard, ...] = ()
+    # per-request SLOs used for goodput, seconds: {"ttft": 0.5, "tpot": 0.03, "e2el": ...}
+    slo_s: Mapping[str, float] = field(default_factory=frozen_map)
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """Token-length distribution. kind: fixed|uniform|normal|lognormal|choice."""
+
+    kind: str
+    value: int | None = None  # fixed
+    min: int | None = None  # uniform / clip bounds
+    max: int | None = None
+    mean: float | None = None  # normal / lognormal (mean of the lengths)
+    std: float | None = None  # normal std; lognormal sigma of log-lengths
+    values: tuple[int, ...] = ()  # choice
+    weights: tuple[float, ...] = ()  # choice
+
+
+@dataclass(frozen=True)
+class Workload:
+    api: str = "completions"  # "completions" | "chat"
+    input: LengthDist = LengthDist("fixed", value=128)
+    output: LengthDist = LengthDist("fixed", value=64)
+    dataset: str | None = None  # absolute path to JSONL ({prompt, output_tokens} or ShareGPT)
+    prefix_tokens: int = 0
+    prefix_groups: int = 1
+    turns: int = 1
+    concurrency: int | None = None  # closed loop
+    rate: float | None = None  # open loop, req/s
+    arrival: str = "poisson"  # "poisson" | "constant"
+    burst: int = 1  # requests sent together at each arrival
+    sweep: tuple[float, ...] = ()  # concurrency or rate values
+    streaming_fraction: float = 1.0
+    max_tokens: int | None = None  # None: taken from the output distribution
+    ignore_eos: bool = True
+    temperature: float = 0.0  # greedy by default
+    seed: int = 0
+    warmup_s: float = 0.0
+    warmup_requests: int = 0
+    duration_s: float | None = None
+    num_requests: int | None = None
+    request_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    kind: str  # vllm | sglang | tgi | trtllm | llamacpp
+    model: str
+    image: str | None = None
+    model_dir: str | None = None  # host directory mounted read-only
+    served_model_name: str | None = None
+    gpus: int | tuple[str, ...] = 0  # count, or explicit device ids
+    args: Mapping[str, Scalar] = field(default_factory=frozen_map)  # engine-neutral knobs
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=frozen_map)
+    port: int | None = None  # None: the adapter's default
+    health_path: str | None = None  # None: the adapter's default
+    health_timeout_s: float = 600.0
+    shm_size: str | None = None
+    ipc_mode: str | None = None
+    network_mode: str | None = None  # "host" or None (publish port)
+    executable: str | None = None  # process runtime: path of the server binary
+
+    def with_knob(self, knob: str, value: Scalar) -> "EngineSpec":
+        args = dict(self.args)
+        args[knob] = value
+        return replace(self, args=frozen_map(args))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One knob changed by a step. target is a dotted path:
+    `args.<knob>`, `image`, `gpus`, `env.<NAME>`, `workload.<field>`, `extra_args`."""
+
+    target: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    changes: tuple[Change, ...]
+    bundle: bool = False
+    carry: str = "if_kept"  # always | if_kept | never
+    description: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Trials:
+    repeats: int = 3
+    interleave: bool = True
+    sequential: bool = False  # stop early once the CI decides
+    max_repeats: int = 6
+    confidence: float = 0.95
+    bootstrap_samples: int = 2000
+    on_failure: str = "continue"  # continue | stop
+    cooldown_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Cost:
+    gpu_usd_per_hour: float = 0.0
+    # CPU-only runs price the host instead, so $/1M tokens is still meaningful.
+    host_usd_per_hour: float = 0.0
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    kind: str = "docker"  # docker | process | endpoint
+    url: str | None = None  # endpoint runtime
+    docker_host: str | None = None
+    allow_host_mounts: bool = False
+
+
+@dataclass(frozen=True)
+class Playbook:
+    path: str  # absolute path of the file as given
+    text: str  # the top-level file's text, archived as run
+    sha256: str
+    api_version: str
+    metadata: Metadata
+    goals: Goals
+    workload: Workload
+    engine: EngineSpec
+    steps: tuple[Step, ...]
+    trials: Trials
+    cost: Cost
+    runtime: RuntimeSpec
+    resolved: Mapping[str, Any]  # the merged document after `extends:`, for the archive
