@@ -1,0 +1,70 @@
+"""Human-readable text of a plan, for `llmplay plan` and `llmplay run --dry-run`."""
+from __future__ import annotations
+
+from llmplay.plan import Config, Plan, docker_run_argv, format_argv
+from llmplay.spec import LengthDist, Workload
+
+
+def describe_length(dist: LengthDist) -> str:
+    if dist.kind == "fixed":
+        return f"fixed {dist.value}"
+    if dist.kind == "choice":
+        weights = f" weights {list(dist.weights)}" if dist.weights else ""
+        return f"choice {list(dist.values)}{weights}"
+    if dist.kind == "uniform":
+        return f"uniform [{dist.min}, {dist.max}]"
+    bounds = f", clipped [{dist.min or 1}, {dist.max or '∞'}]"
+    spread = "std" if dist.kind == "normal" else "sigma"
+    return f"{dist.kind} mean {dist.mean:g} {spread} {dist.std:g}{bounds}"
+
+
+def describe_workload(w: Workload) -> str:
+    load = f"concurrency {w.concurrency} (closed loop)" if w.concurrency else f"rate {w.rate:g} req/s {w.arrival}"
+    if w.sweep:
+        load += f", sweep {list(w.sweep)}"
+    shape = f"dataset {w.dataset}" if w.dataset else f"input {describe_length(w.input)}, output {describe_length(w.output)}"
+    length = f"duration {w.duration_s:g}s" if w.duration_s else f"{w.num_requests} requests"
+    extras = []
+    if w.prefix_tokens:
+        extras.append(f"shared prefix {w.prefix_tokens} tokens x {w.prefix_groups} groups")
+    if w.turns > 1:
+        extras.append(f"{w.turns} turns")
+    extras.append(f"streaming {w.streaming_fraction:.0%}")
+    warm = f"warm-up {w.warmup_s:g}s" + (f" + {w.warmup_requests} requests" if w.warmup_requests else "")
+    return f"{w.api}, {shape}, {load}, {length}, {warm}, {', '.join(extras)}, seed {w.seed}"
+
+
+def _config_lines(config: Config, plan: Plan) -> list[str]:
+    spec = config.engine
+    args = ", ".join(f"{k}={v!r}" for k, v in spec.args.items()) or "(engine defaults)"
+    return [f"  engine args: {args}", f"  $ {format_argv(docker_run_argv(spec, plan.engine))}"]
+
+
+def render_plan(plan: Plan) -> str:
+    pb = plan.playbook
+    goals = pb.goals
+    lines = [
+        f"Playbook {pb.metadata.name} v{pb.metadata.version} ({pb.path}, sha256 {pb.sha256[:12]})",
+        f"Engine: {pb.engine.kind}, model {pb.engine.model}, GPUs {pb.engine.gpus or 0}, runtime {pb.runtime.kind}",
+        f"Workload: {describe_workload(pb.workload)}",
+        f"Trials: {pb.trials.repeats} per configuration, "
+        f"{'interleaved A/B' if pb.trials.interleave else 'sequential blocks'}, "
+        f"each a fresh engine start{', sequential stopping' if pb.trials.sequential else ''}",
+        f"Objective: {goals.objective.direction} {goals.objective.metric} (min effect {goals.objective.min_effect:.0%})",
+        "Guards: " + (", ".join(f"{g.metric} within {g.tolerance:.0%}" for g in goals.guards) or "none"),
+        "Gates:" if goals.gates else "Gates: none",
+    ]
+    lines += [f"  {gate.text}" for gate in goals.gates]
+    lines += ["", "Baseline"] + _config_lines(plan.baseline, plan)
+    for planned in plan.steps:
+        step = planned.step
+        flag = " [bundle: several knobs]" if step.bundle else ""
+        lines += ["", f"Step {planned.index}: {step.name}{flag} (carry {step.carry})"]
+        lines += [f"  changes {e.describe()}" for e in planned.effects]
+        if step.description:
+            lines.append(f"  why: {step.description}")
+        lines += _config_lines(planned.cumulative, plan)
+    if plan.steps:
+        lines += ["", "Command lines assume every earlier step is kept; the run applies each step to the best "
+                      "configuration so far."]
+    return "\n".join(lines)

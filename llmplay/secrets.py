@@ -1,0 +1,59 @@
+"""Secrets enter only by reference (`${env:NAME}`), are resolved at launch, and are redacted wherever text is written."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Mapping
+
+from llmplay.errors import PlaybookError
+
+ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)", re.I)
+URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@", re.I)
+REDACTED = "***"
+
+
+def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Replace `${env:NAME}` with the caller's environment; a missing variable is the user's error."""
+    source = os.environ if environ is None else environ
+
+    def sub(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in source:
+            raise PlaybookError(f"engine.env references ${{env:{name}}} but {name} is not set in llmplay's "
+                                f"environment; expected `export {name}=...` before running")
+        return source[name]
+
+    return {k: ENV_REF.sub(sub, str(v)) for k, v in env.items()}
+
+
+def secret_values(env: Mapping[str, str]) -> list[str]:
+    """Values that must never be written: resolved secret-named vars and anything that came from a reference."""
+    out = []
+    for name, value in env.items():
+        if value and (SECRET_NAME.search(name)) and len(value) >= 4:
+            out.append(value)
+    return out
+
+
+def redact_text(text: str, secrets: list[str] = ()) -> str:  # type: ignore[assignment]
+    for value in sorted(set(secrets), key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+
+
+def redact(obj: Any, secrets: list[str] = ()) -> Any:  # type: ignore[assignment]
+    """Deep copy with secret-named keys and secret values blanked; keeps `${env:X}` references (they are not secret)."""
+    if isinstance(obj, Mapping):
+        out = {}
+        for key, value in obj.items():
+            if isinstance(key, str) and SECRET_NAME.search(key) and isinstance(value, str) and not ENV_REF.fullmatch(value):
+                out[key] = REDACTED
+            else:
+                out[key] = redact(value, secrets)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [redact(v, secrets) for v in obj]
+    if isinstance(obj, str):
+        return redact_text(obj, secrets)
+    return obj

@@ -1,0 +1,177 @@
+"""GPU telemetry through NVML (pynvml): memory, utilization, clocks, power, and Hopper GPM metrics."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from llmplay.telemetry.sampler import Reading, add_note
+
+
+def _text(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+class NvmlSource:
+    """Per-GPU readings. `nvml` is the pynvml module (imported lazily when None), so nothing
+    touches the driver at import time and tests can hand in `tests/fake_nvml.py`.
+
+    Without a usable NVML (no library, no driver, no GPU) it says "no NVML: <reason>" once
+    and produces no samples, so reports show "not measured" rather than zeros.
+    """
+
+    name = "nvml"
+
+    def __init__(self, gpu_indices: Sequence[int] | None = None, nvml: Any = None):
+        self.gpu_indices = None if gpu_indices is None else list(gpu_indices)
+        self._nvml = nvml
+        self.notes: list[str] = []
+        self.info: dict[str, str] = {}
+        self._handles: dict[int, Any] = {}
+        self._unsupported: set[tuple[int, str]] = set()
+        self._gpm: dict[int, list[Any]] = {}  # gpu -> [previous sample, current sample]
+        self._gpm_primed: set[int] = set()
+        self._open = False
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> bool:
+        if self._nvml is None:
+            try:
+                import pynvml  # package nvidia-ml-py
+            except ImportError as e:
+                add_note(self.notes, f"no NVML: pynvml not installed ({e}); install nvidia-ml-py")
+                return False
+            self._nvml = pynvml
+        nv = self._nvml
+        try:
+            nv.nvmlInit()
+        except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            add_note(self.notes, f"no NVML: {e}")
+            return False
+        self._open = True
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+            wanted = list(range(count)) if self.gpu_indices is None else self.gpu_indices
+            missing = [i for i in wanted if not 0 <= i < count]
+            if missing:
+                add_note(self.notes, f"NVML: GPU index {missing} not present ({count} GPUs)")
+            for i in wanted:
+                if 0 <= i < count:
+                    self._handles[i] = nv.nvmlDeviceGetHandleByIndex(i)
+            self.info["nvml.driver_version"] = _text(nv.nvmlSystemGetDriverVersion())
+        except Exception as e:
+            add_note(self.notes, f"no NVML: {e}")
+            self.close()
+            return False
+        if not self._handles:
+            add_note(self.notes, "no NVML: no GPU to sample")
+            self.close()
+            return False
+        for i, h in self._handles.items():
+            self.info[f"gpu{i}.name"] = self._try(i, "name", lambda: _text(nv.nvmlDeviceGetName(h))) or "?"
+            mem = self._try(i, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+            if mem is not None:
+                self.info[f"gpu{i}.memory_total_bytes"] = str(int(mem.total))
+            self._start_gpm(i, h)
+        return True
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        nv = self._nvml
+        for pair in self._gpm.values():
+            for s in pair:
+                try:
+                    nv.nvmlGpmSampleFree(s)
+                except Exception:
+                    pass  # freeing at shutdown; nothing useful to report
+        self._gpm.clear()
+        try:
+            nv.nvmlShutdown()
+        finally:
+            self._open = False
+
+    def gpu_names(self) -> dict[int, str]:
+        return {i: self.info.get(f"gpu{i}.name", "?") for i in self._handles}
+
+    # -- reading ---------------------------------------------------------------------
+    def _try(self, gpu: int, what: str, fn: Any) -> Any:
+        """Call one NVML query; a NotSupported (or any) error disables that query for that GPU, noted once."""
+        if (gpu, what) in self._unsupported:
+            return None
+        try:
+            return fn()
+        except Exception as e:
+            self._unsupported.add((gpu, what))
+            add_note(self.notes, f"NVML gpu{gpu}: {what} not measured ({e})")
+            return None
+
+    def _start_gpm(self, i: int, h: Any) -> None:
+        nv = self._nvml
+        if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
+            add_note(self.notes, f"NVML gpu{i}: GPM not measured (pynvml too old)")
+            return
+        try:
+            supported = bool(nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
+        except Exception as e:
+            add_note(self.notes, f"NVML gpu{i}: GPM not measured ({e})")
+            return
+        if not supported:
+            add_note(self.notes, f"NVML gpu{i}: GPM not supported (needs Hopper or newer)")
+            return
+        try:
+            self._gpm[i] = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+        except Exception as e:
+            add_note(self.notes, f"NVML gpu{i}: GPM not measured ({e})")
+
+    def _read_gpm(self, i: int, h: Any) -> list[Reading]:
+        """GPM metrics are rates between two samples: take one now, compare with the last."""
+        nv = self._nvml
+        prev, cur = self._gpm[i]
+        nv.nvmlGpmSampleGet(h, cur)
+        self._gpm[i] = [cur, prev]  # `cur` becomes the previous sample for the next tick
+        if i not in self._gpm_primed:
+            self._gpm_primed.add(i)
+            return []
+        mg = nv.c_nvmlGpmMetricsGet_t()
+        mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = 2
+        mg.sample1 = prev
+        mg.sample2 = cur
+        wanted = [(nv.NVML_GPM_METRIC_SM_UTIL, "gpu.sm_activity_frac"),
+                  (nv.NVML_GPM_METRIC_DRAM_BW_UTIL, "gpu.dram_bw_util_frac")]
+        for k, (mid, _) in enumerate(wanted):
+            mg.metrics[k].metricId = mid
+        nv.nvmlGpmMetricsGet(mg)
+        out = []
+        for k, (_, metric) in enumerate(wanted):
+            m = mg.metrics[k]
+            if int(m.nvmlReturn) == 0:  # NVML_SUCCESS
+                out.append(Reading(metric, float(m.value) / 100.0, i))  # NVML gives percent
+            else:
+                add_note(self.notes, f"NVML gpu{i}: {metric} not measured (GPM return {int(m.nvmlReturn)})")
+        return out
+
+    def read(self) -> list[Reading]:
+        nv = self._nvml
+        out: list[Reading] = []
+        for i, h in self._handles.items():
+            mem = self._try(i, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+            if mem is not None:
+                out += [Reading("memory.used_bytes", float(mem.used), i),
+                        Reading("memory.total_bytes", float(mem.total), i)]
+            util = self._try(i, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+            if util is not None:
+                out += [Reading("gpu.util_frac", util.gpu / 100.0, i),
+                        Reading("gpu.mem_util_frac", util.memory / 100.0, i)]
+            sm = self._try(i, "sm clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+            if sm is not None:
+                out.append(Reading("gpu.sm_clock_mhz", float(sm), i))
+            mc = self._try(i, "memory clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
+            if mc is not None:
+                out.append(Reading("gpu.mem_clock_mhz", float(mc), i))
+            mw = self._try(i, "power", lambda: nv.nvmlDeviceGetPowerUsage(h))
+            if mw is not None:
+                out.append(Reading("gpu.power_w", float(mw) / 1000.0, i))  # NVML gives milliwatts
+            if i in self._gpm:
+                got = self._try(i, "GPM", lambda: self._read_gpm(i, h))
+                out += got or []
+        return out

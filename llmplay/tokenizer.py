@@ -1,0 +1,174 @@
+"""Token counting and exact-length prompt text: the engine's own tokenizer where reachable, else a word ratio."""
+from __future__ import annotations
+
+import re
+from typing import Protocol, runtime_checkable
+
+import httpx
+import numpy as np
+
+from llmplay.errors import InfrastructureError
+
+# Short, frequent English words: each is a single token in the BPE/SentencePiece
+# vocabularies of every mainstream model family (Llama, Qwen, Mistral, GPT-2),
+# so a text of n of them is close to n tokens even without the real tokenizer.
+WORDS: tuple[str, ...] = tuple(
+    """the of and to in is was for on are with as by at be this from or have an they which one you
+    had not but what all were when we there can more if no out so said up its about into than them
+    time only new some could these two may first then do any like my now over such our man me even
+    most made after also did many off before must well back through years much where your way down
+    should because each just those people how too little state good very make world still own see
+    men work long get here between both life being under never day same another know while last
+    might us great old year since come came show every last house part place found again take
+    water small end home give hand high keep light air line thing last city tree cross farm hard
+    start story sea draw left late run don press close night real few north open seem together next
+    white begin got walk example ease paper group always music those both mark often letter until
+    mile river car feet care second book carry took science eat room friend began idea fish
+    mountain stop once base hear horse cut sure watch color face wood main enough plain girl usual
+    young ready above ever red list though feel talk bird soon body dog family direct pose leave
+    song measure door product black short numeral class wind question happen complete ship area half
+    rock order fire south problem piece told knew pass farm top whole king size heard best hour
+    better true during hundred five remember step early hold west ground interest reach fast five
+    sing listen six table travel less morning ten simple several vowel toward war lay against
+    pattern slow center love person money serve appear road map rain rule govern pull cold notice
+    voice unit power town fine certain fly fall lead cry dark machine note wait plan figure star
+    box noun field rest correct able pound done beauty drive stood contain front teach week final
+    gave green quick develop ocean warm free minute strong special mind behind clear tail produce
+    fact street inch multiply nothing course stay wheel full force blue object decide surface deep
+    moon island foot system busy test record boat common gold possible plane dry wonder laugh
+    thousand ago ran check game shape yes hot miss brought heat snow tire bring distant fill east
+    paint language among""".split()
+)
+
+_WORDLIKE = re.compile(r"\w+|[^\w\s]")
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What workload generation needs: count tokens and make text of an exact (or near) token count."""
+
+    name: str
+    exact: bool
+
+    def count(self, text: str) -> int: ...
+
+    def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str: ...
+
+
+def _rng(rng_or_seed: np.random.Generator | int) -> np.random.Generator:
+    if isinstance(rng_or_seed, np.random.Generator):
+        return rng_or_seed
+    return np.random.default_rng(rng_or_seed)
+
+
+def _random_words(n_words: int, rng: np.random.Generator) -> str:
+    idx = rng.integers(0, len(WORDS), size=max(n_words, 0))
+    return " ".join(WORDS[i] for i in idx)
+
+
+class WordRatioTokenizer:
+    """Approximate: tokens = round(words-and-punctuation x ratio). Used when no engine tokenizer is reachable."""
+
+    exact = False
+
+    def __init__(self, tokens_per_word: float = 1.0):
+        # 1.0 fits the WORDS vocabulary; ~1.3 fits general English prose (ShareGPT replies).
+        self.tokens_per_word = tokens_per_word
+        self.name = f"word-ratio({tokens_per_word:g} tokens/word, approximate)"
+
+    def count(self, text: str) -> int:
+        return int(round(len(_WORDLIKE.findall(text)) * self.tokens_per_word))
+
+    def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str:
+        return _random_words(int(round(n_tokens / self.tokens_per_word)), _rng(rng))
+
+    @classmethod
+    def calibrated(cls, reference: Tokenizer, sample_text: str) -> "WordRatioTokenizer":
+        """Fit the ratio on sample_text against an exact tokenizer (e.g. once, while the engine is up)."""
+        words = len(_WORDLIKE.findall(sample_text))
+        return cls(reference.count(sample_text) / words if words else 1.0)
+
+
+class LlamaCppTokenizer:
+    """Exact counts through a llama.cpp server's /tokenize and /detokenize (the model's own vocabulary).
+
+    Counts exclude the BOS token the server adds to a prompt, so usage.prompt_tokens is
+    typically count(prompt) + 1.
+    """
+
+    exact = True
+
+    def __init__(self, base_url: str, *, timeout_s: float = 30.0, client: httpx.Client | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.name = f"llama.cpp /tokenize at {self.base_url}"
+        self._client = client or httpx.Client(timeout=timeout_s)
+        self._corpus: list[int] = []
+
+    def close(self) -> None:
+        self._client.close()
+
+    def tokenize(self, text: str) -> list[int]:
+        try:
+            resp = self._client.post(f"{self.base_url}/tokenize", json={"content": text, "add_special": False})
+            resp.raise_for_status()
+            return list(resp.json()["tokens"])
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise InfrastructureError(f"tokenizer at {self.base_url}/tokenize failed: {exc}; "
+                                      "expected a llama.cpp server") from exc
+
+    def detokenize(self, tokens: list[int]) -> str:
+        try:
+            resp = self._client.post(f"{self.base_url}/detokenize", json={"tokens": tokens})
+            resp.raise_for_status()
+            return str(resp.json()["content"])
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise InfrastructureError(f"tokenizer at {self.base_url}/detokenize failed: {exc}; "
+                                      "expected a llama.cpp server") from exc
+
+    def count(self, text: str) -> int:
+        return len(self.tokenize(text))
+
+    def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str:
+        """A random window of model tokens, detokenized, then trimmed/extended until it re-tokenizes to n."""
+        if n_tokens <= 0:
+            return ""
+        gen = _rng(rng)
+        if len(self._corpus) < 4 * n_tokens + 64:
+            # One tokenize call builds a corpus every later prompt slices from.
+            self._corpus = self.tokenize(_random_words(max(4 * n_tokens + 64, 2048), np.random.default_rng(0)))
+        start = int(gen.integers(0, len(self._corpus) - n_tokens))
+        want = n_tokens
+        for _ in range(8):
+            text = self.detokenize(self._corpus[start:start + want]).strip()
+            got = self.count(text)
+            if got == n_tokens:
+                return text
+            # Merges across the window edges change the count by a token or two; nudge and retry.
+            want = max(1, want + (n_tokens - got))
+            if start + want > len(self._corpus):
+                start = max(0, len(self._corpus) - want)
+        return text
+
+
+def probe_llamacpp(base_url: str, timeout_s: float = 5.0) -> bool:
+    """True when base_url answers llama.cpp's /tokenize."""
+    try:
+        resp = httpx.post(f"{base_url.rstrip('/')}/tokenize", json={"content": "hello world"}, timeout=timeout_s)
+        return resp.status_code == 200 and isinstance(resp.json().get("tokens"), list)
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+
+
+def make_tokenizer(kind: str = "auto", base_url: str | None = None) -> Tokenizer:
+    """kind: auto (llama.cpp /tokenize if the endpoint has it, else word ratio) | llamacpp | word."""
+    if kind == "word":
+        return WordRatioTokenizer()
+    if kind == "llamacpp":
+        if base_url is None:
+            raise InfrastructureError("tokenizer 'llamacpp' needs the endpoint URL; expected --url")
+        return LlamaCppTokenizer(base_url)
+    if kind != "auto":
+        raise InfrastructureError(f"unknown tokenizer {kind!r}; expected auto, llamacpp or word")
+    if base_url is not None and probe_llamacpp(base_url):
+        return LlamaCppTokenizer(base_url)
+    return WordRatioTokenizer()

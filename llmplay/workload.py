@@ -1,0 +1,250 @@
+"""Turns a Workload into a deterministic sequence of PlannedRequests: lengths, datasets, shared prefixes, turns."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from llmplay.errors import LlmplayError
+from llmplay.spec import LengthDist, Workload
+from llmplay.tokenizer import Tokenizer
+
+
+class WorkloadError(LlmplayError):
+    """The workload cannot be turned into requests (bad dataset file, impossible lengths)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """One request as planned; the load runner sends it unchanged.
+
+    Exactly one of `prompt` (completions API) and `messages` (chat API: (role, content) pairs) is set.
+    """
+
+    index: int  # position in the sequence, warm-up included
+    conversation_id: int
+    group_id: int  # shared-prefix group
+    turn: int  # 0-based turn within the conversation
+    prompt: str | None
+    messages: tuple[tuple[str, str], ...] | None
+    input_tokens_target: int  # prefix + history + new text, as planned
+    input_tokens: int  # as counted by the tokenizer (exact or approximate, see tokenizer name)
+    max_tokens: int
+    stream: bool
+    is_warmup: bool
+    model: str
+
+    def body(self, *, temperature: float, ignore_eos: bool) -> dict:
+        """The OpenAI JSON body for this request."""
+        body: dict = {"model": self.model, "max_tokens": self.max_tokens, "temperature": temperature,
+                      "stream": self.stream}
+        if self.messages is not None:
+            body["messages"] = [{"role": r, "content": c} for r, c in self.messages]
+        else:
+            body["prompt"] = self.prompt
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
+        if ignore_eos:
+            # llama.cpp and vLLM honour it; others ignore unknown fields.
+            body["ignore_eos"] = True
+        return body
+
+
+def draw_length(dist: LengthDist, rng: np.random.Generator) -> int:
+    """One length >= 1 from the distribution (normal/lognormal clipped to [min, max])."""
+    lo = dist.min if dist.min is not None else 1
+    hi = dist.max
+    if dist.kind == "fixed":
+        value = float(dist.value if dist.value is not None else 1)
+    elif dist.kind == "uniform":
+        if dist.min is None or dist.max is None:
+            raise WorkloadError("uniform length needs min and max")
+        value = float(rng.integers(dist.min, dist.max + 1))
+    elif dist.kind == "normal":
+        if dist.mean is None or dist.std is None:
+            raise WorkloadError("normal length needs mean and std")
+        value = float(np.round(rng.normal(dist.mean, dist.std)))
+    elif dist.kind == "lognormal":
+        if dist.mean is None or dist.std is None:
+            raise WorkloadError("lognormal length needs mean (of lengths) and std (sigma of log-lengths)")
+        sigma = float(dist.std)
+        # mean is the mean of the lengths: E[X] = exp(mu + sigma^2/2).
+        mu = math.log(dist.mean) - sigma * sigma / 2
+        value = float(np.round(rng.lognormal(mu, sigma)))
+    elif dist.kind == "choice":
+        if not dist.values:
+            raise WorkloadError("choice length needs values")
+        p = None
+        if dist.weights:
+            w = np.asarray(dist.weights, dtype=float)
+            p = w / w.sum()
+        value = float(dist.values[int(rng.choice(len(dist.values), p=p))])
+    else:
+        raise WorkloadError(f"unknown length distribution {dist.kind!r}; expected fixed, uniform, normal, "
+                            "lognormal or choice")
+    value = max(value, float(lo), 1.0)
+    if hi is not None:
+        value = min(value, float(hi))
+    return int(value)
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    prompt: str
+    output_tokens: int | None  # None: take the output distribution / max_tokens
+
+
+def load_dataset(path: str, tokenizer: Tokenizer) -> tuple[DatasetEntry, ...]:
+    """JSONL of {prompt, output_tokens} or ShareGPT (JSONL or a JSON array) conversations."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadError(f"dataset {path}: {exc.strerror}; expected a readable JSONL file") from exc
+    stripped = text.lstrip()
+    rows: list[tuple[int, object]] = []
+    if stripped.startswith("["):
+        try:
+            rows = list(enumerate(json.loads(stripped), start=1))
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"dataset {path}: invalid JSON array ({exc.msg} at line {exc.lineno})") from exc
+    else:
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"dataset {path}:{lineno}: invalid JSON ({exc.msg}); expected one object "
+                                    "per line") from exc
+    entries: list[DatasetEntry] = []
+    for lineno, row in rows:
+        if not isinstance(row, dict):
+            raise WorkloadError(f"dataset {path}:{lineno}: found {type(row).__name__}; expected an object")
+        if "prompt" in row:
+            out = row.get("output_tokens")
+            entries.append(DatasetEntry(str(row["prompt"]), int(out) if out is not None else None))
+            continue
+        conv = row.get("conversations") or row.get("conversation")
+        if not isinstance(conv, list):
+            raise WorkloadError(f"dataset {path}:{lineno}: no 'prompt' or 'conversations'; expected "
+                                "{prompt, output_tokens} or ShareGPT {conversations: [...]}")
+        human = next((i for i, t in enumerate(conv) if isinstance(t, dict)
+                      and t.get("from", t.get("role")) in ("human", "user")), None)
+        if human is None:
+            continue  # no human turn: nothing to send (ShareGPT has such rows)
+        prompt = str(conv[human].get("value", conv[human].get("content", "")))
+        reply = conv[human + 1] if human + 1 < len(conv) else None
+        out_tokens = None
+        if isinstance(reply, dict):
+            out_tokens = max(1, tokenizer.count(str(reply.get("value", reply.get("content", "")))))
+        if prompt.strip():
+            entries.append(DatasetEntry(prompt, out_tokens))
+    if not entries:
+        raise WorkloadError(f"dataset {path}: no usable rows; expected {{prompt, output_tokens}} or ShareGPT")
+    return tuple(entries)
+
+
+def _sub_rng(seed: int, *keys: int) -> np.random.Generator:
+    # Independent stream per (purpose, index): request i is the same however lazily it is drawn.
+    return np.random.default_rng([seed, *keys])
+
+
+_PURPOSE_PLAN, _PURPOSE_TEXT, _PURPOSE_PREFIX, _PURPOSE_DATASET, _PURPOSE_REPLY = 1, 2, 3, 4, 5
+
+
+def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Iterator[PlannedRequest]:
+    """Every request the workload can send, in order: warm-up first, then measured; endless when
+    the workload is bounded by duration_s instead of num_requests. Deterministic from workload.seed."""
+    total: int | None = None
+    if workload.num_requests is not None:
+        total = workload.warmup_requests + workload.num_requests
+    dataset = load_dataset(workload.dataset, tokenizer) if workload.dataset else ()
+    order: list[int] = []
+    prefixes: dict[int, str] = {}
+
+    def prefix_for(group: int) -> str:
+        if group not in prefixes:
+            # Each group's prefix is its own text (system prompt), identical across its requests.
+            prefixes[group] = tokenizer.make_text(workload.prefix_tokens, _sub_rng(workload.seed, _PURPOSE_PREFIX,
+                                                                                   group))
+        return prefixes[group]
+
+    def dataset_entry(conv: int) -> DatasetEntry:
+        # A fresh seeded permutation per pass over the dataset.
+        while len(order) <= conv:
+            order.extend(_sub_rng(workload.seed, _PURPOSE_DATASET, len(order) // len(dataset))
+                         .permutation(len(dataset)).tolist())
+        return dataset[order[conv]]
+
+    turns = max(1, workload.turns)
+    index = 0
+    for conv in itertools.count():
+        rng = _sub_rng(workload.seed, _PURPOSE_PLAN, conv)
+        group = int(rng.integers(0, max(1, workload.prefix_groups))) if workload.prefix_tokens > 0 else 0
+        prefix = prefix_for(group) if workload.prefix_tokens > 0 else ""
+        history: list[tuple[str, str]] = []  # (user, assistant) turns already sent
+        history_tokens = 0
+        for turn in range(turns):
+            if total is not None and index >= total:
+                return
+            text_rng = _sub_rng(workload.seed, _PURPOSE_TEXT, conv, turn)
+            if dataset and turn == 0:
+                entry = dataset_entry(conv)
+                user_text = entry.prompt
+                user_tokens = tokenizer.count(user_text)
+                planned_out = entry.output_tokens
+            else:
+                user_tokens = draw_length(workload.input, rng)
+                user_text = tokenizer.make_text(user_tokens, text_rng)
+                planned_out = None
+            if planned_out is None:
+                planned_out = draw_length(workload.output, rng)
+            max_tokens = workload.max_tokens if workload.max_tokens is not None else planned_out
+            stream = bool(rng.random() < workload.streaming_fraction)
+            target = workload.prefix_tokens + history_tokens + user_tokens
+            if workload.api == "chat":
+                messages: list[tuple[str, str]] = []
+                if prefix:
+                    messages.append(("system", prefix))
+                for u, a in history:
+                    messages += [("user", u), ("assistant", a)]
+                messages.append(("user", user_text))
+                prompt, msgs = None, tuple(messages)
+                counted = sum(tokenizer.count(c) for _, c in messages)
+            else:
+                parts = [prefix] if prefix else []
+                for u, a in history:
+                    parts += [u, a]
+                parts.append(user_text)
+                prompt, msgs = "\n".join(parts), None
+                counted = tokenizer.count(prompt)
+            yield PlannedRequest(
+                index=index, conversation_id=conv, group_id=group, turn=turn, prompt=prompt, messages=msgs,
+                input_tokens_target=target, input_tokens=counted, max_tokens=max_tokens, stream=stream,
+                is_warmup=index < workload.warmup_requests, model=model,
+            )
+            index += 1
+            if turn + 1 < turns:
+                # The reply is planned text of the planned length: the history a later turn resends.
+                reply = tokenizer.make_text(max_tokens, _sub_rng(workload.seed, _PURPOSE_REPLY, conv, turn))
+                history.append((user_text, reply))
+                history_tokens += user_tokens + max_tokens
+
+
+def build_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> tuple[PlannedRequest, ...]:
+    """All requests of a num_requests-bound workload (warm-up requests first, flagged).
+
+    A duration-bound workload has no fixed count: pass `iter_requests(...)` to the load runner instead.
+    """
+    if workload.num_requests is None:
+        raise WorkloadError("workload is bounded by duration, not num_requests; use iter_requests() "
+                            "so the load runner can keep drawing")
+    return tuple(iter_requests(workload, tokenizer, model))

@@ -1,0 +1,433 @@
+"""Telemetry: sampler summary rules, NVML through the fake, /metrics against real HTTP servers, real processes."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from llmplay.engines.base import MetricNames
+from llmplay.telemetry.nvml import NvmlSource
+from llmplay.telemetry.prom import PrometheusSource, parse_metrics
+from llmplay.telemetry.proc import ProcessSource, docker_memory_bytes
+from llmplay.telemetry.sampler import Reading, Sample, TelemetrySampler, TelemetrySeries, counter_delta, summarize
+from fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
+
+GiB = 2**30
+
+
+class ListSource:
+    """A scripted source (not a fake of an external system): returns the next prepared readings each tick."""
+
+    name = "script"
+
+    def __init__(self, ticks: list[list[Reading]], fail_on: int | None = None):
+        self.ticks, self.fail_on, self.n = ticks, fail_on, 0
+        self.notes: list[str] = []
+        self.info: dict[str, str] = {}
+        self.closed = False
+
+    def start(self) -> bool:
+        return True
+
+    def read(self) -> list[Reading]:
+        n, self.n = self.n, self.n + 1
+        if n == self.fail_on:
+            raise RuntimeError("boom")
+        return self.ticks[min(n, len(self.ticks) - 1)]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_sampler_context_manager_and_frame() -> None:
+    src = ListSource([[Reading("engine.waiting", 1.0)], [Reading("engine.waiting", 0.0)]], fail_on=2)
+    with TelemetrySampler([src], interval_s=0.01) as s:
+        time.sleep(0.08)
+    series = s.result()
+    assert src.closed and series.duration_s >= 0.08
+    assert s.result() is series
+    assert any("read failed: RuntimeError: boom" in n for n in series.notes)
+    assert len([n for n in series.notes if "boom" in n]) == 1
+    df = series.to_frame()
+    assert list(df.columns) == ["t_s", "source", "metric", "gpu", "value"]
+    assert (df["t_s"].diff().dropna() >= 0).all()
+    assert set(df["metric"]) == {"engine.waiting"}
+    back = TelemetrySeries.from_frame(df, series.notes, duration_s=series.duration_s)
+    assert back.summary() == series.summary()
+
+
+def test_result_before_exit_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="after the with-block"):
+        TelemetrySampler([]).result()
+
+
+def test_summary_absent_metrics_are_absent() -> None:
+    assert summarize([], 1.0) == {}
+    only_engine = [Sample(0.0, "engine", "engine.running", 2.0)]
+    assert set(summarize(only_engine, 1.0)) == {"engine.running_mean", "engine.running_max"}
+
+
+def test_counter_delta_handles_restart() -> None:
+    assert counter_delta([5, 7, 10]) == 5
+    assert counter_delta([5, 7, 2, 4]) == 2 + 2 + 2  # drop to 2 = restart; counted from 0
+    assert counter_delta([3]) == 0
+
+
+def test_summary_values() -> None:
+    rows = []
+    for k, (used0, used1, waiting, pre, hits, q) in enumerate(
+        [(10, 20, 0, 1, 0, 0), (30, 20, 2, 1, 50, 100), (40, 70, 3, 4, 80, 200)]
+    ):
+        t = float(k)
+        rows += [
+            Sample(t, "nvml", "memory.used_bytes", used0 * GiB, 0),
+            Sample(t, "nvml", "memory.used_bytes", used1 * GiB, 1),
+            Sample(t, "nvml", "memory.total_bytes", 80 * GiB, 0),
+            Sample(t, "nvml", "memory.total_bytes", 80 * GiB, 1),
+            Sample(t, "nvml", "gpu.util_frac", 0.5 + 0.1 * k, 0),
+            Sample(t, "nvml", "gpu.power_w", 100.0, 0),
+            Sample(t, "nvml", "gpu.power_w", 200.0, 1),
+            Sample(t, "engine", "engine.waiting", waiting),
+            Sample(t, "engine", "engine.preemptions_total", pre),
+            Sample(t, "engine", "engine.prefix_cache_hits_total", hits),
+            Sample(t, "engine", "engine.prefix_cache_queries_total", q),
+            Sample(t, "proc", "proc.cpu_s", 10.0 + 2 * k),
+            Sample(t, "proc", "proc.rss_bytes", 1e9 * (k + 1)),
+        ]
+    s = summarize(rows, 2.0)
+    assert s["memory.peak_bytes"] == 110 * GiB  # tick 2, summed over GPUs
+    assert s["memory.capacity_bytes"] == 160 * GiB
+    assert s["memory.peak_frac"] == pytest.approx(70 / 80)  # fullest single GPU
+    assert s["gpu.util_mean"] == pytest.approx(0.6)
+    assert s["gpu.power_w_mean"] == pytest.approx(300.0)
+    assert s["engine.waiting_mean"] == pytest.approx(5 / 3)
+    assert s["engine.waiting_max"] == 3
+    assert s["engine.waiting_nonzero_frac"] == pytest.approx(2 / 3)
+    assert s["engine.preemptions"] == 3
+    assert s["engine.prefix_cache_hit_rate"] == pytest.approx(80 / 200)
+    assert s["proc.cpu_s"] == 4.0 and s["proc.cpu_cores_mean"] == 2.0
+    assert s["proc.rss_peak_bytes"] == 3e9
+    for absent in ("gpu.sm_activity_mean", "gpu.dram_bw_util_mean", "engine.kv_cache_usage_max"):
+        assert absent not in s
+    # window: only the first tick -> a counter needs two readings, so preemptions are not measured
+    w = TelemetrySeries(tuple(rows), duration_s=2.0).summary(0.0, 0.5)
+    assert "engine.preemptions" not in w and w["engine.waiting_max"] == 0
+
+
+# -- NVML ------------------------------------------------------------------------------
+
+
+def test_nvml_through_fake() -> None:
+    fake = FakeNvml([
+        FakeGpu(used_bytes=[10 * GiB, 30 * GiB, 20 * GiB], util_pct=[90], sm_activity_pct=[70.0],
+                dram_bw_pct=[55.0]),
+        FakeGpu(name="NVIDIA A100-SXM4-80GB", gpm=False, unsupported={"power"}),
+    ])
+    src = NvmlSource(nvml=fake)
+    assert src.start()
+    ticks = [src.read() for _ in range(3)]
+    src.close()
+    assert fake.shutdowns == 1 and fake.samples_alive == 0
+    assert src.gpu_names() == {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA A100-SXM4-80GB"}
+    assert src.info["nvml.driver_version"] == "550.54.15"
+    assert src.info["gpu0.memory_total_bytes"] == str(80 * GiB)
+    first = {(r.metric, r.gpu): r.value for r in ticks[0]}
+    assert first[("gpu.util_frac", 0)] == 0.9
+    assert first[("gpu.power_w", 0)] == 300.0
+    assert ("gpu.power_w", 1) not in first
+    assert ("gpu.sm_activity_frac", 0) not in first  # GPM needs two samples
+    later = {(r.metric, r.gpu): r.value for r in ticks[1]}
+    assert later[("gpu.sm_activity_frac", 0)] == pytest.approx(0.7)
+    assert later[("gpu.dram_bw_util_frac", 0)] == pytest.approx(0.55)
+    assert ("gpu.sm_activity_frac", 1) not in later
+    assert "NVML gpu1: GPM not supported (needs Hopper or newer)" in src.notes
+    assert any(n.startswith("NVML gpu1: power not measured (Not Supported)") for n in src.notes)
+
+
+def test_nvml_in_sampler_summary() -> None:
+    fake = FakeNvml([FakeGpu(used_bytes=[10 * GiB, 76 * GiB], util_pct=[20, 40])])
+    with TelemetrySampler([NvmlSource(nvml=fake)], interval_s=0.01) as s:
+        time.sleep(0.05)
+    summ = s.result().summary()
+    assert summ["memory.peak_bytes"] == 76 * GiB
+    assert summ["memory.peak_frac"] == pytest.approx(76 / 80)
+    assert 0.2 < summ["gpu.util_mean"] <= 0.4
+    assert summ["gpu.sm_activity_mean"] == pytest.approx(0.4)
+    assert summ["gpu.dram_bw_util_mean"] == pytest.approx(0.6)
+    assert s.result().info["gpu0.name"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_nvml_absent_gives_one_note_and_no_zeros() -> None:
+    fake = FakeNvml(init_error=NVML_ERROR_LIBRARY_NOT_FOUND)
+    with TelemetrySampler([NvmlSource(nvml=fake)], interval_s=0.01) as s:
+        time.sleep(0.03)
+    series = s.result()
+    assert series.samples == ()
+    assert series.notes == ("no NVML: NVML Shared Library Not Found",)
+    assert series.summary() == {}
+
+
+def test_nvml_real_library_without_gpu() -> None:
+    """On this machine the real pynvml finds no driver: the same note path, for real."""
+    pytest.importorskip("pynvml")
+    src = NvmlSource()
+    if src.start():
+        src.close()
+        pytest.skip("a GPU driver is present; the real path is exercised by benchmarks/gpu_check.py")
+    assert len(src.notes) == 1 and src.notes[0].startswith("no NVML: ")
+
+
+def test_nvml_missing_gpu_index() -> None:
+    src = NvmlSource(gpu_indices=[3], nvml=FakeNvml())
+    assert not src.start()
+    assert "NVML: GPU index [3] not present (1 GPUs)" in src.notes
+    assert "no NVML: no GPU to sample" in src.notes
+
+
+# -- Prometheus ------------------------------------------------------------------------
+
+VLLM_NAMES = MetricNames(
+    kv_cache_usage="vllm:gpu_cache_usage_perc",
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+    preemptions="vllm:num_preemptions_total",  # adapters may include the suffix ...
+    prefix_cache_hits="vllm:prefix_cache_hits",  # ... or not
+    prefix_cache_queries="vllm:prefix_cache_queries",
+)
+
+
+@pytest.fixture
+def prom_server():
+    reg = CollectorRegistry()
+    metrics = {
+        "kv": Gauge("vllm:gpu_cache_usage_perc", "kv", ["model_name", "engine"], registry=reg),
+        "running": Gauge("vllm:num_requests_running", "r", ["model_name"], registry=reg),
+        "waiting": Gauge("vllm:num_requests_waiting", "w", ["model_name"], registry=reg),
+        "pre": Counter("vllm:num_preemptions", "p", ["model_name"], registry=reg),
+        "hits": Counter("vllm:prefix_cache_hits", "h", registry=reg),
+        "queries": Counter("vllm:prefix_cache_queries", "q", registry=reg),
+    }
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=reg)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", metrics
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_prometheus_source_real_http(prom_server) -> None:
+    url, m = prom_server
+    m["kv"].labels("m", "0").set(0.25)
+    m["kv"].labels("m", "1").set(0.5)
+    m["running"].labels("m").set(4)
+    m["waiting"].labels("m").set(0)
+    m["pre"].labels("m").inc(3)
+    src = PrometheusSource(url, VLLM_NAMES)
+    assert src.start()
+    first = {r.metric: r.value for r in src.read()}
+    assert first == {
+        "engine.kv_cache_usage_frac": 0.5,  # max over label sets
+        "engine.running": 4.0,
+        "engine.waiting": 0.0,
+        "engine.preemptions_total": 3.0,
+        "engine.prefix_cache_hits_total": 0.0,
+        "engine.prefix_cache_queries_total": 0.0,
+    }
+    m["pre"].labels("m").inc(2)
+    m["hits"].inc(30)
+    m["queries"].inc(120)
+    second = src.read()
+    src.close()
+    rows = [Sample(float(t), "engine", r.metric, r.value) for t, rs in enumerate([list(first_r(first)), second]) for r in rs]
+    s = summarize(rows, 1.0)
+    assert s["engine.preemptions"] == 2
+    assert s["engine.prefix_cache_hit_rate"] == pytest.approx(0.25)
+    assert s["engine.kv_cache_usage_max"] == 0.5
+    assert src.notes == []
+
+
+def first_r(d: dict[str, float]) -> list[Reading]:
+    return [Reading(k, v) for k, v in d.items()]
+
+
+def test_prometheus_source_in_sampler_notes_missing_and_unreachable(prom_server) -> None:
+    url, m = prom_server
+    m["running"].labels("m").set(1)
+    names = MetricNames(running="vllm:num_requests_running", waiting="sglang:num_queue_reqs")
+    with TelemetrySampler([PrometheusSource(url, names)], interval_s=0.01) as s:
+        time.sleep(0.05)
+    series = s.result()
+    assert series.notes == ("engine /metrics has no sglang:num_queue_reqs (waiting not measured)",)
+    summ = series.summary()
+    assert "engine.running_mean" in summ and "engine.waiting_mean" not in summ
+
+    dead = PrometheusSource("http://127.0.0.1:9", names, timeout_s=0.5)
+    assert dead.start()
+    assert dead.read() == [] and dead.read() == []
+    dead.close()
+    assert len(dead.notes) == 1 and dead.notes[0].startswith("engine /metrics unreachable at http://127.0.0.1:9/metrics")
+
+
+def test_prometheus_source_without_names_does_not_start() -> None:
+    src = PrometheusSource("http://127.0.0.1:9", MetricNames())
+    assert not src.start()
+    assert src.notes == ["engine metrics not measured: the adapter names no /metrics metrics"]
+
+
+LLAMACPP_TEXT = textwrap.dedent("""\
+    # HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+    # TYPE llamacpp:prompt_tokens_total counter
+    llamacpp:prompt_tokens_total 120
+    # HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
+    # TYPE llamacpp:tokens_predicted_total counter
+    llamacpp:tokens_predicted_total 64
+    # HELP llamacpp:requests_processing Number of requests processing.
+    # TYPE llamacpp:requests_processing gauge
+    llamacpp:requests_processing 2
+    # HELP llamacpp:requests_deferred Number of requests deferred.
+    # TYPE llamacpp:requests_deferred gauge
+    llamacpp:requests_deferred 1
+    """)
+LLAMACPP_NAMES = MetricNames(
+    running="llamacpp:requests_processing",
+    waiting="llamacpp:requests_deferred",
+    prompt_tokens="llamacpp:prompt_tokens_total",
+    generation_tokens="llamacpp:tokens_predicted_total",
+)
+
+
+def test_parse_llamacpp_text() -> None:
+    readings, missing = parse_metrics(LLAMACPP_TEXT, LLAMACPP_NAMES)
+    assert {r.metric: r.value for r in readings} == {
+        "engine.prompt_tokens_total": 120, "engine.generation_tokens_total": 64,
+        "engine.running": 2, "engine.waiting": 1,
+    }
+    assert missing == []
+
+
+def _llamacpp_names() -> MetricNames:
+    """The adapter's names when the engines package has them, else the names llama-server writes."""
+    try:
+        from llmplay.engines import llamacpp  # type: ignore[attr-defined]
+
+        for v in vars(llamacpp).values():
+            names = getattr(v, "metric_names", None)
+            if isinstance(names, MetricNames) and names.running:
+                return names
+    except ImportError:
+        pass
+    return LLAMACPP_NAMES
+
+
+@pytest.mark.docker
+def test_prometheus_source_real_llama_server(request) -> None:
+    try:
+        ep = request.getfixturevalue("llama_endpoint")
+    except pytest.FixtureLookupError:
+        pytest.skip("no llama_endpoint fixture in tests/conftest.py")
+    url = str(getattr(ep, "url", ep)).rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    src = PrometheusSource(url, _llamacpp_names())
+    assert src.start()
+    readings = src.read()
+    src.close()
+    if any("HTTP 501" in n for n in src.notes):
+        pytest.skip("llama-server runs without --metrics")
+    got = {r.metric for r in readings}
+    assert {"engine.running", "engine.waiting"} <= got, src.notes
+
+
+# -- processes ---------------------------------------------------------------------------
+
+BUSY = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time\\nt=time.time()\\nwhile time.time()-t<3: pass"])
+buf = bytearray(64 * 1024 * 1024)
+t = time.time()
+while time.time() - t < 3:
+    pass
+child.wait()
+"""
+
+
+def test_process_source_real_subprocess_tree() -> None:
+    p = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        time.sleep(0.3)  # let the child start
+        with TelemetrySampler([ProcessSource(p.pid)], interval_s=0.1) as s:
+            time.sleep(0.8)
+        summ = s.result().summary()
+    finally:
+        p.kill()
+        p.wait()
+    # parent and child both spin: well over one core on average (2-core machine, so allow scheduling noise)
+    assert summ["proc.cpu_s"] > 0.5
+    assert summ["proc.rss_peak_bytes"] > 64 * 1024 * 1024
+    assert s.result().info["proc.cmdline"].startswith(sys.executable)
+
+
+def test_process_source_exited_process() -> None:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    src = ProcessSource(p.pid)
+    assert not src.start()
+    assert src.notes and src.notes[0].startswith(f"process {p.pid} not measured")
+
+
+def test_docker_memory_matches_docker_stats() -> None:
+    assert docker_memory_bytes({"usage": 1000, "stats": {"inactive_file": 300}}) == 700
+    assert docker_memory_bytes({"usage": 1000, "stats": {"total_inactive_file": 100}}) == 900
+    assert docker_memory_bytes({}) is None
+
+
+def _dockerd_answers() -> bool:
+    import os
+    import socket
+
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        return True  # a TCP daemon: let the SDK try
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(host[len("unix://"):])
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.docker
+def test_docker_stats_source_real_container() -> None:
+    docker = pytest.importorskip("docker")
+    if not _dockerd_answers():
+        pytest.skip("no dockerd")  # checked first: the docker SDK leaks its socket when the daemon is absent
+    client = docker.from_env()
+    try:
+        _run_stats_container(client)
+    finally:
+        client.close()
+
+
+def _run_stats_container(client) -> None:
+    from llmplay.telemetry.proc import DockerStatsSource
+
+    images = [t for i in client.images.list() for t in i.tags]
+    image = next((t for t in images if t.startswith(("busybox", "alpine"))), images[0] if images else None)
+    if image is None:
+        pytest.skip("no local image to run")
+    c = client.containers.run(image, ["sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; sleep 5"],
+                              detach=True, entrypoint=[])
+    try:
+        with TelemetrySampler([DockerStatsSource(c)], interval_s=0.2) as s:
+            time.sleep(1.5)
+        summ = s.result().summary()
+    finally:
+        c.remove(force=True)
+    assert summ["proc.cpu_s"] > 0
+    assert summ["proc.rss_peak_bytes"] > 0
