@@ -84,8 +84,28 @@ def _not_yet(name: str, issue: str):
     return command
 
 
-cli.command("run", context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-            help="Run a tuning playbook (not implemented yet).")(_not_yet("run", "the tuning-run issue"))
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help="Archive root (default $LLMPLAY_ARCHIVE or ./reports).")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False, path_type=Path), help="Continue an interrupted run.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
+@click.option("--only", multiple=True, help="Run only this step (repeatable); the report marks the run overridden.")
+@click.option("--repeats", type=click.IntRange(1, 50), help="Override trials.repeats.")
+@click.option("--duration", "duration", help="Override workload.duration (e.g. 10s).")
+@click.option("--warmup", "warmup", help="Override workload.warmup (e.g. 2s).")
+@click.option("--allow-outside-extends", is_flag=True)
+@handles_errors
+def run(file: Path | None, archive_dir: str | None, resume: Path | None, dry_run: bool, only: tuple[str, ...],
+        repeats: int | None, duration: str | None, warmup: str | None, allow_outside_extends: bool) -> None:
+    """Run a tuning playbook: baseline, then each step, with repeats, verdicts and gates.
+
+    Exit 0: the final configuration meets every gate; 3: a gate fails; 2: playbook error;
+    1: infrastructure failure; 130: interrupted (resume with --resume).
+    """
+    from llmplay.runflow import run_command
+
+    sys.exit(run_command(file, archive_dir=archive_dir, resume=resume, dry_run=dry_run, only=only, repeats=repeats,
+                         duration=duration, warmup=warmup, allow_outside_extends=allow_outside_extends))
 cli.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
             help="Benchmark a running endpoint (not implemented yet).")(_not_yet("bench", "the load-generator issue"))
 for _name in ("report", "compare", "retest", "verify", "ls"):

@@ -1,0 +1,245 @@
+"""Decisions from measurements: gates, and per-step A/B verdicts with bootstrap confidence intervals.
+
+Effects are relative changes of the candidate against the configuration it is compared with. Their
+intervals come from a two-level bootstrap: trials are resampled (machine drift, engine restarts), and
+requests are resampled inside each trial (load noise), so both sources of spread widen the interval.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+from scipy import stats
+
+from llmplay.catalog import METRICS, metric_info
+from llmplay.results import FAILED, INCONCLUSIVE, KEPT, REJECTED, GateResult, MetricDelta
+from llmplay.spec import Gate, Goals, Trials
+
+PER_REQUEST = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "queue_wait")
+RECORD_METRICS = ("ttft.p50", "ttft.p95", "ttft.p99", "tpot.p95", "itl.p99", "e2el.p95",
+                  "throughput.output_tok_s", "throughput.req_s", "goodput.req_s", "errors.rate",
+                  "cost.usd_per_1m_tokens", "memory.peak_frac", "memory.kv_share")
+
+
+@dataclass(frozen=True)
+class TrialSample:
+    """One successful trial reduced to what the statistics need."""
+
+    duration_s: float
+    values: Mapping[str, np.ndarray]  # per request: ttft, tpot, e2el, ... (s); output_tokens, total_tokens; good (0/1); itl pooled
+    n_requests: int
+    n_errors: int
+    scalars: Mapping[str, float] = field(default_factory=dict)  # the trial's summary (telemetry, cost inputs)
+    price_usd_per_hour: float = 0.0
+
+
+def _stat(values: np.ndarray, stat: str) -> float | None:
+    if values.size == 0:
+        return None
+    if stat == "mean":
+        return float(np.mean(values))
+    if stat == "std":
+        return float(np.std(values))
+    return float(np.percentile(values, float(stat[1:]), method="linear"))
+
+
+def _value(samples: Sequence[TrialSample], metric: str, pick: Callable[[TrialSample, str], np.ndarray]) -> float | None:
+    """The metric over pooled trials; `pick` returns a (possibly resampled) per-request array."""
+    head, _, stat = metric.partition(".")
+    if head in PER_REQUEST:
+        pooled = np.concatenate([pick(s, head) for s in samples]) if samples else np.array([])
+        return _stat(pooled, stat)
+    duration = sum(s.duration_s for s in samples)
+    if duration <= 0:
+        return None
+    if metric == "throughput.output_tok_s":
+        return float(sum(pick(s, "output_tokens").sum() for s in samples) / duration)
+    if metric == "throughput.total_tok_s":
+        return float(sum(pick(s, "total_tokens").sum() for s in samples) / duration)
+    if metric == "throughput.req_s":
+        return float(sum(pick(s, "output_tokens").size for s in samples) / duration)
+    if metric == "goodput.req_s":
+        return float(sum(pick(s, "good").sum() for s in samples) / duration)
+    if metric == "errors.rate":
+        total = sum(s.n_requests for s in samples)
+        return float(sum(s.n_errors for s in samples) / total) if total else None
+    if metric == "cost.usd_per_1m_tokens":
+        price = np.mean([s.price_usd_per_hour for s in samples])
+        tok_s = _value(samples, "throughput.output_tok_s", pick)
+        return float(price / (tok_s * 3600) * 1e6) if price > 0 and tok_s else None
+    observed = [s.scalars[metric] for s in samples if metric in s.scalars]
+    return float(np.mean(observed)) if observed else None
+
+
+def _as_is(sample: TrialSample, name: str) -> np.ndarray:
+    return sample.values.get(name, np.array([]))
+
+
+def metric_value(samples: Sequence[TrialSample], metric: str) -> float | None:
+    return _value(samples, metric, _as_is)
+
+
+def _bootstrap(a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str, n_boot: int,
+               rng: np.random.Generator) -> np.ndarray:
+    """Relative change b vs a under two-level resampling; NaN where undefined."""
+    out = np.full(n_boot, np.nan)
+
+    def resampled(group: Sequence[TrialSample]) -> list[TrialSample]:
+        return [group[i] for i in rng.integers(0, len(group), len(group))]
+
+    def pick(sample: TrialSample, name: str) -> np.ndarray:
+        arr = sample.values.get(name, np.array([]))
+        return arr[rng.integers(0, arr.size, arr.size)] if arr.size else arr
+
+    for i in range(n_boot):
+        va, vb = _value(resampled(a), metric, pick), _value(resampled(b), metric, pick)
+        if va is not None and vb is not None and va != 0:
+            out[i] = (vb - va) / abs(va)
+        elif va == 0 and vb == 0:
+            out[i] = 0.0
+    return out
+
+
+def _mann_whitney(a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str) -> float | None:
+    head = metric.split(".")[0]
+    if head in PER_REQUEST:
+        xa = np.concatenate([_as_is(s, head) for s in a]) if a else np.array([])
+        xb = np.concatenate([_as_is(s, head) for s in b]) if b else np.array([])
+    else:
+        xa = np.array([v for s in a if (v := metric_value([s], metric)) is not None])
+        xb = np.array([v for s in b if (v := metric_value([s], metric)) is not None])
+    if xa.size < 2 or xb.size < 2 or (np.ptp(np.concatenate([xa, xb])) == 0):
+        return None
+    return float(stats.mannwhitneyu(xa, xb, alternative="two-sided").pvalue)
+
+
+def compare_metric(a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str, *, n_boot: int = 2000,
+                   confidence: float = 0.95, seed: int = 0) -> MetricDelta:
+    info = metric_info(metric)
+    lower_better = info.lower_is_better if info else True
+    va, vb = metric_value(a, metric), metric_value(b, metric)
+    if va is None or vb is None:
+        return MetricDelta(metric, va, vb, None, None, None, None, None)
+    rel = (vb - va) / abs(va) if va != 0 else (0.0 if vb == 0 else math.inf)
+    boots = _bootstrap(a, b, metric, n_boot, np.random.default_rng(seed))
+    boots = boots[np.isfinite(boots)]
+    alpha = (1 - confidence) / 2
+    lo, hi = (float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))) if boots.size else (None, None)
+    better = (rel < 0) if lower_better else (rel > 0)
+    return MetricDelta(metric, va, vb, rel if math.isfinite(rel) else None, lo, hi, _mann_whitney(a, b, metric),
+                       better if rel != 0 else None)
+
+
+def _improvement(delta: MetricDelta, lower_better: bool) -> tuple[float, float, float]:
+    """(point, low, high) of the change in the good direction: positive = better."""
+    sign = -1.0 if lower_better else 1.0
+    point, lo, hi = sign * delta.rel_change, sign * delta.ci_low, sign * delta.ci_high  # type: ignore[operator]
+    return point, min(lo, hi), max(lo, hi)
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def describe_delta(delta: MetricDelta) -> str:
+    info = metric_info(delta.metric)
+    label = info.label if info else delta.metric
+    if delta.rel_change is None:
+        return f"{label} not comparable"
+    ci = f" [{_pct(delta.ci_low)}, {_pct(delta.ci_high)}]" if delta.ci_low is not None else ""
+    return f"{label} {_pct(delta.rel_change)}{ci}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str
+    reason: str
+    objective: MetricDelta | None
+    guards: tuple[MetricDelta, ...]
+    deltas: tuple[MetricDelta, ...]
+    more_trials_needed: int | None
+
+
+def decide_step(a: Sequence[TrialSample], b: Sequence[TrialSample], goals: Goals, trials: Trials, *,
+                failed_candidate_trials: int = 0, seed: int = 0) -> Decision:
+    """kept / rejected / inconclusive / failed, with the one-sentence reason the report shows."""
+    objective = goals.objective
+    if not b:
+        return Decision(FAILED, f"every candidate trial failed ({failed_candidate_trials}); nothing to compare", None,
+                        (), (), None)
+    if not a:
+        return Decision(FAILED, "every trial of the configuration it is compared with failed", None, (), (), None)
+    n_boot = trials.bootstrap_samples
+    obj = compare_metric(a, b, objective.metric, n_boot=n_boot, confidence=trials.confidence, seed=seed)
+    guard_deltas = tuple(compare_metric(a, b, g.metric, n_boot=max(200, n_boot // 4), confidence=trials.confidence,
+                                        seed=seed + 1 + i) for i, g in enumerate(goals.guards))
+    record = tuple(compare_metric(a, b, m, n_boot=200, confidence=trials.confidence, seed=seed + 99)
+                   for m in RECORD_METRICS)
+    if obj.rel_change is None or obj.ci_low is None:
+        return Decision(INCONCLUSIVE, f"{describe_delta(obj)}: the objective was not measured on both sides",
+                        obj, guard_deltas, record, None)
+    lower_better = objective.direction == "minimize"
+    point, lo, hi = _improvement(obj, lower_better)
+
+    regressed = []
+    for guard, delta in zip(goals.guards, guard_deltas):
+        if delta.rel_change is None:
+            continue
+        worse = delta.rel_change if guard.direction == "minimize" else -delta.rel_change
+        ci_worse_low = (min(delta.ci_low, delta.ci_high) if guard.direction == "minimize"
+                        else -max(delta.ci_low, delta.ci_high)) if delta.ci_low is not None else worse
+        # A guard fails only when the regression is beyond tolerance and not explainable as noise.
+        if worse > guard.tolerance and ci_worse_low > 0:
+            regressed.append(f"{describe_delta(delta)} beyond its {guard.tolerance:.0%} tolerance")
+    guard_text = "; ".join(regressed) if regressed else "no guard regressed"
+    head = f"{describe_delta(obj)}, {guard_text}"
+
+    if regressed:
+        return Decision(REJECTED, f"{head}; rejected", obj, guard_deltas, record, None)
+    if lo > 0 and point >= objective.min_effect:
+        return Decision(KEPT, f"{head}; kept", obj, guard_deltas, record, None)
+    if hi < 0:
+        return Decision(REJECTED, f"{head}; worse, rejected", obj, guard_deltas, record, None)
+    if hi < objective.min_effect:
+        return Decision(REJECTED, f"{head}; any gain is below the {objective.min_effect:.0%} minimum effect, rejected",
+                        obj, guard_deltas, record, None)
+    more = _more_trials(len(b), point, lo, hi, objective.min_effect)
+    return Decision(INCONCLUSIVE, f"{head}; within noise, about {more} more trial(s) per side would decide it",
+                    obj, guard_deltas, record, more)
+
+
+def _more_trials(n: int, point: float, lo: float, hi: float, min_effect: float) -> int:
+    """Half-width shrinks like 1/sqrt(n): how many trials until it separates the estimate from the threshold."""
+    half = max((hi - lo) / 2, 1e-12)
+    distance = max(abs(point - min_effect), abs(point), 1e-3)
+    needed = math.ceil(n * (half / distance) ** 2)
+    return max(1, min(needed - n, 99))
+
+
+def evaluate_gates(gates: Sequence[Gate], summary: Mapping[str, float]) -> list[GateResult]:
+    results = []
+    for gate in gates:
+        observed = summary.get(gate.metric)
+        met = gate.holds(observed)
+        margin = None
+        if observed is not None and gate.value != 0:
+            headroom = (gate.value - observed) if gate.op in ("<", "<=") else (observed - gate.value)
+            margin = headroom / abs(gate.value)
+        results.append(GateResult(gate.text, gate.metric, gate.op, gate.value, observed, met, margin))
+    return results
+
+
+def pooled_summary(samples: Sequence[TrialSample]) -> dict[str, float]:
+    """Every known metric over the pooled trials: the tuning-record row of a configuration."""
+    out = {}
+    for metric in METRICS:
+        value = metric_value(samples, metric)
+        if value is not None:
+            out[metric] = value
+    for key in ("memory.peak_bytes", "memory.capacity_bytes", "proc.rss_peak_bytes", "engine.preemptions"):
+        vals = [s.scalars[key] for s in samples if key in s.scalars]
+        if vals:
+            out[key] = float(max(vals)) if key != "engine.preemptions" else float(sum(vals))
+    return out

@@ -1,0 +1,105 @@
+"""What a tuning run produces, as plain frozen values: trials, comparisons, verdicts, the run.
+
+These are the contract between the runner (which makes them) and the archive (which stores them as
+JSON in manifest.json); the report reads them back from the archive only.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+TRIAL_OK, TRIAL_FAILED = "ok", "failed"
+KEPT, REJECTED, INCONCLUSIVE, FAILED = "kept", "rejected", "inconclusive", "failed"
+
+
+@dataclass(frozen=True)
+class ConfigRecord:
+    """One measured configuration as the archive keeps it."""
+
+    config_id: str  # "baseline", or the step name whose change produced it
+    engine: Mapping[str, Any]  # EngineSpec as a dict (secrets redacted)
+    workload: Mapping[str, Any]  # Workload as a dict
+    command: tuple[str, ...]  # the engine's argv inside the container
+    docker_command: str  # the equivalent `docker run` line for humans
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    trial_id: str  # "t003"
+    config_id: str
+    step: str | None  # the step this trial was measured for (None: baseline-only run)
+    role: str  # "baseline" | "candidate"
+    repeat: int  # 0-based repeat within its role for this step
+    status: str  # ok | failed
+    started_utc: str
+    wall_s: float
+    summary: Mapping[str, float]  # flat metric paths -> value (load + telemetry + cost); absent = not measured
+    engine_describe: Mapping[str, Any] = field(default_factory=dict)  # version, image digest, command, container id
+    error: str | None = None  # failure cause, one line
+    files: Mapping[str, str] = field(default_factory=dict)  # role -> relative path: records, telemetry, log
+    notes: tuple[str, ...] = ()  # e.g. "no NVML: ...", "output tokens counted, not from usage"
+
+
+@dataclass(frozen=True)
+class MetricDelta:
+    metric: str
+    baseline: float | None
+    candidate: float | None
+    rel_change: float | None  # (candidate - baseline) / baseline
+    ci_low: float | None  # 95% CI of rel_change
+    ci_high: float | None
+    p_value: float | None  # Mann-Whitney U, two-sided
+    better: bool | None  # direction-aware: is the candidate better?
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    step: str
+    index: int
+    verdict: str  # kept | rejected | inconclusive | failed
+    reason: str  # one sentence, e.g. "P95 TTFT −31% [−36%, −25%], no guard regressed; kept"
+    changes: tuple[str, ...]  # "args.parallel: 1 -> 4"
+    bundle: bool
+    baseline_config: str
+    candidate_config: str
+    objective: MetricDelta | None
+    guards: tuple[MetricDelta, ...]
+    deltas: tuple[MetricDelta, ...]  # every tuning-record metric, for the full regression view
+    trials_baseline: tuple[str, ...]
+    trials_candidate: tuple[str, ...]
+    more_trials_needed: int | None = None  # inconclusive: estimate to decide
+    carried: bool = False  # did this step's config become the new best
+
+
+@dataclass(frozen=True)
+class GateResult:
+    gate: str  # as written
+    metric: str
+    op: str
+    threshold: float
+    observed: float | None
+    met: bool | None  # None: not measured
+    margin: float | None  # relative headroom: positive = met with room
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A diagnosis finding (re-declared by diagnose.py callers as plain data for the archive)."""
+
+    id: str
+    severity: str
+    title: str
+    evidence: str
+    suggestion: str
+    checklist_ref: str
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses, mappings and tuples -> JSON-ready values."""
+    if hasattr(obj, "__dataclass_fields__"):
+        return {k: to_plain(v) for k, v in asdict(obj).items()}
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj

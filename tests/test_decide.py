@@ -1,0 +1,112 @@
+"""Statistics on synthetic samples with known effects: real effects found, null effects not kept, guards bite."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmplay.decide import TrialSample, compare_metric, decide_step, evaluate_gates, metric_value
+from llmplay.results import INCONCLUSIVE, KEPT, REJECTED
+from llmplay.spec import Gate, Goals, Guard, Objective, Trials
+
+TRIALS = Trials(repeats=3, bootstrap_samples=400)
+
+
+def trial(rng, *, ttft_ms=100.0, tok_s=1000.0, n=200, duration=20.0, noise=0.03, errors=0):
+    scale = 1 + rng.normal(0, noise)  # trial-to-trial drift
+    ttft = rng.lognormal(np.log(ttft_ms / 1000 * scale), 0.3, n)
+    out_tokens = np.full(n, tok_s * duration * scale / n)
+    return TrialSample(duration_s=duration, n_requests=n + errors, n_errors=errors,
+                       values={"ttft": ttft, "tpot": ttft / 10, "e2el": ttft * 5, "itl": ttft / 10,
+                               "output_tokens": out_tokens, "total_tokens": out_tokens * 3,
+                               "good": np.ones(n)}, price_usd_per_hour=1.0)
+
+
+def goals(direction="maximize", metric="throughput.output_tok_s", guards=()):
+    return Goals(objective=Objective(direction, metric, 0.02), guards=tuple(guards))
+
+
+def test_true_throughput_effect_is_kept():
+    rng = np.random.default_rng(1)
+    a = [trial(rng) for _ in range(3)]
+    b = [trial(rng, tok_s=1300) for _ in range(3)]
+    d = decide_step(a, b, goals(), TRIALS)
+    assert d.verdict == KEPT, d.reason
+    assert d.objective.ci_low > 0.15 and d.reason.startswith("output tokens/s +")
+    assert d.reason.endswith("no guard regressed; kept")
+
+
+def test_true_latency_effect_is_kept_when_minimizing():
+    rng = np.random.default_rng(2)
+    a = [trial(rng) for _ in range(3)]
+    b = [trial(rng, ttft_ms=60) for _ in range(3)]
+    d = decide_step(a, b, goals("minimize", "ttft.p95"), TRIALS)
+    assert d.verdict == KEPT and d.objective.rel_change < -0.3
+
+
+def test_null_effect_is_mostly_not_kept():
+    kept = 0
+    for seed in range(20):
+        rng = np.random.default_rng(100 + seed)
+        a = [trial(rng) for _ in range(3)]
+        b = [trial(rng) for _ in range(3)]
+        d = decide_step(a, b, goals(), TRIALS, seed=seed)
+        kept += d.verdict == KEPT
+        assert d.verdict in (KEPT, REJECTED, INCONCLUSIVE)
+    assert kept <= 2
+
+
+def test_inconclusive_says_how_many_more_trials():
+    rng = np.random.default_rng(5)
+    a = [trial(rng, noise=0.15) for _ in range(2)]
+    b = [trial(rng, noise=0.15, tok_s=1080) for _ in range(2)]
+    d = decide_step(a, b, goals(), TRIALS)
+    if d.verdict == INCONCLUSIVE:
+        assert d.more_trials_needed >= 1 and "more trial" in d.reason
+
+
+def test_guard_regression_rejects_despite_objective_gain():
+    rng = np.random.default_rng(3)
+    a = [trial(rng) for _ in range(3)]
+    b = [trial(rng, tok_s=1500, ttft_ms=200) for _ in range(3)]
+    d = decide_step(a, b, goals(guards=[Guard("ttft.p95", 0.10, "minimize")]), TRIALS)
+    assert d.verdict == REJECTED
+    assert "beyond its 10% tolerance" in d.reason
+
+
+def test_worse_objective_is_rejected():
+    rng = np.random.default_rng(4)
+    a = [trial(rng) for _ in range(3)]
+    b = [trial(rng, tok_s=700) for _ in range(3)]
+    assert decide_step(a, b, goals(), TRIALS).verdict == REJECTED
+
+
+def test_all_candidate_trials_failed_is_failed():
+    rng = np.random.default_rng(6)
+    d = decide_step([trial(rng)], [], goals(), TRIALS, failed_candidate_trials=2)
+    assert d.verdict == "failed" and "failed (2)" in d.reason
+
+
+def test_metric_values_follow_definitions():
+    rng = np.random.default_rng(7)
+    s = trial(rng, n=100, duration=10, noise=0)
+    assert metric_value([s], "throughput.output_tok_s") == pytest.approx(1000)
+    assert metric_value([s], "throughput.req_s") == pytest.approx(10)
+    assert metric_value([s], "ttft.p95") == pytest.approx(np.percentile(s.values["ttft"], 95))
+    assert metric_value([s], "cost.usd_per_1m_tokens") == pytest.approx(1.0 / (1000 * 3600) * 1e6)
+    errs = TrialSample(10, s.values, 110, 10)
+    assert metric_value([errs], "errors.rate") == pytest.approx(10 / 110)
+
+
+def test_gates_with_margins():
+    results = evaluate_gates([Gate("ttft.p95", "<", 0.5, "ttft.p95 < 500ms"),
+                              Gate("throughput.output_tok_s", ">", 3000, "throughput.output_tok_s > 3000"),
+                              Gate("memory.peak_frac", "<", 0.9, "memory.peak_frac < 90%")],
+                             {"ttft.p95": 0.4, "throughput.output_tok_s": 2400})
+    assert [r.met for r in results] == [True, False, None]
+    assert results[0].margin == pytest.approx(0.2) and results[1].margin == pytest.approx(-0.2)
+
+
+def test_compare_metric_zero_to_zero_is_no_change():
+    rng = np.random.default_rng(8)
+    d = compare_metric([trial(rng)], [trial(rng)], "errors.rate", n_boot=100)
+    assert d.rel_change == 0.0 and d.better is None
