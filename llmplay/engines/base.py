@@ -1,6 +1,7 @@
 """The one shape every engine adapter has: knobs to flags, health, version, metric names."""
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -42,6 +43,14 @@ class Engine:
     base_command: Callable[[EngineSpec, int], list[str]]  # model/port/host flags
     metric_names: MetricNames = field(default_factory=MetricNames)
     model_path_in_container: str = "/models"
+    # Program run before the flags when the image's own ENTRYPOINT does not start the server
+    # (SGLang's and TensorRT-LLM's images); empty when it does (vLLM, TGI, the llama.cpp images).
+    entrypoint: tuple[str, ...] = ()
+    # What the process runtime runs when the playbook names no `executable`.
+    default_executable: tuple[str, ...] = ()
+    version_field: str = "version"  # key of the version in version_path's JSON
+    # Regex whose group 1 is the version, searched in the engine's log when no API tells it.
+    version_log_pattern: str | None = None
 
     def known_knobs(self) -> list[str]:
         return sorted(self.knobs)
@@ -50,10 +59,57 @@ class Engine:
         if knob not in self.knobs:
             raise UnknownKnob(self.kind, knob, self.known_knobs())
 
-    def command(self, spec: EngineSpec, port: int | None = None) -> list[str]:
-        """Full argv inside the container (or for the process runtime)."""
+    def server_args(self, spec: EngineSpec, port: int | None = None) -> list[str]:
+        """The server's flags: model/port/host, then each knob in playbook order, then extra_args."""
         argv = self.base_command(spec, port or spec.port or self.default_port)
         for knob, value in spec.args.items():
             self.check_knob(knob)
             argv += self.knobs[knob](value)
         return argv + list(spec.extra_args)
+
+    def command(self, spec: EngineSpec, port: int | None = None) -> list[str]:
+        """Full argv after the image name in `docker run` (entrypoint, if the image needs one, then flags)."""
+        return list(self.entrypoint) + self.server_args(spec, port)
+
+    def process_argv(self, spec: EngineSpec, port: int | None = None) -> list[str]:
+        """argv for the process runtime: the playbook's executable (or the engine's usual program), then flags."""
+        program = shlex.split(spec.executable) if spec.executable else list(self.default_executable or self.entrypoint)
+        return program + self.server_args(spec, port)
+
+    def served_model(self, spec: EngineSpec) -> str:
+        """The model name clients put in requests."""
+        return spec.served_model_name or spec.model
+
+
+class BadKnobValue(ValueError):
+    def __init__(self, engine: str, knob: str, value: Scalar, expected: str):
+        self.engine, self.knob, self.value = engine, knob, value
+        super().__init__(f"engine '{engine}' knob '{knob}': found {value!r}, expected {expected}")
+
+
+def _text(value: Scalar) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def valued(flag: str) -> KnobRenderer:
+    """`flag VALUE`; None leaves the engine default."""
+
+    def render(value: Scalar) -> list[str]:
+        return [] if value is None else [flag, _text(value)]
+
+    return render
+
+
+def switch(engine: str, knob: str, on: list[str], off: list[str]) -> KnobRenderer:
+    """A boolean knob: True renders `on`, False renders `off`, None the engine default."""
+
+    def render(value: Scalar) -> list[str]:
+        if value is None:
+            return []
+        if not isinstance(value, bool):
+            raise BadKnobValue(engine, knob, value, "true or false")
+        return list(on if value else off)
+
+    return render

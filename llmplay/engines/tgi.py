@@ -1,0 +1,49 @@
+"""The Text Generation Inference adapter: text-generation-launcher flags (launcher/src/main.rs), /health, /info, tgi_* metrics."""
+from __future__ import annotations
+
+from llmplay.engines.base import BadKnobValue, Engine, MetricNames, Scalar, valued
+from llmplay.spec import EngineSpec
+
+KIND = "tgi"
+
+
+def _base(spec: EngineSpec, port: int) -> list[str]:
+    # TGI serves one model and ignores the request's `model`; the name only labels the endpoint.
+    return ["--model-id", spec.model, "--hostname", "0.0.0.0", "--port", str(port)]
+
+
+def _cuda_graphs(value: Scalar) -> list[str]:
+    # `--cuda-graphs` takes the batch sizes to capture; "0" disables them, the default keeps them.
+    if value is None or value is True:
+        return []
+    if value is False:
+        return ["--cuda-graphs", "0"]
+    raise BadKnobValue(KIND, "cuda_graphs", value, "true or false")
+
+
+ENGINE = Engine(
+    kind=KIND,
+    # The image's ENTRYPOINT is text-generation-launcher.
+    default_image="ghcr.io/huggingface/text-generation-inference:3.3.0",
+    default_port=80,  # the image sets PORT=80; we pass --port explicitly anyway
+    health_path="/health",
+    version_path="/info",
+    knobs={
+        "max_num_seqs": valued("--max-concurrent-requests"),
+        "kv_cache_dtype": valued("--kv-cache-dtype"),  # fp8_e4m3fn | fp8_e5m2
+        "quantization": valued("--quantize"),
+        "tensor_parallel": valued("--num-shard"),
+        "cuda_graphs": _cuda_graphs,
+        "max_model_len": valued("--max-total-tokens"),
+        "gpu_memory_utilization": valued("--cuda-memory-fraction"),
+        "max_num_batched_tokens": valued("--max-batch-prefill-tokens"),
+        # No prefix_caching knob: TGI switches it with the PREFIX_CACHING env var, not a flag
+        # (set it through `env:`).
+    },
+    base_command=_base,
+    metric_names=MetricNames(
+        running="tgi_batch_current_size",
+        waiting="tgi_queue_size",
+    ),
+    default_executable=("text-generation-launcher",),
+)

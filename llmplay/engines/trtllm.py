@@ -1,0 +1,34 @@
+"""The TensorRT-LLM adapter (trtllm-serve, tensorrt_llm/commands/serve.py): flags, /health, /version."""
+from __future__ import annotations
+
+from llmplay.engines.base import Engine, MetricNames, valued
+from llmplay.spec import EngineSpec
+
+KIND = "trtllm"
+
+
+def _base(spec: EngineSpec, port: int) -> list[str]:
+    # MODEL is positional; the served name is the model argument itself.
+    return [spec.model, "--host", "0.0.0.0", "--port", str(port)]
+
+
+ENGINE = Engine(
+    kind=KIND,
+    default_image="nvcr.io/nvidia/tensorrt-llm/release:0.20.0",
+    default_port=8000,
+    health_path="/health",
+    version_path="/version",
+    knobs={
+        "max_num_seqs": valued("--max_batch_size"),
+        "max_num_batched_tokens": valued("--max_num_tokens"),
+        "max_model_len": valued("--max_seq_len"),
+        "tensor_parallel": valued("--tp_size"),
+        "gpu_memory_utilization": valued("--kv_cache_free_gpu_memory_fraction"),
+        # prefix caching (kv_cache_config.enable_block_reuse), KV dtype and CUDA graphs live in the
+        # --extra_llm_api_options YAML, not in flags; pass that file through extra_args.
+    },
+    base_command=_base,
+    # trtllm-serve's /metrics is JSON iteration stats, not Prometheus text.
+    metric_names=MetricNames(),
+    entrypoint=("trtllm-serve",),
+)
