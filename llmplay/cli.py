@@ -106,9 +106,69 @@ def run(file: Path | None, archive_dir: str | None, resume: Path | None, dry_run
 
     sys.exit(run_command(file, archive_dir=archive_dir, resume=resume, dry_run=dry_run, only=only, repeats=repeats,
                          duration=duration, warmup=warmup, allow_outside_extends=allow_outside_extends))
-cli.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-            help="Benchmark a running endpoint (not implemented yet).")(_not_yet("bench", "the load-generator issue"))
-for _name in ("report", "compare", "retest", "verify", "ls"):
+@cli.command()
+@click.option("--url", required=True, help="Base URL of a running OpenAI-compatible engine, e.g. http://127.0.0.1:8080")
+@click.option("--workload", "workload_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="A playbook, or a YAML file holding a workload mapping.")
+@click.option("--model", help="Model name to request (default: the first of GET /v1/models).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the summary as JSON.")
+@handles_errors
+def bench(url: str, workload_file: Path, model: str | None, json_path: str | None) -> None:
+    """Run one workload against an already running endpoint and print the summary."""
+    from rich.console import Console
+
+    from llmplay.bench import format_summary_table, run_sweep
+    from llmplay.playbook import load_workload
+
+    workload, goals = load_workload(workload_file)
+    results = run_sweep(url, workload, model=model, json_path=json_path, slo_s=goals.slo_s,
+                        progress=sys.stderr.isatty())
+    console = Console()
+    for result in results:
+        console.print(format_summary_table(result.summary))
+
+
+@cli.command()
+@handles_errors
+def gc() -> None:
+    """Remove containers left behind by llmplay runs that died."""
+    from llmplay.runtime.docker import gc as docker_gc
+
+    removed = docker_gc()
+    click.echo(f"removed {len(removed)} container(s)" + (": " + ", ".join(removed) if removed else ""))
+
+
+@cli.group()
+def engine() -> None:
+    """Engine images."""
+
+
+@engine.command("build-cpu")
+@click.option("--force", is_flag=True, help="Rebuild even when the cache is current.")
+@handles_errors
+def build_cpu(force: bool) -> None:
+    """Build the embedded CPU engine image (llama.cpp + tiny model), cached under ~/.cache/llmplay."""
+    from llmplay.cpuengine import build_cpu_engine
+
+    result = build_cpu_engine(force=force)
+    click.echo(f"CPU engine ready: {result}")
+@cli.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--image", help="Engine image to re-test on (the engine-upgrade case).")
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False))
+@click.option("--repeats", type=click.IntRange(1, 50))
+@click.option("--duration")
+@click.option("--html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML.")
+@handles_errors
+def retest(run_dir: Path, image: str | None, archive_dir: str | None, repeats: int | None, duration: str | None,
+           html: Path | None) -> None:
+    """Re-run an archived run's final configuration and compare; exit 4 on regression."""
+    from llmplay.runflow import retest_command
+
+    sys.exit(retest_command(run_dir, image=image, archive_dir=archive_dir, repeats=repeats, duration=duration, html=html))
+
+
+for _name in ("report", "compare", "verify", "ls"):
     cli.command(_name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
                 help=f"{_name} (not implemented yet).")(_not_yet(_name, "the report and archive issue"))
 

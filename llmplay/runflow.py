@@ -100,3 +100,55 @@ def print_gates(console: Console, gates: Sequence[GateResult]) -> None:
         state = "not measured" if gate.met is None else ("met" if gate.met else "FAILED")
         margin = f" (margin {gate.margin:+.0%})" if gate.margin is not None else ""
         console.print(f"gate {gate.gate}: observed {_fmt(gate.metric, gate.observed)} -> {state}{margin}", markup=False)
+
+
+def final_playbook_of(run_dir: Path, playbook_file: Path | None = None):
+    """The archived run's final configuration as a step-less playbook: the baseline with every carried step applied."""
+    from dataclasses import replace
+
+    from llmplay.playbook import load_playbook
+    from llmplay.plan import Config, apply_step
+
+    manifest_path = run_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise ArchiveError(f"{run_dir}: no manifest.json; expected a run directory made by llmplay run")
+    manifest = json.loads(manifest_path.read_text())
+    playbook = load_playbook(playbook_file or _playbook_path_of(run_dir))
+    if playbook.sha256 != manifest["playbook"]["sha256"]:
+        raise ArchiveError(f"{playbook.path} changed since {run_dir} was run (sha256 differs); "
+                           "restore it or re-run the playbook instead of re-testing")
+    carried = [v["step"] for v in manifest.get("verdicts", []) if v.get("carried")]
+    config = Config("baseline", playbook.engine, playbook.workload)
+    for step in playbook.steps:
+        if step.name in carried:
+            config, _ = apply_step(config, step)
+    return replace(playbook, engine=config.engine, workload=config.workload, steps=()), manifest
+
+
+def retest_command(run_dir: Path, *, image: str | None, archive_dir: str | None, repeats: int | None,
+                   duration: str | None, html: Path | None = None) -> int:
+    """Re-run the archived final configuration (optionally on a new image) and compare; 4 on regression."""
+    from llmplay.archive import archive_root
+    from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
+
+    playbook, manifest = final_playbook_of(run_dir)
+    console = _console()
+    console.print(f"re-testing {run_dir} final configuration '{manifest.get('final_config_id')}'"
+                  + (f" on image {image}" if image else ""), markup=False)
+    repeats = repeats or int(manifest.get("overrides", {}).get("repeats") or playbook.trials.repeats)
+    options = RunOptions(archive_root=archive_root(archive_dir), repeats=repeats,
+                         duration_s=_duration_option("duration", duration), image=image, progress=sys.stderr.isatty())
+    outcome = run_playbook(playbook, options, report=lambda line: console.print(line, markup=False))
+    print_gates(console, outcome.gates)
+    if outcome.status != "complete":
+        console.print(f"re-test did not complete ({outcome.status}); archive {outcome.run_dir}", markup=False)
+        return outcome.exit_code or 1
+    comparison = compare_runs(run_dir, outcome.run_dir)
+    console.print(format_comparison_table(comparison), markup=False)
+    if html is not None:
+        render_comparison_html(comparison, html)
+    if comparison.has_regression:
+        console.print(f"REGRESSION against {run_dir}; new run {outcome.run_dir}", markup=False)
+        return 4
+    console.print(f"no regression against {run_dir}; new run {outcome.run_dir}", markup=False)
+    return 0

@@ -436,7 +436,10 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
             with TelemetrySampler(sources) as sampler:
                 tokenizer = make_tokenizer("auto", endpoint.base_url)
                 requests = iter_requests(config.workload, tokenizer, endpoint.model)
-                load = run_load_sync(endpoint.base_url, config.workload, requests, progress=progress)
+                if config.workload.num_requests is not None:
+                    requests = tuple(requests)  # bounded: every prompt built before the clock starts
+                load = run_load_sync(endpoint.base_url, config.workload, requests, progress=progress,
+                                     tokenizer=tokenizer)
             telemetry = sampler.result()
             describe = dict(runtime.describe())
             alive = getattr(runtime, "alive", lambda: True)()

@@ -1,0 +1,107 @@
+"""Feeding the diagnosis: model facts, memory, roofline and scheduler facts of the final configuration."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from llmplay.decide import TrialSample
+from llmplay.plan import Config
+from llmplay.spec import Playbook
+
+# bytes per KV element by dtype name as engines spell them (llama.cpp block formats include their scales)
+KV_DTYPE_BYTES = {"auto": 2.0, "f16": 2.0, "fp16": 2.0, "bf16": 2.0, "float16": 2.0, "f32": 4.0,
+                  "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "int8": 1.0, "q8_0": 34 / 32,
+                  "q4_0": 18 / 32, "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
+
+
+def model_file(config: Config) -> Path | None:
+    """The weights' metadata on the host: a GGUF or a config.json under model_dir, or the CPU image's model."""
+    spec = config.engine
+    if spec.model_dir:
+        root = Path(spec.model_dir)
+        for candidate in [root / "config.json", *sorted(root.glob("*.gguf"))]:
+            if candidate.is_file():
+                return candidate
+    if spec.kind == "llamacpp":
+        try:
+            from llmplay import cpuengine
+            path = cpuengine.cached_model_path()
+        except Exception:  # noqa: BLE001 - no cached CPU model: diagnosis says the breakdown is unavailable
+            return None
+        return Path(path) if path and Path(path).is_file() else None
+    return None
+
+
+def _tokens_in_flight(config: Config, samples: Sequence[TrialSample]) -> float:
+    w = config.workload
+    out = np.concatenate([s.values.get("output_tokens", np.array([])) for s in samples]) if samples else np.array([])
+    tot = np.concatenate([s.values.get("total_tokens", np.array([])) for s in samples]) if samples else np.array([])
+    per_request = float(np.mean(tot - out / 2)) if tot.size else 0.0  # prompt + half the reply on average
+    if w.concurrency:
+        users = float(w.concurrency)
+    else:
+        e2el = np.concatenate([s.values.get("e2el", np.array([])) for s in samples]) if samples else np.array([])
+        users = float((w.rate or 0) * (np.mean(e2el) if e2el.size else 0))  # Little's law
+    slots = config.engine.args.get("parallel") or config.engine.args.get("max_num_seqs")
+    if slots:
+        users = min(users, float(slots))
+    return users * per_request
+
+
+def diagnose_run(playbook: Playbook, config: Config, samples: Sequence[TrialSample],
+                 summary: Mapping[str, float]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    import psutil
+
+    from llmplay.diagnose import (
+        ModelFactsError, decode_roofline, diagnose, memory_breakdown, model_facts_from_gguf,
+        model_facts_from_hf_config, targets_from_gates,
+    )
+    from llmplay.gpus import lookup_gpu
+    from llmplay.runner import gpu_inventory
+
+    telemetry = {k: v for s in samples for k, v in s.scalars.items()
+                 if k.startswith(("gpu.", "engine.", "proc.", "memory."))}
+    diagnosis: dict[str, Any] = {"notes": []}
+    facts = None
+    path = model_file(config)
+    try:
+        if path is not None:
+            facts = (model_facts_from_gguf(path) if path.suffix == ".gguf"
+                     else model_facts_from_hf_config(path, str(config.engine.args.get("quantization") or "") or None))
+    except (ModelFactsError, OSError, ValueError) as exc:
+        diagnosis["notes"].append(f"model facts unavailable: {exc}")
+    if facts is None and path is None:
+        diagnosis["notes"].append("model facts unavailable: no config.json or GGUF found on the host (set engine.model_dir)")
+    gpu = gpu_inventory() if config.engine.gpus else None
+    on_gpu = bool(config.engine.gpus) and gpu and gpu.get("name")
+    if on_gpu:
+        peak, capacity, device = telemetry.get("memory.peak_bytes"), telemetry.get("memory.capacity_bytes"), "gpu"
+    else:
+        peak, capacity, device = telemetry.get("proc.rss_peak_bytes"), float(psutil.virtual_memory().total), "cpu"
+        diagnosis["notes"].append("CPU engine: GPU utilization, bandwidth and roofline rules were not evaluated")
+    breakdown = roofline = None
+    if facts is not None:
+        diagnosis["model"] = asdict(facts)
+        kv_dtype = str(config.engine.args.get("kv_cache_dtype") or "auto").lower()
+        kv_bytes = KV_DTYPE_BYTES.get(kv_dtype, 2.0)
+        breakdown = memory_breakdown(facts, kv_bytes, _tokens_in_flight(config, samples), peak, capacity, device=device)
+        diagnosis["memory"] = asdict(breakdown)
+        spec = lookup_gpu(gpu["name"]) if on_gpu else None
+        if spec is not None:
+            kv_step = breakdown.kv_bytes / max(config.workload.concurrency or 1, 1)
+            roofline = decode_roofline(facts.weight_bytes, kv_step * (config.workload.concurrency or 1),
+                                       spec.memory_bandwidth_bytes_s, summary.get("tpot.p50"),
+                                       bandwidth_source=f"table: {spec.model}")
+            diagnosis["roofline"] = asdict(roofline)
+    scheduler = {"continuous_batching": bool(config.engine.args.get("cont_batching", True)),
+                 "max_batch": config.engine.args.get("max_num_seqs") or config.engine.args.get("parallel"),
+                 "concurrency": config.workload.concurrency, "rate": config.workload.rate,
+                 "prefix_caching": bool(config.engine.args.get("prefix_caching") or config.engine.args.get("cache_reuse")),
+                 "shared_prefix_tokens": config.workload.prefix_tokens}
+    findings = diagnose(summary, telemetry, breakdown, roofline, scheduler,
+                        targets=targets_from_gates(playbook.goals.gates), notes=diagnosis["notes"])
+    diagnosis["scheduler"] = scheduler
+    return [asdict(f) for f in findings], diagnosis
