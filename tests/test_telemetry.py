@@ -1,11 +1,19 @@
 """Telemetry: sampler summary rules, NVML through the fake, /metrics against real HTTP servers, real processes."""
 from __future__ import annotations
 
+import os
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from pathlib import Path
 
+import httpx
+import numpy as np
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -431,3 +439,151 @@ def _run_stats_container(client) -> None:
         c.remove(force=True)
     assert summ["proc.cpu_s"] > 0
     assert summ["proc.rss_peak_bytes"] > 0
+
+
+# -- a real llama-server process (no Docker): /metrics, process tree, and the CPU diagnosis ------------
+
+_VENDOR = Path("/tmp/bg/llama_cpp_python-0.3.36/vendor/llama.cpp")  # where this machine's set-up builds llama.cpp
+
+
+def _llama_server_binary() -> str | None:
+    for cand in (os.environ.get("LLMPLAY_LLAMA_SERVER"), shutil.which("llama-server"), "/tmp/bg/build/bin/llama-server"):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def _vocab_gguf() -> Path | None:
+    for cand in (os.environ.get("LLMPLAY_LLAMA_VOCAB"), str(_VENDOR / "models/ggml-vocab-llama-spm.gguf")):
+        if cand and Path(cand).is_file():
+            return Path(cand)
+    return None
+
+
+def write_tiny_llama(path: Path, vocab: Path, n_embd: int = 64, n_head: int = 4, n_kv: int = 2, n_layer: int = 2,
+                     n_ff: int = 128) -> Path:
+    """A complete, loadable llama GGUF with random weights (9 MB): the tokenizer is copied from one of
+    llama.cpp's vocab files, so the server really tokenizes and decodes."""
+    gguf = pytest.importorskip("gguf")
+    r = gguf.GGUFReader(str(vocab))
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, f in r.fields.items():
+        if k.startswith("tokenizer."):
+            t = gguf.GGUFValueType(f.types[0])
+            sub = gguf.GGUFValueType(f.types[1]) if t == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(k, f.contents(), t, sub_type=sub)
+    n_vocab = len(r.fields["tokenizer.ggml.tokens"].contents())
+    w.add_name("llmplay-tiny")
+    w.add_context_length(512)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_vocab_size(n_vocab)
+    rng = np.random.default_rng(0)
+    hd = n_embd // n_head
+
+    def rand(name: str, *shape: int) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float32))
+
+    rand("token_embd.weight", n_vocab, n_embd)
+    for i in range(n_layer):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, np.float32))
+        rand(f"blk.{i}.attn_q.weight", n_embd, n_embd)
+        rand(f"blk.{i}.attn_k.weight", n_kv * hd, n_embd)
+        rand(f"blk.{i}.attn_v.weight", n_kv * hd, n_embd)
+        rand(f"blk.{i}.attn_output.weight", n_embd, n_embd)
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, np.float32))
+        rand(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        rand(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        rand(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_server(tmp_path_factory):
+    binary, vocab = _llama_server_binary(), _vocab_gguf()
+    if binary is None or vocab is None:
+        pytest.skip("no llama-server binary or llama.cpp vocab GGUF (set LLMPLAY_LLAMA_SERVER / LLMPLAY_LLAMA_VOCAB)")
+    model = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", vocab)
+    port = _free_port()
+    proc = subprocess.Popen([binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--metrics",
+                             "-c", "1024", "-np", "2", "-t", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"llama-server did not become healthy (exit {proc.poll()})")
+            time.sleep(0.1)
+        yield url, proc, model
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _complete(url: str, n: int) -> None:
+    httpx.post(url + "/completion", json={"prompt": "Tell me a story", "n_predict": n, "ignore_eos": True,
+                                          "temperature": 0}, timeout=30).raise_for_status()
+
+
+def test_real_llama_server_metrics_and_process(tiny_llama_server) -> None:
+    url, proc, model = tiny_llama_server
+    sources = [PrometheusSource(url, _llamacpp_names()), ProcessSource(proc.pid)]
+    with TelemetrySampler(sources, interval_s=0.05) as s:
+        threads = [threading.Thread(target=_complete, args=(url, 300)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    series = s.result()
+    summ = series.summary()
+    assert summ["engine.generation_tokens"] == 900  # counter delta over the window: exactly our requests
+    assert summ["engine.running_max"] >= 1
+    assert summ["proc.cpu_s"] > 0 and summ["proc.rss_peak_bytes"] > model.stat().st_size
+    assert not [n for n in series.notes if "unreachable" in n or "HTTP" in n], series.notes
+    assert set(series.to_frame()["source"]) == {"engine", "proc"}
+
+
+def test_real_llama_server_cpu_diagnosis(tiny_llama_server) -> None:
+    from llmplay.diagnose import diagnose, memory_breakdown, model_facts_from_gguf
+
+    url, proc, model = tiny_llama_server
+    f = model_facts_from_gguf(model)
+    assert (f.layers, f.heads, f.kv_heads, f.head_dim, f.quantization) == (2, 4, 2, 16, "ALL_F32")
+    assert f.weight_bytes == pytest.approx(model.stat().st_size, rel=0.1)
+    with TelemetrySampler([NvmlSource(), ProcessSource(proc.pid)], interval_s=0.05) as s:
+        _complete(url, 50)
+    series = s.result()
+    tele = series.summary()
+    b = memory_breakdown(f, 2, 1024, tele["proc.rss_peak_bytes"], psutil.virtual_memory().total, device="host")
+    findings = diagnose({}, tele, b, None, notes=series.notes)
+    got = {x.id for x in findings}
+    assert "memory.breakdown" in got
+    if any(n.startswith("no NVML") for n in series.notes):
+        assert "gpu.not_evaluated" in got
