@@ -118,7 +118,7 @@ class StreamState:
 
     def feed(self, data: bytes, t_ns: int) -> None:
         self.bytes_received += len(data)
-        if self.done:
+        if self.done or self.error is not None:
             return
         for payload in self.decoder.feed(data):
             self.n_events += 1

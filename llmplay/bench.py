@@ -1,0 +1,116 @@
+"""One workload against an already running endpoint: discover the model, build requests, run load, summarize."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import httpx
+
+from llmplay.errors import InfrastructureError
+from llmplay.load import LoadResult, run_load_sync
+from llmplay.metrics import Summary, summarize
+from llmplay.spec import Workload
+from llmplay.tokenizer import Tokenizer, make_tokenizer
+from llmplay.workload import iter_requests
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    url: str
+    model: str
+    workload: Workload
+    tokenizer: str
+    load: LoadResult
+    summary: Summary
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.summary.to_json()
+        out.update({"url": self.url, "model": self.model, "mode": self.load.mode,
+                    "schedule_lag_p99_s": self.load.schedule_lag_p99_s,
+                    "warmup_duration_s": self.load.warmup_duration_s})
+        return out
+
+
+def discover_model(url: str, timeout_s: float = 10.0) -> str:
+    """The first model id of GET /v1/models."""
+    try:
+        resp = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=timeout_s, trust_env=False)
+        resp.raise_for_status()
+        return str(resp.json()["data"][0]["id"])
+    except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as exc:
+        raise InfrastructureError(f"cannot list models at {url}/v1/models ({exc}); "
+                                  "expected an OpenAI-compatible server, or pass the model name") from exc
+
+
+def run_bench(url: str, workload: Workload, *, model: str | None = None, json_path: str | os.PathLike | None = None,
+              slo_s: Mapping[str, float] | None = None, progress: bool = True,
+              tokenizer: Tokenizer | str = "auto") -> BenchResult:
+    """Run one workload against `url` and summarize it; writes the summary JSON to json_path if given."""
+    model = model or discover_model(url)
+    tok = make_tokenizer(tokenizer, url) if isinstance(tokenizer, str) else tokenizer
+    requests = iter_requests(workload, tok, model)
+    if workload.num_requests is not None:
+        requests = tuple(requests)  # bounded: build every prompt before the clock starts
+    load = run_load_sync(url, workload, requests, progress=progress, tokenizer=tok)
+    summary = summarize(load.records, load.duration_s, slo_s or {}, tokenizer=tok.name)
+    result = BenchResult(url=url, model=model, workload=workload, tokenizer=tok.name, load=load, summary=summary)
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
+    return result
+
+
+def run_sweep(url: str, workload: Workload, **kwargs: Any) -> tuple[BenchResult, ...]:
+    """One bench per sweep value: concurrency for closed-loop workloads, rate for open-loop ones."""
+    if not workload.sweep:
+        return (run_bench(url, workload, **kwargs),)
+    field = "concurrency" if workload.concurrency is not None else "rate"
+    out = []
+    for value in workload.sweep:
+        point = replace(workload, **{field: int(value) if field == "concurrency" else float(value)})
+        out.append(run_bench(url, point, **{**kwargs, "json_path": None}))
+    return tuple(out)
+
+
+def _fmt(value: float | int | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return f"{value * 1000:.2f} ms" if abs(value) < 10 else f"{value:.2f} s"
+    if unit == "int":
+        return f"{int(value)}"
+    return f"{value:.2f}"
+
+
+def format_summary_table(summary: Summary) -> Any:
+    """A rich Table of the headline metrics (latencies in ms)."""
+    from rich.table import Table
+
+    v = summary.values
+    table = Table(title=f"llmplay bench — tokenizer: {summary.tokenizer}; output tokens from "
+                        f"{summary.output_tokens_source}")
+    table.add_column("metric")
+    for col in ("mean", "std", "p50", "p90", "p95", "p99"):
+        table.add_column(col, justify="right")
+    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"),
+                        ("ttft_nonstream", "TTFT (non-streamed)")):
+        if v.get(f"{name}.p50") is None:
+            continue
+        table.add_row(label, *(_fmt(v.get(f"{name}.{s}"), "s") for s in ("mean", "std", "p50", "p90", "p95", "p99")))
+    table.add_section()
+    rows = [
+        ("requests completed / sent", f"{v['requests.completed']} / {v['requests.total']}"),
+        ("errors (rate)", f"{v['errors.count']} ({(v['errors.rate'] or 0) * 100:.2f}%)"),
+        ("duration", _fmt(summary.duration_s, "s")),
+        ("throughput req/s", _fmt(v["throughput.req_s"], "")),
+        ("throughput output tok/s", _fmt(v["throughput.output_tok_s"], "")),
+        ("throughput total tok/s", _fmt(v["throughput.total_tok_s"], "")),
+        ("goodput req/s", _fmt(v["goodput.req_s"], "")),
+    ]
+    if v.get("schedule_lag.p99") is not None:
+        rows.append(("schedule lag p99", _fmt(v["schedule_lag.p99"], "s")))
+    for label, value in rows:
+        table.add_row(label, value, *([""] * 5))
+    return table

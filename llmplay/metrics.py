@@ -1,0 +1,161 @@
+"""Per-request records → summary metrics with the vllm-bench definitions of DESIGN.md (numpy, linear percentiles).
+
+- TTFT: sent → first chunk carrying generated text (streamed requests only; non-streamed ones are
+  reported apart as ttft_nonstream, where TTFT = E2EL).
+- E2EL: sent → last text-bearing chunk (stream) or the full body (non-stream).
+- TPOT: (E2EL − TTFT) / (output_tokens − 1), streamed requests with more than one output token.
+- ITL: every gap between successive text-bearing chunks, pooled over requests.
+- Throughput: completed requests, output tokens, input + output tokens ÷ benchmark duration
+  (warm-up excluded). Goodput: completed requests meeting every SLO in slo_s ÷ duration.
+- Errors are counted over every measured request sent; errors.rate = errors / requests sent.
+Only completed (error-free), non-warm-up requests enter latency and throughput figures.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from llmplay.load import ERROR_KINDS, RequestRecord, records_from_dataframe
+
+PERCENTILES = (50, 90, 95, 99)
+STAT_NAMES = ("mean", "std", "p50", "p90", "p95", "p99")
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttfo", "queue_wait")
+SLO_KEYS = ("ttft", "tpot", "e2el")
+
+
+def _stats(values: np.ndarray) -> dict[str, float | None]:
+    if values.size == 0:
+        return {k: None for k in STAT_NAMES}
+    pct = np.percentile(values, PERCENTILES)  # numpy's default: linear interpolation
+    out: dict[str, float | None] = {"mean": float(values.mean()), "std": float(values.std())}
+    out.update({f"p{p}": float(v) for p, v in zip(PERCENTILES, pct)})
+    return out
+
+
+def _as_records(records: Any) -> Sequence[RequestRecord]:
+    if hasattr(records, "to_dict") and hasattr(records, "columns"):
+        return records_from_dataframe(records)
+    return tuple(records)
+
+
+def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
+    """Per-request values (seconds) of measured, completed requests, for bootstrapping over requests.
+
+    ttft/tpot: streamed requests (tpot only with > 1 output token); e2el: every completed request;
+    ttft_nonstream: non-streamed requests; itl: pooled chunk gaps; ttfo: first non-reasoning content.
+    """
+    recs = [r for r in _as_records(records) if not r.is_warmup and r.error_kind is None]
+    ttft, tpot, e2el, nonstream, ttfo, itl, qwait = [], [], [], [], [], [], []
+    for r in recs:
+        if r.end_ns is None or r.first_chunk_ns is None:
+            continue
+        e = (r.end_ns - r.sent_ns) / 1e9
+        e2el.append(e)
+        qwait.append(r.queue_wait_s)
+        if not r.stream:
+            nonstream.append(e)
+            continue
+        t = (r.first_chunk_ns - r.sent_ns) / 1e9
+        ttft.append(t)
+        if r.first_content_ns is not None:
+            ttfo.append((r.first_content_ns - r.sent_ns) / 1e9)
+        if r.output_tokens > 1:
+            tpot.append((e - t) / (r.output_tokens - 1))
+        if len(r.chunk_ns) > 1:
+            itl.append(np.diff(np.asarray(r.chunk_ns, dtype=np.int64)) / 1e9)
+    return {
+        "ttft": np.asarray(ttft, dtype=float), "tpot": np.asarray(tpot, dtype=float),
+        "e2el": np.asarray(e2el, dtype=float), "ttft_nonstream": np.asarray(nonstream, dtype=float),
+        "ttfo": np.asarray(ttfo, dtype=float), "queue_wait": np.asarray(qwait, dtype=float),
+        "itl": np.concatenate(itl) if itl else np.asarray([], dtype=float),
+    }
+
+
+def _meets_slo(r: RequestRecord, slo_s: Mapping[str, float]) -> bool:
+    e2el = (r.end_ns - r.sent_ns) / 1e9  # type: ignore[operator]
+    ttft = (r.first_chunk_ns - r.sent_ns) / 1e9 if r.stream else e2el  # type: ignore[operator]
+    values = {"ttft": ttft, "e2el": e2el}
+    if r.stream and r.output_tokens > 1:
+        values["tpot"] = (e2el - ttft) / (r.output_tokens - 1)
+    # A metric undefined for this request (TPOT of a one-token reply) cannot violate its SLO.
+    return all(values.get(k) is None or values[k] <= limit for k, limit in slo_s.items() if k in SLO_KEYS)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Flat metric paths → values (seconds, req/s, tok/s, counts, fractions); None where undefined."""
+
+    values: Mapping[str, float | int | None]
+    duration_s: float
+    tokenizer: str = "none"  # which tokenizer sized the prompts (exact or approximate)
+    output_tokens_source: str = "usage"  # usage | counted | mixed
+    slo_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return dict(self.values)
+
+    def __getitem__(self, key: str) -> float | int | None:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def to_json(self) -> dict[str, Any]:
+        """Metrics plus the facts a reader needs to trust them."""
+        return {"metrics": self.as_dict(), "duration_s": self.duration_s, "tokenizer": self.tokenizer,
+                "output_tokens_source": self.output_tokens_source, "slo_s": dict(self.slo_s)}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=True)
+
+
+def summarize(records: Any, duration_s: float, slo_s: Mapping[str, float] | None = None, *,
+              tokenizer: str = "none") -> Summary:
+    """records: a list of RequestRecord or their DataFrame; duration_s: the benchmark duration (warm-up
+    excluded, LoadResult.duration_s); slo_s: per-request SLOs in seconds keyed ttft/tpot/e2el."""
+    slo = dict(slo_s or {})
+    unknown = set(slo) - set(SLO_KEYS)
+    if unknown:
+        raise ValueError(f"unknown SLO keys {sorted(unknown)}; expected {', '.join(SLO_KEYS)}")
+    recs = [r for r in _as_records(records) if not r.is_warmup]
+    ok = [r for r in recs if r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None]
+    arrays = per_request_arrays(ok)
+    values: dict[str, float | int | None] = {}
+    for name in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttfo"):
+        for stat, v in _stats(arrays[name]).items():
+            values[f"{name}.{stat}"] = v
+    q = _stats(arrays["queue_wait"])
+    values["queue_wait.mean"], values["queue_wait.p95"] = q["mean"], q["p95"]
+    dur = duration_s if duration_s > 0 else None
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.input_tokens for r in ok)
+    good = sum(1 for r in ok if _meets_slo(r, slo)) if slo else len(ok)
+    values["throughput.req_s"] = len(ok) / dur if dur else None
+    values["throughput.output_tok_s"] = out_tokens / dur if dur else None
+    values["throughput.total_tok_s"] = (in_tokens + out_tokens) / dur if dur else None
+    values["goodput.req_s"] = good / dur if dur else None
+    values["goodput.fraction"] = good / len(recs) if recs else None
+    errors = [r for r in recs if r.error_kind is not None]
+    values["errors.count"] = len(errors)
+    values["errors.rate"] = len(errors) / len(recs) if recs else 0.0
+    for kind in ERROR_KINDS:
+        values[f"errors.{kind}"] = sum(1 for r in errors if r.error_kind == kind)
+    values["requests.total"] = len(recs)
+    values["requests.completed"] = len(ok)
+    values["requests.streamed"] = sum(1 for r in ok if r.stream)
+    values["tokens.input_total"] = in_tokens
+    values["tokens.output_total"] = out_tokens
+    values["tokens.output_mean"] = out_tokens / len(ok) if ok else None
+    lag = np.asarray([(r.sent_ns - r.scheduled_ns) / 1e9 for r in recs], dtype=float)
+    values["schedule_lag.p99"] = float(np.percentile(lag, 99)) if lag.size else None
+    values["schedule_lag.max"] = float(lag.max()) if lag.size else None
+    values["duration_s"] = duration_s
+    sources = {r.output_tokens_source for r in ok}
+    source = "mixed" if len(sources) > 1 else (sources.pop() if sources else "usage")
+    values["tokens.output_counted"] = int(source != "usage")
+    return Summary(values=MappingProxyType(values), duration_s=duration_s, tokenizer=tokenizer,
+                   output_tokens_source=source, slo_s=MappingProxyType(slo))

@@ -1,0 +1,179 @@
+"""The load runner against the instrument server: timing equals the scripted truth, errors never vanish."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from instrument import InstrumentServer
+from scipy import stats
+
+from llmplay.load import records_from_dataframe, run_load_sync
+from llmplay.metrics import summarize
+from llmplay.spec import LengthDist, Workload
+from llmplay.tokenizer import LlamaCppTokenizer, WordRatioTokenizer
+from llmplay.workload import build_requests, iter_requests
+
+TOK = WordRatioTokenizer()
+BASE = Workload(concurrency=4, num_requests=8, input=LengthDist("fixed", value=6),
+                output=LengthDist("fixed", value=6), request_timeout_s=5.0)
+
+
+@pytest.fixture(scope="module")
+def srv():
+    # A separate process, like a real server: in a thread it would wait for the client's GIL.
+    with InstrumentServer(process=True) as server:
+        yield server
+
+
+def run(srv, wl, **cfg):
+    reqs = build_requests(wl, TOK, "instrument")
+    srv.fetch_log()  # clear
+    result = run_load_sync(srv.url_for(**cfg), wl, reqs)
+    return reqs, result, {e["key"]: e for e in srv.fetch_log()}
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_timing_matches_scripted_truth(srv, api):
+    wl = replace(BASE, api=api, num_requests=16, warmup_requests=2)
+    reqs, res, log = run(srv, wl, ttft_ms=40, itl_ms=10)
+    assert len(res.records) == 18 and all(r.ok for r in res.records)
+    assert [r.is_warmup for r in res.records] == [True] * 2 + [False] * 16
+    lag_ms = []
+    for planned, rec in zip(reqs, res.records):
+        key = planned.messages[-1][1] if planned.messages else planned.prompt
+        truth = log[key]["send_ns"]
+        assert len(rec.chunk_ns) == len(truth) == 6
+        lag_ms += list((np.array(rec.chunk_ns) - np.array(truth)) / 1e6)
+    # Chunks are measured close to the moment the server wrote them (same clock, another process);
+    # the tail is the 2-core machine scheduling the client late, not a parsing delay.
+    assert min(lag_ms) >= 0 and np.percentile(lag_ms, 90) < 1.0 and max(lag_ms) < 10, lag_ms
+    s = summarize(res.records, res.duration_s, {})
+    # Scripted: TTFT 40 ms, ITL 10 ms, 6 tokens → E2EL 90 ms, TPOT 10 ms. The client's own cost
+    # (httpx, ~0.6 ms a request on this machine) and new connections show in TTFT, not in ITL.
+    assert 0.040 <= s["ttft.p50"] < 0.048 and s["ttft.p99"] < 0.060
+    assert 0.0095 < s["itl.p50"] < 0.0105 and 0.0095 < s["tpot.mean"] < 0.0105
+    assert 0.090 <= s["e2el.p50"] < 0.096
+    assert s["requests.completed"] == 16 and s["errors.count"] == 0
+    assert s["throughput.output_tok_s"] == pytest.approx(16 * 6 / res.duration_s)
+    assert s["tokens.output_counted"] == 0 and not res.counted_tokens
+
+
+def test_counted_tokens_when_server_sends_no_usage(srv):
+    reqs, res, _ = run(srv, BASE, ttft_ms=5, itl_ms=1, usage=0, tokens=5)
+    assert all(r.output_tokens == 5 and r.output_tokens_source == "counted" for r in res.records)
+    assert all(r.input_tokens == 6 for r in res.records)  # the planned count stands in for usage
+    assert res.counted_tokens
+    assert summarize(res.records, res.duration_s, {}).output_tokens_source == "counted"
+    # With an exact tokenizer the generated text is counted after the run, not the chunks.
+    tok = LlamaCppTokenizer(srv.url)
+    res = run_load_sync(srv.url_for(ttft_ms=5, itl_ms=1, usage=0, tokens=5), BASE, reqs, tokenizer=tok)
+    assert [r.output_tokens for r in res.records] == [5] * 8 and res.tokenizer.startswith("llama.cpp")
+    tok.close()
+
+
+def test_usage_tokens(srv):
+    _, res, _ = run(srv, BASE, ttft_ms=5, itl_ms=1, tokens=3)
+    assert all(r.output_tokens == 3 and r.output_tokens_source == "usage" and r.input_tokens == 6
+               for r in res.records)
+    assert all(r.finish_reason == "length" for r in res.records)
+
+
+def test_non_streamed_requests(srv):
+    wl = replace(BASE, streaming_fraction=0.0, api="chat")
+    _, res, _ = run(srv, wl, ttft_ms=30, itl_ms=4)
+    assert all(r.ok and not r.stream for r in res.records)
+    s = summarize(res.records, res.duration_s, {"ttft": 0.001})
+    assert s["ttft.p50"] is None and s["tpot.p50"] is None and s["itl.p50"] is None
+    # TTFT = E2EL for non-streamed: 30 ms + 5 × 4 ms (+ the client's request and body-read cost).
+    assert 0.050 <= s["ttft_nonstream.p50"] < 0.060 and s["e2el.p50"] == s["ttft_nonstream.p50"]
+    assert s["goodput.req_s"] == 0.0  # 50 ms misses a 1 ms TTFT SLO
+
+
+ERROR_CASES = [
+    ({"fault": "500"}, "http_5xx", 500),
+    ({"fault": "400"}, "http_4xx", 400),
+    ({"fault": "close", "fault_after": 2}, "truncated", 200),
+    ({"fault": "reset", "fault_after": 2}, "truncated", 200),
+    ({"fault": "reset", "fault_after": 0}, "connect", None),
+    ({"fault": "stall", "fault_after": 1}, "timeout", 200),
+    ({"fault": "garbage", "fault_after": 1}, "protocol", 200),
+    ({"done": 0}, "truncated", 200),
+]
+
+
+@pytest.mark.parametrize(("cfg", "kind", "status"), ERROR_CASES, ids=[c[1] + "-" + str(c[0]) for c in ERROR_CASES])
+def test_every_error_kind_is_counted(srv, cfg, kind, status):
+    wl = replace(BASE, request_timeout_s=0.3)
+    _, res, _ = run(srv, wl, ttft_ms=5, itl_ms=2, **cfg)
+    assert len(res.records) == 8
+    assert {r.error_kind for r in res.records} == {kind}
+    assert {r.http_status for r in res.records} == {status}
+    assert all(r.error_message for r in res.records)
+    s = summarize(res.records, res.duration_s, {})
+    assert s["errors.count"] == 8 and s["errors.rate"] == 1.0 and s[f"errors.{kind}"] == 8
+    assert s["requests.total"] == 8 and s["requests.completed"] == 0
+    if cfg.get("fault_after"):
+        assert all(r.bytes_received > 0 and len(r.chunk_ns) == cfg["fault_after"] for r in res.records)
+
+
+def test_connect_error_when_nothing_listens():
+    reqs = build_requests(BASE, TOK, "m")
+    res = run_load_sync("http://127.0.0.1:9", BASE, reqs)
+    assert len(res.records) == 8 and {r.error_kind for r in res.records} == {"connect"}
+
+
+def test_mixed_errors_are_not_dropped(srv):
+    # Half the requests fail: the sample keeps all of them and the rate says so.
+    ok = build_requests(BASE, TOK, "m")
+    res_ok = run_load_sync(srv.url_for(ttft_ms=2, itl_ms=1), BASE, ok)
+    res_bad = run_load_sync(srv.url_for(fault="500"), BASE, ok)
+    s = summarize(list(res_ok.records) + list(res_bad.records), res_ok.duration_s, {})
+    assert s["requests.total"] == 16 and s["errors.rate"] == 0.5 and s["requests.completed"] == 8
+
+
+def test_poisson_arrivals_match_the_rate(srv):
+    wl = Workload(rate=400.0, arrival="poisson", num_requests=400, seed=11, input=LengthDist("fixed", value=2),
+                  output=LengthDist("fixed", value=1))
+    _, res, _ = run(srv, wl, ttft_ms=1, itl_ms=1)
+    assert all(r.ok for r in res.records)
+    sched = np.sort(np.array([r.scheduled_ns for r in res.records])) / 1e9
+    gaps = np.diff(sched)
+    assert abs(1 / gaps.mean() - 400) / 400 < 0.1
+    assert stats.kstest(gaps, "expon", args=(0, 1 / 400)).pvalue > 0.01
+    # The client kept up: requests left within a few ms of their scheduled time.
+    assert res.schedule_lag_p99_s is not None and 0 <= res.schedule_lag_p99_s < 0.005
+    sent = np.sort(np.array([r.sent_ns for r in res.records])) / 1e9
+    assert abs(len(sent) / (sent[-1] - sent[0]) - 400) / 400 < 0.12
+
+
+def test_constant_arrivals_with_bursts(srv):
+    wl = Workload(rate=200.0, arrival="constant", burst=4, num_requests=40, input=LengthDist("fixed", value=2),
+                  output=LengthDist("fixed", value=1))
+    _, res, _ = run(srv, wl, ttft_ms=1, itl_ms=1)
+    sched = np.array(sorted(r.scheduled_ns for r in res.records))
+    groups = sched.reshape(10, 4)
+    assert (groups == groups[:, :1]).all()  # four requests per arrival
+    assert np.allclose(np.diff(groups[:, 0]) / 1e9, 4 / 200, atol=1e-6)
+
+
+def test_duration_bound_closed_loop_with_warmup_seconds(srv):
+    wl = Workload(concurrency=3, duration_s=0.4, warmup_s=0.1, input=LengthDist("fixed", value=2),
+                  output=LengthDist("fixed", value=2))
+    res = run_load_sync(srv.url_for(ttft_ms=10, itl_ms=5), wl, iter_requests(wl, TOK, "m"))
+    warm = [r for r in res.records if r.is_warmup]
+    meas = [r for r in res.records if not r.is_warmup]
+    assert warm and meas and all(r.ok for r in res.records)
+    assert all(r.sent_ns < res.start_ns for r in warm) and all(r.sent_ns >= res.start_ns for r in meas)
+    assert all(r.sent_ns < res.start_ns + 0.4e9 for r in meas)
+    assert 0.1 <= res.warmup_duration_s < 0.2 and 0.4 <= res.duration_s < 0.5
+    assert len(meas) == pytest.approx(3 * 0.4 / 0.015, rel=0.25)
+    assert sorted(r.index for r in res.records) == list(range(len(res.records)))
+
+
+def test_dataframe_round_trip(srv):
+    _, res, _ = run(srv, replace(BASE, streaming_fraction=0.5), ttft_ms=2, itl_ms=1)
+    df = res.to_dataframe()
+    assert len(df) == 8 and list(df["chunk_ns"][0]) == list(res.records[0].chunk_ns)
+    assert records_from_dataframe(df) == res.records
+    a = summarize(df, res.duration_s, {"ttft": 1.0}).as_dict()
+    b = summarize(res.records, res.duration_s, {"ttft": 1.0}).as_dict()
+    assert a == b

@@ -1,0 +1,79 @@
+"""SSE parsing with byte fixtures: what is timestamped, what is skipped, where the stream ends."""
+from llmplay.sse import DONE, ERROR, ROLE, TEXT, USAGE, SSEDecoder, StreamState, parse_event
+
+COMPLETION = (b'data: {"choices":[{"index":0,"text":" Hello","finish_reason":null}]}\n\n'
+              b'data: {"choices":[{"index":0,"text":" world","finish_reason":"length"}]}\n\n'
+              b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\n\n'
+              b'data: [DONE]\n\n')
+CHAT = (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"hmm"},"finish_reason":null}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+        b'data: [DONE]\n\n')
+
+
+def test_decoder_handles_any_split_and_crlf():
+    whole = SSEDecoder().feed(COMPLETION)
+    assert len(whole) == 4 and whole[-1] == b"[DONE]"
+    for size in (1, 3, 7, 50):
+        dec = SSEDecoder()
+        got = []
+        for i in range(0, len(COMPLETION), size):
+            got += dec.feed(COMPLETION[i:i + size])
+        assert got == whole
+    assert SSEDecoder().feed(COMPLETION.replace(b"\n", b"\r\n")) == whole
+
+
+def test_decoder_skips_comments_and_joins_multiline_data():
+    dec = SSEDecoder()
+    assert dec.feed(b": ping\n\nevent: x\nid: 3\ndata: a\ndata: b\n\ndata: tail") == [b"a\nb"]
+    assert dec.pending == b"data: tail"
+
+
+def test_parse_event_kinds():
+    assert parse_event(b"[DONE]").kind == DONE
+    assert parse_event(b'{"choices":[{"delta":{"role":"assistant"}}]}').kind == ROLE
+    assert parse_event(b'{"choices":[],"usage":{"completion_tokens":3}}').kind == USAGE
+    ev = parse_event(b'{"choices":[{"text":"x","finish_reason":"stop"}]}')
+    assert (ev.kind, ev.content, ev.finish_reason) == (TEXT, "x", "stop")
+    ev = parse_event(b'{"choices":[{"delta":{"reasoning_content":"r"}}]}')
+    assert (ev.kind, ev.content, ev.reasoning) == (TEXT, "", "r")
+    assert parse_event(b'{"error":{"message":"boom"}}') .error == "boom"
+    assert parse_event(b"{oops").kind == ERROR
+
+
+def test_stream_state_times_only_text_chunks():
+    st = StreamState()
+    events = CHAT.split(b"\n\n")
+    for t, ev in enumerate(events[:-1], start=1):  # one event per feed, at t = 1, 2, ...
+        st.feed(ev + b"\n\n", t * 100)
+    assert st.first_chunk_ns == 200  # reasoning text counts for TTFT (role-only chunk skipped)
+    assert st.first_content_ns == 300  # first non-reasoning content (TTFO)
+    assert st.chunk_ns == [200, 300]
+    assert st.end_ns == 300  # the empty finish chunk and [DONE] do not move E2EL
+    assert st.finish_reason == "stop" and st.done and st.text == "hmmHi"
+
+
+def test_stream_state_usage_chunk_is_not_a_token_and_done_stops():
+    st = StreamState()
+    st.feed(COMPLETION[:80], 10)
+    st.feed(COMPLETION[80:] + b'data: {"choices":[{"text":"late"}]}\n\n', 20)
+    assert st.chunk_ns == [10, 20] and st.end_ns == 20
+    assert st.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert st.done and st.text == " Hello world"  # nothing after [DONE]
+    assert st.bytes_received == len(COMPLETION) + len(b'data: {"choices":[{"text":"late"}]}\n\n')
+
+
+def test_stream_state_keeps_bytes_of_a_cut_stream():
+    st = StreamState()
+    st.feed(COMPLETION[:100], 5)
+    assert not st.done
+    assert st.bytes_received == 100
+    first_event_end = COMPLETION.index(b"\n\n") + 2
+    assert st.tail() == COMPLETION[first_event_end:100] and st.chunk_ns == [5]
+
+
+def test_stream_state_error_event():
+    st = StreamState()
+    st.feed(b'data: {"choices":[{"text":"a"}]}\n\ndata: {"error":{"message":"overloaded"}}\n\n', 1)
+    assert st.error == "overloaded" and st.chunk_ns == [1]
