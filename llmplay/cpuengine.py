@@ -1,0 +1,328 @@
+"""The embedded CPU engine: llama-server built from the pinned llama-cpp-python sdist, a tiny random Llama
+GGUF, and the local image `llmplay/llamacpp-cpu:local` imported from a minimal root filesystem (no registry).
+
+Everything lands under the cache directory (default ~/.cache/llmplay), keyed by content hashes, so a
+second run only checks files and the image label and takes seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from llmplay.errors import InfrastructureError
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+               "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF")
+IMAGE_TAG = "llmplay/llamacpp-cpu:local"
+MODEL_IN_IMAGE = "/models/tiny.gguf"
+CONTENT_LABEL = "llmplay.content"
+VOCAB_FILE = "vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf"
+
+# A few million parameters: 4 layers of width 256 with grouped-query attention (8 query heads sharing
+# 2 KV heads), so KV-cache knobs have something to act on; embeddings tied to the output.
+MODEL_PARAMS: dict[str, Any] = {
+    "n_layer": 4, "n_embd": 256, "n_head": 8, "n_head_kv": 2, "n_ff": 688, "n_ctx_train": 8192,
+    "rope_freq_base": 10000.0, "rms_eps": 1e-5, "init_std": 0.02, "seed": 0,
+}
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CpuEngine:
+    image: str  # tag, e.g. llmplay/llamacpp-cpu:local ("" when built without the image)
+    image_id: str
+    binary: Path  # host path of llama-server
+    model_path: Path  # host path of the GGUF
+    model_in_image: str  # where the image holds it
+    content_hash: str  # label on the image; changes when binary, libraries or model change
+    llama_cpp_python_version: str = LLAMA_CPP_PYTHON_VERSION
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("LLMPLAY_CACHE", "~/.cache/llmplay")).expanduser()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _run(argv: list[str], log_path: Path, what: str, cwd: Path | None = None) -> None:
+    with open(log_path, "ab") as log:
+        log.write(f"\n$ {' '.join(argv)}\n".encode())
+        log.flush()
+        rc = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
+    if rc != 0:
+        tail = " | ".join(log_path.read_text(errors="replace").splitlines()[-5:])
+        raise InfrastructureError(f"{what} failed (exit code {rc}); see {log_path}: {tail}")
+
+
+def _apt_install(packages: list[str], log_path: Path, log: Log) -> None:
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise InfrastructureError(f"missing {', '.join(packages)}; install them: sudo apt-get install -y {' '.join(packages)}")
+    log(f"installing {' '.join(packages)} with apt-get")
+    env_prefix = ["env", "DEBIAN_FRONTEND=noninteractive"]
+    if subprocess.call(env_prefix + ["apt-get", "install", "-y", *packages], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL) != 0:
+        _run(env_prefix + ["apt-get", "update"], log_path, "apt-get update")
+        _run(env_prefix + ["apt-get", "install", "-y", *packages], log_path, f"apt-get install {' '.join(packages)}")
+
+
+# --- source -------------------------------------------------------------------------------------------
+
+def sdist_path(cache: Path, log: Log = print) -> Path:
+    """The pinned sdist, downloaded once with pip (source only, no dependencies)."""
+    dest = cache / "sdist"
+    tarball = dest / f"{SDIST_NAME}.tar.gz"
+    if not tarball.exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        log(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist with pip")
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+              f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(dest)], cache / "build.log", "pip download")
+    return tarball
+
+
+def _extract(tarball: Path, dest: Path, prefix: str) -> Path:
+    """Extract members under `<sdist>/<prefix>` into dest; returns dest/<sdist>/<prefix>."""
+    root = dest / SDIST_NAME / prefix
+    marker = root.parent / f".extracted-{_key(prefix)}"
+    if marker.exists():
+        return root
+    want = f"{SDIST_NAME}/{prefix}"
+    with tarfile.open(tarball) as tf:
+        members = [m for m in tf.getmembers() if m.name == want or m.name.startswith(want + "/")]
+        tf.extractall(dest, members=members, filter="data")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return root
+
+
+# --- llama-server -------------------------------------------------------------------------------------
+
+def binary_path(cache: Path) -> Path:
+    return cache / "llama-server" / _key(LLAMA_CPP_PYTHON_VERSION, CMAKE_FLAGS) / "llama-server"
+
+
+def build_llama_server(cache: Path, force: bool = False, log: Log = print) -> Path:
+    """llama-server from the sdist's vendored llama.cpp: Release, static, portable (no -march=native)."""
+    binary = binary_path(cache)
+    if binary.exists() and not force:
+        return binary
+    for tool, pkg in (("cmake", "cmake"), ("c++", "g++"), ("make", "make")):
+        if shutil.which(tool) is None:
+            _apt_install([pkg], cache / "build.log", log)
+    src = _extract(sdist_path(cache, log), cache / "src", "vendor/llama.cpp")
+    build = cache / "build" / binary.parent.name
+    log(f"building llama-server (about 8 minutes on 2 cores); log: {cache / 'build.log'}")
+    t0 = time.perf_counter()
+    _run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], cache / "build.log", "cmake configure")
+    _run(["cmake", "--build", str(build), "--config", "Release", "--target", "llama-server",
+          "-j", str(os.cpu_count() or 1)], cache / "build.log", "cmake build")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_suffix(".tmp")
+    shutil.copy2(build / "bin" / "llama-server", tmp)
+    tmp.rename(binary)  # atomic: a half-copied binary never passes the cache check
+    log(f"built llama-server in {time.perf_counter() - t0:.0f}s")
+    return binary
+
+
+# --- the tiny model -----------------------------------------------------------------------------------
+
+def model_path(cache: Path) -> Path:
+    return cache / "models" / f"tiny-{_key(MODEL_PARAMS, VOCAB_FILE, CHAT_TEMPLATE)}.gguf"
+
+
+def write_tiny_model(cache: Path, force: bool = False, log: Log = print) -> Path:
+    """A random-weight Llama GGUF (seeded, so the bytes are reproducible) with the SPM vocabulary's tokenizer."""
+    import gguf
+    import numpy as np
+
+    path = model_path(cache)
+    if path.exists() and not force:
+        return path
+    vocab_file = _extract(sdist_path(cache, log), cache / "src", VOCAB_FILE)
+    reader = gguf.GGUFReader(str(vocab_file))
+    p = MODEL_PARAMS
+    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    head_dim = p["n_embd"] // p["n_head"]
+    rng = np.random.default_rng(p["seed"])
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    w = gguf.GGUFWriter(str(tmp), "llama")
+    w.add_name("llmplay-tiny-random")
+    w.add_context_length(p["n_ctx_train"])
+    w.add_embedding_length(p["n_embd"])
+    w.add_block_count(p["n_layer"])
+    w.add_feed_forward_length(p["n_ff"])
+    w.add_head_count(p["n_head"])
+    w.add_head_count_kv(p["n_head_kv"])
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(p["rope_freq_base"])
+    w.add_layer_norm_rms_eps(p["rms_eps"])
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    def mat(rows: int, cols: int) -> Any:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * p["init_std"]).astype(np.float16)
+
+    ones = np.ones(p["n_embd"], dtype=np.float32)
+    w.add_tensor("token_embd.weight", mat(n_vocab, p["n_embd"]))  # also the output projection (tied)
+    w.add_tensor("output_norm.weight", ones)
+    for i in range(p["n_layer"]):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", ones)
+        w.add_tensor(f"blk.{i}.attn_q.weight", mat(p["n_head"] * head_dim, p["n_embd"]))
+        w.add_tensor(f"blk.{i}.attn_k.weight", mat(p["n_head_kv"] * head_dim, p["n_embd"]))
+        w.add_tensor(f"blk.{i}.attn_v.weight", mat(p["n_head_kv"] * head_dim, p["n_embd"]))
+        w.add_tensor(f"blk.{i}.attn_output.weight", mat(p["n_embd"], p["n_head"] * head_dim))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", ones)
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(p["n_ff"], p["n_embd"]))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(p["n_ff"], p["n_embd"]))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(p["n_embd"], p["n_ff"]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.rename(path)
+    log(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
+    return path
+
+
+# --- the image ----------------------------------------------------------------------------------------
+
+def shared_libraries(binary: Path) -> list[Path]:
+    """What the dynamic loader maps for `binary` (libstdc++, libgomp, libc, ld-linux, ...), from ldd."""
+    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
+    libs = []
+    for line in out.splitlines():
+        m = re.search(r"(/\S+)\s+\(0x", line)
+        if m:
+            libs.append(Path(m.group(1)))
+    return libs
+
+
+def _rootfs_tar(binary: Path, model: Path, libs: list[Path], dest: Path) -> Path:
+    """A tarball of the minimal root filesystem: /llama-server, its libraries at their paths, the model."""
+    def add(tf: tarfile.TarFile, src: Path, arcname: str) -> None:
+        info = tf.gettarinfo(str(src.resolve()), arcname=arcname)
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        info.mtime = 0  # the tarball's bytes depend only on the contents
+        with open(src, "rb") as f:
+            tf.addfile(info, f)
+
+    def add_dir(tf: tarfile.TarFile, arcname: str, mode: int = 0o755) -> None:
+        info = tarfile.TarInfo(arcname)
+        info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, 0
+        tf.addfile(info)
+
+    with tarfile.open(dest, "w") as tf:
+        for d in ("tmp",):
+            add_dir(tf, d, 0o1777)
+        add_dir(tf, "models")
+        add(tf, binary, "llama-server")
+        add(tf, model, MODEL_IN_IMAGE.lstrip("/"))
+        for lib in libs:
+            add(tf, lib, str(lib).lstrip("/"))
+    return dest
+
+
+def build_image(client: Any, binary: Path, model: Path, cache: Path, force: bool = False, log: Log = print) -> tuple[str, str]:
+    """(image id, content hash); imports the image only when the tag's label differs from the contents."""
+    import docker
+
+    libs = shared_libraries(binary)
+    content = _key([_sha256(binary), _sha256(model)] + [(str(lib), _sha256(lib)) for lib in libs], MODEL_IN_IMAGE)
+    if not force:
+        try:
+            image = client.images.get(IMAGE_TAG)
+            if (image.labels or {}).get(CONTENT_LABEL) == content:
+                return image.id, content
+        except docker.errors.ImageNotFound:
+            pass
+    log(f"importing image {IMAGE_TAG} (content {content})")
+    workdir = cache / "image"
+    workdir.mkdir(parents=True, exist_ok=True)
+    tar = _rootfs_tar(binary, model, libs, workdir / f"rootfs-{content}.tar")
+    repo, tag = IMAGE_TAG.rsplit(":", 1)
+    changes = ['ENTRYPOINT ["/llama-server"]', "EXPOSE 8080", f"LABEL {CONTENT_LABEL}={content}",
+               f"LABEL llmplay.llama_cpp_python={LLAMA_CPP_PYTHON_VERSION}", "ENV LLAMA_ARG_HOST=0.0.0.0"]
+    client.api.import_image(src=str(tar), repository=repo, tag=tag, changes=changes)
+    tar.unlink()
+    image = client.images.get(IMAGE_TAG)
+    (workdir / "image.json").write_text(json.dumps({"tag": IMAGE_TAG, "id": image.id, "content": content}, indent=1))
+    return image.id, content
+
+
+def build_cpu_engine(cache_dir: Path | str | None = None, force: bool = False, *, with_image: bool = True,
+                     log: Log = print) -> CpuEngine:
+    """Binary, model and (unless with_image=False) the local image, each built only when missing or forced."""
+    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    binary = build_llama_server(cache, force, log)
+    model = write_tiny_model(cache, force, log)
+    if not with_image:
+        return CpuEngine("", "", binary, model, MODEL_IN_IMAGE, "")
+    from llmplay import dockerd
+
+    if shutil.which("dockerd") is None and shutil.which("docker") is None:
+        _apt_install(["docker.io"], cache / "build.log", log)
+    dockerd.ensure_dockerd(cache)
+    client = dockerd.client()
+    try:
+        image_id, content = build_image(client, binary, model, cache, force, log)
+    finally:
+        client.close()
+    return CpuEngine(IMAGE_TAG, image_id, binary, model, MODEL_IN_IMAGE, content)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmplay.cpuengine", description=__doc__.splitlines()[0])
+    parser.add_argument("--cache-dir", default=None, help="default: ~/.cache/llmplay (or $LLMPLAY_CACHE)")
+    parser.add_argument("--force", action="store_true", help="rebuild the binary, the model and the image")
+    parser.add_argument("--no-image", action="store_true", help="binary and model only (for the process runtime)")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        eng = build_cpu_engine(args.cache_dir, args.force, with_image=not args.no_image,
+                               log=lambda m: print(m, file=sys.stderr))
+    except InfrastructureError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(f"image:  {eng.image or '(not built)'} {eng.image_id}\nbinary: {eng.binary}\nmodel:  {eng.model_path}"
+          f"\nready in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Reaching a Docker daemon: ping it, and on a bare machine start `dockerd` in the background (as root)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from llmplay.errors import InfrastructureError
+
+DEFAULT_CACHE = Path(os.environ.get("LLMPLAY_CACHE", "~/.cache/llmplay")).expanduser()
+START_HINT = "start it with `sudo dockerd &` (or `sudo systemctl start docker`), or install it: `sudo apt-get install -y docker.io`"
+
+
+def _client(timeout_s: float = 10.0) -> Any:
+    import docker
+
+    return docker.from_env(timeout=int(max(timeout_s, 1)))
+
+
+def ping(timeout_s: float = 5.0) -> str | None:
+    """None when a daemon answers; otherwise why not (one line)."""
+    try:
+        client = _client(timeout_s)
+        try:
+            client.ping()
+        finally:
+            client.close()
+        return None
+    except Exception as exc:  # the SDK raises DockerException, requests' and socket errors alike
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def client(timeout_s: float = 120.0) -> Any:
+    """A docker SDK client for a daemon that answers, or an InfrastructureError saying how to start one."""
+    why = ping()
+    if why is not None:
+        raise InfrastructureError(f"Docker daemon unreachable ({why}); {START_HINT}")
+    return _client(timeout_s)
+
+
+def ensure_dockerd(cache_dir: Path | str | None = None, timeout_s: float = 60.0) -> None:
+    """Return once a daemon answers, starting a local `dockerd` when none does and we may (root, local socket)."""
+    if ping() is None:
+        return
+    remote = os.environ.get("DOCKER_HOST", "")
+    if remote and not remote.startswith("unix://"):
+        raise InfrastructureError(f"Docker daemon at DOCKER_HOST={remote} unreachable ({ping()}); start it there")
+    dockerd = shutil.which("dockerd")
+    if dockerd is None:
+        raise InfrastructureError(f"no Docker daemon answers and `dockerd` is not installed; {START_HINT}")
+    if os.geteuid() != 0:
+        raise InfrastructureError(f"no Docker daemon answers and only root may start one; {START_HINT}")
+    cache = Path(cache_dir or DEFAULT_CACHE).expanduser()
+    cache.mkdir(parents=True, exist_ok=True)
+    log_path = cache / "dockerd.log"
+    with open(log_path, "ab") as log:
+        # Its own session so it outlives this process and a Ctrl-C here; later runs reuse it.
+        proc = subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ping(2.0) is None:
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    tail = log_path.read_text(errors="replace").splitlines()[-5:]
+    raise InfrastructureError(f"started dockerd but it did not answer within {timeout_s:.0f}s "
+                              f"(exit code {proc.poll()}); see {log_path}: {' | '.join(tail)}")
