@@ -37,9 +37,24 @@ ENGINE_FIELDS_SETTABLE = {"image", "gpus", "extra_args"}
 YamlPath = tuple[str | int, ...]
 
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.$-]+$")
+
+
+_LINE_BREAKS = {ord(c): c.encode("unicode_escape").decode() for c in "\n\r\t\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(text: str) -> str:
+    """Messages are one line each: line breaks inside untrusted keys or values are shown escaped."""
+    return text.translate(_LINE_BREAKS)
+
+
 def format_path(path: YamlPath) -> str:
     out = ""
     for part in path:
+        if isinstance(part, str) and not _PLAIN_KEY.match(part):
+            part = one_line(repr(part))
+            out += f"[{part}]"
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(document)"
 
@@ -80,7 +95,7 @@ class Problems:
     def add(self, path: YamlPath, problem: str, *, key_line: bool = False) -> None:
         where = self.sources.locate(path)
         file = _display(where.file) if where.file != "?" else self.display_file
-        self.lines.append(f"{file}:{where.line}: {format_path(path)}: {problem}")
+        self.lines.append(f"{file}:{where.line}: {format_path(path)}: {one_line(problem)}")
 
     def raise_if_any(self) -> None:
         if self.lines:
@@ -98,7 +113,7 @@ def _display(path: str) -> str:
 # ---------------------------------------------------------------- YAML with lines
 
 def _fail(file: str, line: int, message: str) -> PlaybookError:
-    return PlaybookError(f"{_display(file)}:{line}: {message}")
+    return PlaybookError(f"{_display(file)}:{line}: {one_line(message)}")
 
 
 def _check_nodes(node: yaml.Node, file: str) -> None:
@@ -173,8 +188,9 @@ def read_yaml(path: Path) -> tuple[Any, SourceMap, str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PlaybookError(f"{_display(file)}: not UTF-8 text (byte {exc.start}); expected a YAML file") from None
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # the reader rejects control characters already here
         node = loader.get_single_node()
         if node is None:
             raise PlaybookError(f"{_display(file)}:1: the file is empty; expected a playbook mapping "
@@ -189,11 +205,12 @@ def read_yaml(path: Path) -> tuple[Any, SourceMap, str]:
         line = mark.line + 1 if mark else 0
         raise _fail(file, line, f"YAML syntax error: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
-        raise PlaybookError(f"{_display(file)}: YAML error: {exc}") from None
+        raise PlaybookError(f"{_display(file)}: YAML error: {one_line(str(exc))}") from None
     except RecursionError:
         raise PlaybookError(f"{_display(file)}: nesting is too deep; expected a plain playbook") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, _line_map(node, file), text
 
 
