@@ -116,6 +116,19 @@ class FakeNvml:
         self._check()
         return i
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        self._check()
+        for i in range(len(self.gpus)):
+            if uuid == f"GPU-fake-{i}":
+                return i
+        raise NVMLError(6)  # NVML_ERROR_NOT_FOUND
+
+    def nvmlDeviceGetIndex(self, h: int) -> int:
+        return h
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return f"GPU-fake-{h}"
+
     def nvmlDeviceGetName(self, h: int) -> bytes:
         return self.gpus[h].name.encode()
 

@@ -20,7 +20,8 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, gpu_indices: Sequence[int] | None = None, nvml: Any = None):
+    def __init__(self, gpu_indices: Sequence[int | str] | None = None, nvml: Any = None):
+        # NVML indices, or GPU UUIDs ("GPU-…"); None: every GPU
         self.gpu_indices = None if gpu_indices is None else list(gpu_indices)
         self._nvml = nvml
         self.notes: list[str] = []
@@ -50,12 +51,20 @@ class NvmlSource:
         try:
             count = int(nv.nvmlDeviceGetCount())
             wanted = list(range(count)) if self.gpu_indices is None else self.gpu_indices
-            missing = [i for i in wanted if not 0 <= i < count]
+            missing: list[int | str] = []
+            for g in wanted:
+                if isinstance(g, str) and not g.isdigit():  # a UUID, as docker device requests take
+                    try:
+                        h = nv.nvmlDeviceGetHandleByUUID(g)
+                        self._handles[int(nv.nvmlDeviceGetIndex(h))] = h
+                    except Exception:
+                        missing.append(g)
+                elif 0 <= int(g) < count:
+                    self._handles[int(g)] = nv.nvmlDeviceGetHandleByIndex(int(g))
+                else:
+                    missing.append(int(g))
             if missing:
-                add_note(self.notes, f"NVML: GPU index {missing} not present ({count} GPUs)")
-            for i in wanted:
-                if 0 <= i < count:
-                    self._handles[i] = nv.nvmlDeviceGetHandleByIndex(i)
+                add_note(self.notes, f"NVML: GPU {missing} not present ({count} GPUs)")
             self.info["nvml.driver_version"] = _text(nv.nvmlSystemGetDriverVersion())
         except Exception as e:
             add_note(self.notes, f"no NVML: {e}")
