@@ -91,16 +91,14 @@ def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:
 
 
 def records_from_dataframe(df: Any) -> tuple[RequestRecord, ...]:
-    """Inverse of records_to_dataframe (for re-summarizing an archived run)."""
+    """Inverse of records_to_dataframe (for re-summarizing an archived run; Parquet or CSV-read frames)."""
     out = []
     for row in df.to_dict("records"):
-        kw = {}
-        for name in RECORD_COLUMNS:
-            v = row.get(name)
-            if v is not None and not isinstance(v, (list, tuple, str)) and _isna(v):
-                v = None
-            kw[name] = v
-        kw["chunk_ns"] = tuple(int(x) for x in (kw["chunk_ns"] or ()))
+        kw = {name: _none_if_na(row.get(name)) for name in RECORD_COLUMNS}
+        chunks = kw["chunk_ns"]
+        if isinstance(chunks, str):  # a CSV round trip writes the list as text
+            chunks = json.loads(chunks) if chunks.strip() else ()
+        kw["chunk_ns"] = tuple(int(x) for x in (chunks if chunks is not None else ()))
         for name in ("first_chunk_ns", "first_content_ns", "end_ns", "http_status"):
             kw[name] = None if kw[name] is None else int(kw[name])
         for name in ("index", "scheduled_ns", "sent_ns", "input_tokens", "output_tokens", "bytes_received",
@@ -108,17 +106,20 @@ def records_from_dataframe(df: Any) -> tuple[RequestRecord, ...]:
             kw[name] = int(kw[name] or 0)
         kw["is_warmup"], kw["stream"] = bool(kw["is_warmup"]), bool(kw["stream"])
         kw["queue_wait_s"] = float(kw["queue_wait_s"] or 0.0)
+        kw["output_tokens_source"] = kw["output_tokens_source"] or "usage"
         out.append(RequestRecord(**kw))
     return tuple(out)
 
 
-def _isna(v: Any) -> bool:
+def _none_if_na(v: Any) -> Any:
+    if v is None or isinstance(v, (str, bytes, list, tuple)) or hasattr(v, "__len__"):
+        return v
     try:
         import pandas as pd
 
-        return bool(pd.isna(v))
+        return None if pd.isna(v) else v
     except (TypeError, ValueError):
-        return False
+        return v
 
 
 class _Feed:

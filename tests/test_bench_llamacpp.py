@@ -1,0 +1,53 @@
+"""`llmplay bench` against a real llama.cpp server (the engines' `llama_endpoint` fixture)."""
+from dataclasses import replace
+
+import pytest
+
+from llmplay.bench import discover_model, format_summary_table, run_bench
+from llmplay.spec import LengthDist, Workload
+from llmplay.tokenizer import LlamaCppTokenizer
+
+pytestmark = pytest.mark.docker
+
+WORKLOAD = Workload(concurrency=2, num_requests=6, warmup_requests=1, input=LengthDist("fixed", value=16),
+                    output=LengthDist("fixed", value=8), ignore_eos=True, temperature=0.0, seed=1,
+                    request_timeout_s=60.0)
+
+
+@pytest.fixture(scope="module")
+def llama_url(request) -> str:
+    try:
+        endpoint = request.getfixturevalue("llama_endpoint")
+    except pytest.FixtureLookupError:
+        pytest.skip("no llama_endpoint fixture in this tree")
+    return str(getattr(endpoint, "base_url", endpoint)).rstrip("/")
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_short_bench_gives_sane_numbers(llama_url, tmp_path, api):
+    out = tmp_path / "bench.json"
+    result = run_bench(llama_url, replace(WORKLOAD, api=api, streaming_fraction=0.5), json_path=out,
+                       progress=False)
+    s = result.summary
+    assert result.model == discover_model(llama_url)
+    assert s["errors.count"] == 0 and s["requests.completed"] == 6
+    assert s["ttft.p50"] is not None and s["ttft.p50"] > 0 and s["e2el.p50"] > s["ttft.p50"]
+    measured = result.load.measured()
+    # ignore_eos: every request generates exactly max_tokens, counted by the server's usage.
+    assert all(r.output_tokens == 8 and r.output_tokens_source == "usage" for r in measured)
+    assert s["throughput.output_tok_s"] > 0
+    assert result.tokenizer.startswith("llama.cpp")  # prompts sized by the model's own tokenizer
+    if api == "completions":
+        # usage.prompt_tokens counts the BOS token the server adds.
+        assert all(16 <= r.input_tokens <= 17 for r in measured)
+    assert out.read_text().startswith("{")
+    assert format_summary_table(s).row_count > 5
+
+
+def test_tokenizer_makes_exact_prompts(llama_url):
+    tok = LlamaCppTokenizer(llama_url)
+    try:
+        for n in (1, 7, 64):
+            assert tok.count(tok.make_text(n, n)) == n
+    finally:
+        tok.close()

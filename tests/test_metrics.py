@@ -1,0 +1,102 @@
+"""Metric definitions (DESIGN.md) on hand-made records whose true values are known exactly."""
+import numpy as np
+import pytest
+
+from llmplay.load import RequestRecord, records_from_dataframe, records_to_dataframe
+from llmplay.metrics import per_request_arrays, summarize
+
+MS = 1_000_000
+
+
+def rec(index, *, sent=0, chunks_ms=(), out=None, stream=True, warm=False, error=None, inp=10,
+        source="usage", scheduled=None):
+    chunks = tuple(sent + int(c * MS) for c in chunks_ms)
+    end = chunks[-1] if chunks else None
+    return RequestRecord(
+        index=index, is_warmup=warm, stream=stream, scheduled_ns=sent if scheduled is None else scheduled,
+        sent_ns=sent, first_chunk_ns=chunks[0] if chunks else None, first_content_ns=chunks[0] if chunks else None,
+        chunk_ns=chunks, end_ns=end, input_tokens=inp, output_tokens=len(chunks) if out is None else out,
+        output_tokens_source=source, finish_reason="length" if error is None else None,
+        http_status=200 if error is None else 500, error_kind=error, error_message=error, queue_wait_s=0.0)
+
+
+RECORDS = [
+    rec(0, warm=True, chunks_ms=(1000, 2000)),  # warm-up: excluded everywhere
+    rec(1, chunks_ms=(100, 110, 120, 130)),  # TTFT 100, ITL 10 x3, E2EL 130, TPOT 10
+    rec(2, chunks_ms=(200, 240, 280)),  # TTFT 200, ITL 40 x2, E2EL 280, TPOT 40
+    rec(3, chunks_ms=(300,), out=1),  # one token: no TPOT, no ITL
+    rec(4, chunks_ms=(50, 60), out=5),  # usage says 5 tokens in 2 chunks: TPOT (60-50)/4
+    rec(5, stream=False, chunks_ms=(400,), out=8),  # non-streamed: TTFT = E2EL = 400, reported apart
+    rec(6, error="http_5xx"),
+    rec(7, error="timeout", chunks_ms=(20,)),  # cut short: never a latency sample
+]
+
+
+def test_definitions_match_design():
+    s = summarize(RECORDS, duration_s=2.0, slo_s={})
+    ttft = np.array([0.100, 0.200, 0.300, 0.050])
+    assert s["ttft.mean"] == pytest.approx(ttft.mean()) and s["ttft.std"] == pytest.approx(ttft.std())
+    assert s["ttft.p90"] == pytest.approx(np.percentile(ttft, 90))  # linear interpolation
+    assert s["ttft.p50"] == pytest.approx(0.150)
+    tpot = np.array([0.010, 0.040, 0.010 / 4])
+    assert s["tpot.mean"] == pytest.approx(tpot.mean()) and s["tpot.p99"] == pytest.approx(np.percentile(tpot, 99))
+    itl = np.array([0.010] * 3 + [0.040] * 2 + [0.010])  # pooled over requests
+    assert s["itl.mean"] == pytest.approx(itl.mean()) and s["itl.p50"] == pytest.approx(np.median(itl))
+    e2el = np.array([0.130, 0.280, 0.300, 0.060, 0.400])  # non-streamed requests have an E2EL too
+    assert s["e2el.p95"] == pytest.approx(np.percentile(e2el, 95))
+    assert s["ttft_nonstream.p50"] == pytest.approx(0.400) and s["ttft_nonstream.std"] == 0.0
+    assert s["requests.total"] == 7 and s["requests.completed"] == 5 and s["requests.streamed"] == 4
+    assert s["errors.count"] == 2 and s["errors.rate"] == pytest.approx(2 / 7)
+    assert s["errors.http_5xx"] == 1 and s["errors.timeout"] == 1 and s["errors.connect"] == 0
+    out_tokens = 4 + 3 + 1 + 5 + 8
+    assert s["throughput.req_s"] == pytest.approx(5 / 2.0)
+    assert s["throughput.output_tok_s"] == pytest.approx(out_tokens / 2.0)
+    assert s["throughput.total_tok_s"] == pytest.approx((out_tokens + 50) / 2.0)
+    assert s["goodput.req_s"] == s["throughput.req_s"]  # no SLOs: every completed request is good
+
+
+def test_goodput_needs_every_slo():
+    s = summarize(RECORDS, 2.0, {"ttft": 0.150, "tpot": 0.020})
+    # good: r1 (100 ms, 10 ms), r4 (50 ms, 2.5 ms); r2 fails TTFT and TPOT, r3 TTFT, r5 (TTFT=E2EL 400 ms).
+    assert s["goodput.req_s"] == pytest.approx(2 / 2.0)
+    s = summarize(RECORDS, 2.0, {"e2el": 0.3})
+    assert s["goodput.req_s"] == pytest.approx(4 / 2.0)
+    with pytest.raises(ValueError, match="unknown SLO keys"):
+        summarize(RECORDS, 2.0, {"itl": 0.1})
+
+
+def test_contract_keys_and_empty_input():
+    keys = set(summarize([], 0.0, {}).as_dict())
+    for metric in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream"):
+        assert {f"{metric}.{s}" for s in ("mean", "std", "p50", "p90", "p95", "p99")} <= keys
+    assert {"throughput.req_s", "throughput.output_tok_s", "throughput.total_tok_s", "goodput.req_s",
+            "errors.rate", "errors.count", "requests.completed", "requests.total", "queue_wait.p95"} <= keys
+    empty = summarize([], 0.0, {})
+    assert empty["ttft.p95"] is None and empty["throughput.req_s"] is None and empty["errors.rate"] == 0.0
+
+
+def test_per_request_arrays_for_bootstrap():
+    arr = per_request_arrays(RECORDS)
+    assert arr["ttft"] == pytest.approx([0.1, 0.2, 0.3, 0.05])
+    assert arr["tpot"] == pytest.approx([0.01, 0.04, 0.0025])
+    assert len(arr["itl"]) == 6 and len(arr["e2el"]) == 5
+    assert arr["ttft_nonstream"] == pytest.approx([0.4])
+
+
+def test_counted_tokens_are_reported():
+    s = summarize([rec(1, chunks_ms=(1, 2), source="counted"), rec(2, chunks_ms=(1, 2))], 1.0, {},
+                  tokenizer="word-ratio")
+    assert s.output_tokens_source == "mixed" and s["tokens.output_counted"] == 1
+    assert s.to_json()["tokenizer"] == "word-ratio"
+
+
+def test_dataframe_and_parquet_round_trip(tmp_path):
+    df = records_to_dataframe(RECORDS)
+    path = tmp_path / "records.parquet"
+    df.to_parquet(path)
+    import pandas as pd
+
+    back = pd.read_parquet(path)
+    assert records_from_dataframe(back) == tuple(RECORDS)
+    assert summarize(back, 2.0, {"ttft": 0.15}).as_dict() == summarize(RECORDS, 2.0, {"ttft": 0.15}).as_dict()
+    assert back["ttft_s"][1] == pytest.approx(0.1)
