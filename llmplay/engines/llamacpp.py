@@ -61,6 +61,5 @@ ENGINE = Engine(
         generation_tokens="llamacpp:tokens_predicted_total",
     ),
     default_executable=("llama-server",),
-    version_field="build_info",
-    version_log_pattern=r"build: (\d+ \([0-9a-f]+\))",
+    version_field="build_info",  # e.g. b1-0c1e570
 )

@@ -1,0 +1,152 @@
+"""What every runtime shares: the Endpoint it hands out, the health wait, the version probe, and the
+registry of live runtimes that a signal handler stops."""
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import httpx
+
+from llmplay.engines.base import Engine
+from llmplay.errors import EngineStartError
+from llmplay.spec import EngineSpec, frozen_map
+
+LOG_TAIL_LINES = 100
+
+_live: set["Runtime"] = set()
+_live_lock = threading.Lock()
+
+
+def stop_all() -> None:
+    """Stop every runtime still running (for SIGINT/SIGTERM handlers); never raises."""
+    with _live_lock:
+        runtimes = list(_live)
+    for runtime in runtimes:
+        try:
+            runtime.stop()
+        except Exception:  # a handler must go on to the next one
+            pass
+
+
+def live_runtimes() -> list["Runtime"]:
+    with _live_lock:
+        return list(_live)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A healthy engine: where to send requests and what model name to put in them.
+
+    Also a context manager: leaving the `with` block stops the runtime that started it."""
+
+    base_url: str  # e.g. http://127.0.0.1:PORT, no trailing slash
+    model: str
+    describe: Mapping[str, Any] = field(default_factory=frozen_map)
+    _stop: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def __enter__(self) -> "Endpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stop is not None:
+            self._stop()
+
+
+class Runtime(ABC):
+    """Starts one engine, waits until it is healthy, and always cleans up."""
+
+    kind: str = ""
+
+    def _register(self) -> None:
+        with _live_lock:
+            _live.add(self)
+
+    def _unregister(self) -> None:
+        with _live_lock:
+            _live.discard(self)
+
+    @abstractmethod
+    def start(self, spec: EngineSpec, engine: Engine, labels: Mapping[str, str] | None = None) -> Endpoint:
+        """Launch and wait for health; on any failure clean up and raise (EngineStartError for the engine's own)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Idempotent; safe from a signal handler's thread of control."""
+
+    @abstractmethod
+    def logs(self, tail: int | None = None) -> str:
+        ...
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        ...
+
+    def alive(self) -> bool:
+        return True
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tail_lines(text: str, n: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+def wait_healthy(url: str, timeout_s: float, exit_code: Callable[[], int | None], logs: Callable[[], str],
+                 what: str, interval_s: float = 0.25) -> float:
+    """Poll `url` until it answers 200; seconds it took. Raises EngineStartError with the exit code and the
+    last log lines when the engine exits first or the timeout passes."""
+    t0 = time.perf_counter()
+    deadline = t0 + timeout_s
+    last = "no answer yet"
+    with httpx.Client(timeout=min(5.0, max(timeout_s, 0.5))) as client:
+        while True:
+            code = exit_code()
+            if code is not None:
+                tail = tail_lines(logs())
+                raise EngineStartError(f"{what} exited with code {code} before becoming healthy; "
+                                       f"last {LOG_TAIL_LINES} log lines:\n{tail}", code, tail)
+            try:
+                r = client.get(url)
+                if r.status_code == 200:
+                    return time.perf_counter() - t0
+                last = f"HTTP {r.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            if time.perf_counter() >= deadline:
+                tail = tail_lines(logs())
+                raise EngineStartError(f"{what} not healthy at {url} after {timeout_s:g}s (last: {last}); "
+                                       f"last {LOG_TAIL_LINES} log lines:\n{tail}", None, tail)
+            time.sleep(interval_s)
+
+
+def probe_version(base_url: str, engine: Engine, log_text: str = "") -> str | None:
+    """The engine's own version: from its API when it has one, else from its log."""
+    if engine.version_path:
+        try:
+            r = httpx.get(base_url + engine.version_path, timeout=5.0)
+            if r.status_code == 200:
+                value = r.json().get(engine.version_field)
+                if value:
+                    return str(value)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+    if engine.version_log_pattern and log_text:
+        m = re.search(engine.version_log_pattern, log_text)
+        if m:
+            return m.group(1)
+    return None

@@ -1,0 +1,9 @@
+#!/bin/sh
+# Build (or reuse from ~/.cache/llmplay) the CPU engine: llama-server, a tiny GGUF, and the local
+# image llmplay/llamacpp-cpu:local. Same as `llmplay engine build-cpu`. Extra arguments:
+# --force, --no-image, --cache-dir DIR.
+set -e
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+exec "$PY" -m llmplay.cpuengine "$@"
