@@ -175,3 +175,7 @@ for _name in ("report", "compare", "verify", "ls"):
 
 def main() -> None:
     cli(prog_name="llmplay")
+
+
+if __name__ == "__main__":
+    main()

@@ -101,6 +101,9 @@ def diagnose_run(playbook: Playbook, config: Config, samples: Sequence[TrialSamp
                  "concurrency": config.workload.concurrency, "rate": config.workload.rate,
                  "prefix_caching": bool(config.engine.args.get("prefix_caching") or config.engine.args.get("cache_reuse")),
                  "shared_prefix_tokens": config.workload.prefix_tokens}
+    if config.engine.kind in ("vllm", "sglang", "trtllm"):
+        # These engines reserve the KV pool up front, so a ~90% peak is by design, not pressure.
+        scheduler["kv_preallocated_frac"] = float(config.engine.args.get("gpu_memory_utilization") or 0.9)
     findings = diagnose(summary, telemetry, breakdown, roofline, scheduler,
                         targets=targets_from_gates(playbook.goals.gates), notes=diagnosis["notes"])
     diagnosis["scheduler"] = scheduler

@@ -320,10 +320,13 @@ class TuningRun:
             status, exit_code = "failed", exc.exit_code
             self.report(f"error: {exc}")
         final_summary = pooled_summary(final.samples)
+        findings, diagnosis = _diagnose(pb, final, final_summary)
+        kv_share = diagnosis.get("memory", {}).get("kv_share")
+        if kv_share is not None:
+            final_summary["memory.kv_share"] = kv_share
         gates = evaluate_gates(pb.goals.gates, final_summary)
         if status == "complete":
             exit_code = EXIT_OK if all(g.met for g in gates) else EXIT_GATES
-        findings, diagnosis = _diagnose(pb, final, final_summary)
         self.archive.finish(status=status, exit_code=exit_code, final_config_id=final.config.label, gates=gates,
                             findings=findings, diagnosis=diagnosis, tuning_record=record_rows)
         return RunOutcome(self.archive.run_dir, exit_code, status, final.config.label, tuple(gates),
@@ -434,6 +437,7 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
         with runtime.start(spec, engine, labels) as endpoint:
             sources = telemetry_sources(runtime, endpoint, engine, spec)
             with TelemetrySampler(sources) as sampler:
+                sampler_origin_ns = time.perf_counter_ns() - int(sampler.elapsed_s() * 1e9)
                 tokenizer = make_tokenizer("auto", endpoint.base_url)
                 requests = iter_requests(config.workload, tokenizer, endpoint.model)
                 if config.workload.num_requests is not None:
@@ -451,7 +455,8 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
     records = load.to_dataframe()
     summary = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
     summary["duration_s"] = load.duration_s
-    summary.update(telemetry.summary())
+    # Telemetry of the measured window only, like the load metrics: warm-up and engine start excluded.
+    summary.update(telemetry.summary(start_s=max(0.0, (load.start_ns - sampler_origin_ns) / 1e9)))
     price = price_per_hour(playbook, config)
     if price > 0 and summary.get("throughput.output_tok_s"):
         summary["cost.usd_per_1m_tokens"] = price / (summary["throughput.output_tok_s"] * 3600) * 1e6
