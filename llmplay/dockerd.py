@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,8 +21,28 @@ def _client(timeout_s: float = 10.0) -> Any:
     return docker.from_env(timeout=int(max(timeout_s, 1)))
 
 
+def _unix_socket_problem(timeout_s: float) -> str | None:
+    """Check a local daemon socket ourselves: the SDK leaks its socket when the connect fails."""
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://"):
+        return None
+    path = host[len("unix://"):]
+    if not os.path.exists(path):
+        return f"no socket at {path}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        try:
+            s.connect(path)
+        except OSError as exc:
+            return f"cannot connect to {path}: {exc.strerror or exc}"
+    return None
+
+
 def ping(timeout_s: float = 5.0) -> str | None:
     """None when a daemon answers; otherwise why not (one line)."""
+    problem = _unix_socket_problem(timeout_s)
+    if problem:
+        return problem
     try:
         client = _client(timeout_s)
         try:

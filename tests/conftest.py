@@ -1,0 +1,86 @@
+"""Session fixtures for the real things: dockerd, the CPU engine (llama-server, tiny GGUF, local image),
+and a running llama.cpp container. In CI (CI=true) a missing Docker fails the tests instead of skipping."""
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+from llmplay.spec import EngineSpec, frozen_map
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(reason: str) -> None:
+    """Skip here; fail in CI, where a silently skipped container test would hide a broken setup."""
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: container tests must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _quiet(message: str) -> None:
+    print(f"[cpu-engine] {message}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    """A docker SDK client; starts dockerd in the background first when none answers (root only)."""
+    from llmplay import dockerd
+    from llmplay.errors import InfrastructureError
+
+    try:
+        dockerd.ensure_dockerd()
+        client = dockerd.client()
+    except InfrastructureError as exc:
+        unavailable(f"docker unavailable: {exc}")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def cpu_binary() -> Any:
+    """llama-server and the tiny model on the host (no Docker needed): a CpuEngine without image."""
+    from llmplay.cpuengine import build_cpu_engine
+    from llmplay.errors import InfrastructureError
+
+    try:
+        return build_cpu_engine(with_image=False, log=_quiet)
+    except InfrastructureError as exc:
+        unavailable(f"CPU engine could not be built: {exc}")
+
+
+@pytest.fixture(scope="session")
+def cpu_engine(docker_client: Any) -> Any:
+    """The CPU engine with its local image: `.image` (tag), `.model_path` (host), `.binary` (host)."""
+    from llmplay.cpuengine import build_cpu_engine
+    from llmplay.errors import InfrastructureError
+
+    try:
+        return build_cpu_engine(log=_quiet)
+    except InfrastructureError as exc:
+        unavailable(f"CPU engine image could not be built: {exc}")
+
+
+@pytest.fixture(scope="session")
+def llama_server_spec(cpu_engine: Any) -> EngineSpec:
+    """llama.cpp in the CPU image: small context, 2 threads, 2 slots, metrics on."""
+    return EngineSpec(kind="llamacpp", model=cpu_engine.model_in_image, image=cpu_engine.image,
+                      args=frozen_map({"threads": 2, "ctx_size": 1024, "parallel": 2, "metrics": True}),
+                      health_timeout_s=60.0)
+
+
+@pytest.fixture(scope="module")
+def llama_endpoint(docker_client: Any, llama_server_spec: EngineSpec) -> Iterator[Any]:
+    """A running llama.cpp container started through the docker runtime; removed after the module."""
+    from llmplay.engines import get_engine
+    from llmplay.runtime.docker import DockerRuntime
+
+    runtime = DockerRuntime(docker_client)
+    labels = {"llmplay.run": f"test-{uuid.uuid4().hex[:8]}", "llmplay.trial": "fixture"}
+    with runtime.start(llama_server_spec, get_engine("llamacpp"), labels) as endpoint:
+        yield endpoint

@@ -1,0 +1,211 @@
+"""The docker runtime against a real dockerd and the real llama.cpp CPU image: start, stream, stop,
+failures that explain themselves, and nothing left behind."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+
+from llmplay.engines import get_engine
+from llmplay.errors import EngineStartError, InfrastructureError, PlaybookError
+from llmplay.runtime import make_runtime, stop_all
+from llmplay.runtime.docker import DockerRuntime, connect, gc
+from llmplay.runtime.endpoint import EndpointRuntime, refuse_engine_changes
+from llmplay.spec import Change, EngineSpec, RuntimeSpec, Step, frozen_map
+from llmplay.telemetry.prom import parse_metrics
+
+LLAMACPP = get_engine("llamacpp")
+
+
+def run_labels() -> dict[str, str]:
+    return {"llmplay.run": f"test-{uuid.uuid4().hex[:8]}", "llmplay.trial": "1"}
+
+
+def left_over(client: Any, labels: dict[str, str]) -> list[Any]:
+    return client.containers.list(all=True, filters={"label": f"llmplay.run={labels['llmplay.run']}"})
+
+
+def stream_completion(base_url: str, model: str, max_tokens: int = 16) -> tuple[list[str], dict]:
+    """POST /v1/completions with stream=true; the text of each content chunk, and the usage."""
+    texts, usage = [], {}
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                if choice.get("text"):
+                    texts.append(choice["text"])
+    return texts, usage
+
+
+@pytest.mark.docker
+def test_start_stream_stop_leaves_nothing(docker_client: Any, llama_server_spec: EngineSpec) -> None:
+    labels = run_labels()
+    runtime = make_runtime(RuntimeSpec("docker"))
+    with runtime.start(llama_server_spec, LLAMACPP, labels) as endpoint:
+        assert endpoint.base_url.startswith("http://127.0.0.1:")
+        texts, usage = stream_completion(endpoint.base_url, endpoint.model)
+        assert len(texts) >= 2 and usage["completion_tokens"] == 16
+        d = runtime.describe()
+        assert d["image"] == "llmplay/llamacpp-cpu:local" and d["image_digest"].startswith("sha256:")
+        assert d["engine_version"].startswith("b")  # llama.cpp build_info, e.g. b1-0c1e570
+        assert d["container_id"] == runtime.container.id and runtime.alive()
+        assert d["command"][1:] == LLAMACPP.command(llama_server_spec)
+        assert d["labels"]["llmplay.run"] == labels["llmplay.run"] and d["labels"]["llmplay.trial"] == "1"
+        assert endpoint.describe["container_id"] == d["container_id"]
+        container = docker_client.containers.get(d["container_id"])
+        assert container.labels["llmplay.run"] == labels["llmplay.run"]
+        assert "listening on" in runtime.logs() and len(runtime.logs(tail=2).splitlines()) == 2
+    assert left_over(docker_client, labels) == []
+    assert runtime.container is None and "listening on" in runtime.logs()  # the logs outlive the container
+
+
+@pytest.mark.docker
+def test_exit_at_once_gives_exit_code_and_log_lines(docker_client: Any, llama_server_spec: EngineSpec) -> None:
+    labels = run_labels()
+    spec = replace(llama_server_spec, extra_args=("--no-such-flag",))
+    with pytest.raises(EngineStartError) as info:
+        DockerRuntime(docker_client).start(spec, LLAMACPP, labels)
+    err = info.value
+    assert err.container_exit_code not in (None, 0)
+    assert f"exited with code {err.container_exit_code} before becoming healthy" in str(err)
+    assert "--no-such-flag" in err.log_tail and err.log_tail in str(err)
+    assert left_over(docker_client, labels) == []
+
+
+@pytest.mark.docker
+def test_health_timeout_gives_the_error_and_no_container(docker_client: Any, llama_server_spec: EngineSpec) -> None:
+    labels = run_labels()
+    spec = replace(llama_server_spec, health_path="/never-healthy", health_timeout_s=1.5)
+    with pytest.raises(EngineStartError, match=r"not healthy at http://127\.0\.0\.1:\d+/never-healthy after 1\.5s "
+                                               r"\(last: HTTP 404\)") as info:
+        DockerRuntime(docker_client).start(spec, LLAMACPP, labels)
+    assert "listening on" in info.value.log_tail
+    assert left_over(docker_client, labels) == []
+
+
+@pytest.mark.docker
+def test_gpu_request_without_nvidia_runtime_is_a_clear_error(docker_client: Any, llama_server_spec: EngineSpec) -> None:
+    if "nvidia" in (docker_client.info().get("Runtimes") or {}):
+        pytest.skip("this Docker has the NVIDIA runtime")
+    labels = run_labels()
+    for gpus in (1, ("0",)):
+        with pytest.raises(InfrastructureError) as info:
+            DockerRuntime(docker_client).start(replace(llama_server_spec, gpus=gpus), LLAMACPP, labels)
+        message = str(info.value)
+        assert message.startswith("GPUs requested but Docker cannot provide them: ")
+        assert "could not select device driver" in message and "nvidia-container-toolkit" in message
+        assert "\n" not in message
+        assert left_over(docker_client, labels) == []
+
+
+@pytest.mark.docker
+def test_missing_image_says_how_to_get_it(docker_client: Any, llama_server_spec: EngineSpec) -> None:
+    with pytest.raises(InfrastructureError, match=r"^image llmplay/no-such-image:1 not found locally; pull it: "
+                                                  r"`docker pull llmplay/no-such-image:1`$"):
+        DockerRuntime(docker_client).start(replace(llama_server_spec, image="llmplay/no-such-image:1"), LLAMACPP)
+
+
+def test_cpu_image_hint() -> None:
+    from llmplay.runtime.docker import _image_hint
+
+    assert _image_hint("llmplay/llamacpp-cpu:local") == "build it: `llmplay engine build-cpu` (or scripts/cpu-engine.sh)"
+
+
+def test_unreachable_daemon_says_how_to_start_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")
+    with pytest.raises(InfrastructureError, match=r"^Docker daemon unreachable \(.*\); start it with `sudo dockerd &`"):
+        connect()
+    with pytest.raises(InfrastructureError, match=r"^Docker daemon at tcp://127\.0\.0\.1:9 unreachable"):
+        connect("tcp://127.0.0.1:9")
+
+
+@pytest.mark.docker
+def test_stop_all_stops_live_containers(docker_client: Any, llama_server_spec: EngineSpec) -> None:
+    labels = run_labels()
+    runtime = DockerRuntime(docker_client)
+    with runtime.start(llama_server_spec, LLAMACPP, labels):
+        assert len(left_over(docker_client, labels)) == 1
+        stop_all()  # what the runner's signal handler calls
+        assert left_over(docker_client, labels) == []
+    assert left_over(docker_client, labels) == []
+
+
+@pytest.mark.docker
+def test_gc_removes_orphans_and_keeps_live_runs(docker_client: Any, cpu_engine: Any) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run = f"test-gc-{uuid.uuid4().hex[:8]}"
+    host = os.uname().nodename
+    orphan = docker_client.containers.create(cpu_engine.image, ["--version"], labels={
+        "llmplay.run": run, "llmplay.pid": str(dead.pid), "llmplay.host": host})
+    live = docker_client.containers.create(cpu_engine.image, ["--version"], labels={
+        "llmplay.run": run, "llmplay.pid": str(os.getpid()), "llmplay.host": host})
+    try:
+        assert gc(docker_client, run_id=run, orphans_only=True) == [f"{orphan.name} (run {run})"]
+        assert [c.id for c in docker_client.containers.list(all=True, filters={"label": f"llmplay.run={run}"})] == [live.id]
+        assert gc(docker_client, run_id=run) == [f"{live.name} (run {run})"]
+    finally:
+        for c in (orphan, live):
+            try:
+                c.remove(force=True)
+            except Exception:
+                pass
+
+
+@pytest.mark.docker
+def test_fixture_endpoint_metrics_and_endpoint_runtime(llama_endpoint: Any) -> None:
+    text = httpx.get(llama_endpoint.base_url + "/metrics", timeout=5).text
+    _, missing = parse_metrics(text, LLAMACPP.metric_names)
+    assert missing == []  # every metric the adapter names is really exported
+    runtime = EndpointRuntime(llama_endpoint.base_url)
+    with runtime.start(EngineSpec("llamacpp", "/models/tiny.gguf"), LLAMACPP) as endpoint:
+        assert endpoint.base_url == llama_endpoint.base_url
+        assert runtime.describe()["engine_version"] == llama_endpoint.describe["engine_version"]
+        texts, _ = stream_completion(endpoint.base_url, endpoint.model, 4)
+        assert texts
+    assert httpx.get(llama_endpoint.base_url + "/health", timeout=5).status_code == 200  # not ours to stop
+
+
+def test_endpoint_runtime_refuses_engine_changes() -> None:
+    steps = [Step("more-users", (Change("workload.concurrency", 8),)), Step("p4", (Change("args.parallel", 4),))]
+    refuse_engine_changes(steps[:1])
+    with pytest.raises(PlaybookError, match=r"^step 'p4' changes args.parallel, but runtime endpoint at http://x:1 "
+                                            r"cannot restart the engine"):
+        refuse_engine_changes(steps, "http://x:1")
+    with pytest.raises(PlaybookError, match="needs url"):
+        make_runtime("endpoint")
+    with pytest.raises(PlaybookError, match="unknown runtime 'k8s'; expected one of: docker, process, endpoint"):
+        make_runtime("k8s")
+
+
+def test_endpoint_runtime_unreachable_is_an_engine_start_error() -> None:
+    with pytest.raises(EngineStartError, match=r"not healthy at http://127\.0\.0\.1:9/health after 0\.5s"):
+        EndpointRuntime("http://127.0.0.1:9/", health_timeout_s=0.5).start(EngineSpec("llamacpp", "m"), LLAMACPP)
+
+
+@pytest.mark.docker
+def test_cpu_engine_second_build_is_cached(cpu_engine: Any) -> None:
+    import time
+
+    from llmplay.cpuengine import build_cpu_engine
+
+    t0 = time.perf_counter()
+    again = build_cpu_engine(log=lambda m: pytest.fail(f"rebuilt: {m}"))
+    assert time.perf_counter() - t0 < 10
+    assert again == cpu_engine
+    labels = again and cpu_engine.content_hash
+    assert labels and len(cpu_engine.content_hash) == 16
+    assert frozen_map  # spec helpers stay importable for other test modules
