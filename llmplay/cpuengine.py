@@ -295,7 +295,7 @@ def build_cpu_engine(cache_dir: Path | str | None = None, force: bool = False, *
         return CpuEngine("", "", binary, model, MODEL_IN_IMAGE, "")
     from llmplay import dockerd
 
-    if shutil.which("dockerd") is None and shutil.which("docker") is None:
+    if dockerd.ping() is not None and shutil.which("dockerd") is None:
         _apt_install(["docker.io"], cache / "build.log", log)
     dockerd.ensure_dockerd(cache)
     client = dockerd.client()

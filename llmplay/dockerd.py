@@ -12,6 +12,7 @@ from typing import Any
 from llmplay.errors import InfrastructureError
 
 DEFAULT_CACHE = Path(os.environ.get("LLMPLAY_CACHE", "~/.cache/llmplay")).expanduser()
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 START_HINT = "start it with `sudo dockerd &` (or `sudo systemctl start docker`), or install it: `sudo apt-get install -y docker.io`"
 
 
@@ -23,7 +24,7 @@ def _client(timeout_s: float = 10.0) -> Any:
 
 def _unix_socket_problem(timeout_s: float) -> str | None:
     """Check a local daemon socket ourselves: the SDK leaks its socket when the connect fails."""
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    host = os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
     if not host.startswith("unix://"):
         return None
     path = host[len("unix://"):]
@@ -67,8 +68,10 @@ def ensure_dockerd(cache_dir: Path | str | None = None, timeout_s: float = 60.0)
     if ping() is None:
         return
     remote = os.environ.get("DOCKER_HOST", "")
-    if remote and not remote.startswith("unix://"):
-        raise InfrastructureError(f"Docker daemon at DOCKER_HOST={remote} unreachable ({ping()}); start it there")
+    if remote and remote != DEFAULT_SOCKET:
+        # A dockerd we start listens on the default socket, not there.
+        raise InfrastructureError(f"Docker daemon at DOCKER_HOST={remote} unreachable ({ping()}); start it there, "
+                                  "or unset DOCKER_HOST to use the local one")
     dockerd = shutil.which("dockerd")
     if dockerd is None:
         raise InfrastructureError(f"no Docker daemon answers and `dockerd` is not installed; {START_HINT}")

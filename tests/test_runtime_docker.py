@@ -209,3 +209,15 @@ def test_cpu_engine_second_build_is_cached(cpu_engine: Any) -> None:
     labels = again and cpu_engine.content_hash
     assert labels and len(cpu_engine.content_hash) == 16
     assert frozen_map  # spec helpers stay importable for other test modules
+
+
+@pytest.mark.parametrize("ci,outcome", [("true", "1 error"), ("", "1 skipped")])
+def test_without_docker_ci_fails_and_elsewhere_skips(tmp_path: Any, ci: str, outcome: str) -> None:
+    env = {**os.environ, "CI": ci, "DOCKER_HOST": f"unix://{tmp_path}/no.sock"}
+    test = f"{__file__}::test_missing_image_says_how_to_get_it"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert outcome in done.stdout, done.stdout
+    assert (done.returncode != 0) == bool(ci)
+    if ci:
+        assert "docker unavailable: Docker daemon at DOCKER_HOST=unix://" in done.stdout

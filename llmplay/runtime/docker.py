@@ -74,9 +74,10 @@ class DockerRuntime(Runtime):
         self.docker_host = docker_host
         self.bind_host = bind_host
         self.container: Any = None  # docker SDK Container while it exists (telemetry reads its stats)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._info: dict[str, Any] = {}
         self._final_logs = ""
+        self._instance = ""
 
     @property
     def client(self) -> Any:
@@ -88,6 +89,21 @@ class DockerRuntime(Runtime):
         if self.container is not None:
             raise RuntimeError("this DockerRuntime already runs a container; use one runtime per start")
         image_ref = spec.image or engine.default_image
+        self._register()
+        self._instance = uuid.uuid4().hex[:12]
+        try:
+            return self._start(spec, engine, labels, image_ref)
+        except BaseException:
+            if self.container is None and self._client is not None:
+                # Interrupted between create and start (or the start failed): find it by its label.
+                try:
+                    self._remove_instance(self._instance)
+                except Exception:
+                    pass
+            self.stop()
+            raise
+
+    def _start(self, spec: EngineSpec, engine: Engine, labels: Mapping[str, str] | None, image_ref: str) -> Endpoint:
         client = self.client
         try:
             image = client.images.get(image_ref)
@@ -100,7 +116,7 @@ class DockerRuntime(Runtime):
         host_network = spec.network_mode == "host"
         host_port = container_port if host_network else free_port(self.bind_host)
         command = engine.command(spec, container_port)
-        instance = uuid.uuid4().hex[:12]
+        instance = self._instance
         all_labels = {str(k): str(v) for k, v in (labels or {}).items()}
         all_labels.update({LABEL_INSTANCE: instance, LABEL_PID: str(os.getpid()), LABEL_HOST: socket.gethostname(),
                            "llmplay.engine": engine.kind})
@@ -129,28 +145,22 @@ class DockerRuntime(Runtime):
             "container_port": container_port, "labels": all_labels, "gpus": spec.gpus if isinstance(spec.gpus, int)
             else list(spec.gpus),
         }
-        self._register()
         try:
-            try:
-                self.container = client.containers.run(image_ref, **kwargs)
-            except docker.errors.APIError as exc:
-                self._remove_instance(instance)  # created, then failed to start: still there
-                message = exc.explanation or str(exc)
-                if spec.gpus and _is_gpu_error(exc):
-                    raise InfrastructureError(f"GPUs requested but Docker cannot provide them: {message}; install "
-                                              "nvidia-container-toolkit, run `nvidia-ctk runtime configure "
-                                              "--runtime=docker` and restart dockerd (or set gpus: 0)") from None
-                raise InfrastructureError(f"Docker could not start {image_ref}: {message}") from None
-            self._info["container_id"] = self.container.id
-            base_url = f"http://127.0.0.1:{host_port}"
-            self._info["health_s"] = wait_healthy(base_url + (spec.health_path or engine.health_path),
-                                                  spec.health_timeout_s, self._exit_code, self.logs,
-                                                  f"{engine.kind} container {kwargs['name']} ({image_ref})")
-            self._info["engine_version"] = probe_version(base_url, engine, self.logs(tail=200))
-            self._info["base_url"] = base_url
-        except BaseException:
-            self.stop()
-            raise
+            self.container = client.containers.run(image_ref, **kwargs)
+        except docker.errors.APIError as exc:
+            message = exc.explanation or str(exc)
+            if spec.gpus and _is_gpu_error(exc):
+                raise InfrastructureError(f"GPUs requested but Docker cannot provide them: {message}; install "
+                                          "nvidia-container-toolkit, run `nvidia-ctk runtime configure "
+                                          "--runtime=docker` and restart dockerd (or set gpus: 0)") from None
+            raise InfrastructureError(f"Docker could not start {image_ref}: {message}") from None
+        self._info["container_id"] = self.container.id
+        base_url = f"http://127.0.0.1:{host_port}"
+        self._info["health_s"] = wait_healthy(base_url + (spec.health_path or engine.health_path),
+                                              spec.health_timeout_s, self._exit_code, self.logs,
+                                              f"{engine.kind} container {kwargs['name']} ({image_ref})")
+        self._info["engine_version"] = probe_version(base_url, engine, self.logs(tail=200))
+        self._info["base_url"] = base_url
         return Endpoint(base_url, engine.served_model(spec), dict(self._info), self.stop)
 
     def _exit_code(self) -> int | None:
@@ -184,10 +194,12 @@ class DockerRuntime(Runtime):
         return raw.decode("utf-8", errors="replace")
 
     def stop(self) -> None:
+        # Reentrant: a second Ctrl-C may call stop_all() while this thread is inside stop(); the nested
+        # call then force-removes the same container again instead of deadlocking.
         with self._lock:
-            container, self.container = self.container, None
-            if container is not None:
-                try:
+            container = self.container
+            try:
+                if container is not None:
                     try:
                         container.stop(timeout=STOP_TIMEOUT_S)
                     except docker.errors.APIError:
@@ -203,12 +215,12 @@ class DockerRuntime(Runtime):
                     except docker.errors.APIError as exc:
                         if "already in progress" not in str(exc):
                             raise
-                finally:
-                    self._unregister()
-            self._unregister()
-            if self._own_client and self._client is not None:
-                self._client.close()
-                self._client = None
+            finally:
+                self.container = None
+                self._unregister()
+                if self._own_client and self._client is not None:
+                    self._client.close()
+                    self._client = None
 
     def describe(self) -> dict[str, Any]:
         return dict(self._info)

@@ -53,7 +53,7 @@ class ProcessRuntime(Runtime):
         self.pid: int | None = None  # telemetry samples this process (and its children)
         self.log_path: Path | None = None
         self._info: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def start(self, spec: EngineSpec, engine: Engine, labels: Mapping[str, str] | None = None) -> Endpoint:
         if self.proc is not None:
@@ -107,12 +107,13 @@ class ProcessRuntime(Runtime):
         return tail_lines(text, tail) if tail else text
 
     def stop(self) -> None:
-        with self._lock:
-            proc, self.proc = self.proc, None
+        with self._lock:  # reentrant, as in the docker runtime: a nested call kills the group again
+            proc = self.proc
             try:
                 if proc is not None:
                     _kill_group(proc)
             finally:
+                self.proc = None
                 self._unregister()
 
     def describe(self) -> dict[str, Any]:
