@@ -15,6 +15,7 @@ import numpy as np
 from llmplay.spec import Workload
 from llmplay.sse import StreamState
 from llmplay.tokenizer import Tokenizer, WordRatioTokenizer
+from llmplay.transport import StampedBytes, StreamingTransport
 from llmplay.workload import PlannedRequest
 
 ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "truncated", "protocol")
@@ -217,6 +218,8 @@ class _Run:
         try:
             async with asyncio.timeout(wl.request_timeout_s):
                 response = await self.client.send(request, stream=True)
+                # The transport knows when the bytes were written; httpx's own bookkeeping is not latency.
+                sent_ns = response.extensions.get("llmplay.sent_ns", sent_ns)
                 try:
                     status = response.status_code
                     if status >= 400:
@@ -226,15 +229,19 @@ class _Run:
                     elif planned.stream:
                         feed = state.feed
                         async for data in response.aiter_raw():
-                            feed(data, _now())  # stamped on arrival, before any parsing
+                            # Stamped on arrival (by the transport, or here), before any parsing.
+                            feed(data, data.t_ns if type(data) is StampedBytes else _now())
                         if state.error is not None:
                             kind, message = "protocol", f"error event in stream: {state.error}"
                         elif not state.done:
                             kind = "truncated"
                             message = f"stream ended without [DONE] after {len(state.chunk_ns)} text chunks"
                     else:
-                        raw = await response.aread()
-                        end_ns = _now()
+                        pieces = []
+                        async for data in response.aiter_raw():
+                            pieces.append(data)
+                            end_ns = data.t_ns if type(data) is StampedBytes else _now()
+                        raw = b"".join(pieces)
                         first_ns = end_ns
                 finally:
                     await response.aclose()
@@ -449,7 +456,7 @@ def client_limits(workload: Workload) -> httpx.Limits:
 
 def make_client(workload: Workload) -> httpx.AsyncClient:
     t = workload.request_timeout_s
-    return httpx.AsyncClient(limits=client_limits(workload),
+    return httpx.AsyncClient(transport=StreamingTransport(), limits=client_limits(workload),
                              timeout=httpx.Timeout(t, connect=min(t, 10.0)), trust_env=False)
 
 

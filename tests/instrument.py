@@ -101,6 +101,7 @@ class InstrumentCore:
         self._vocab: dict[str, int] = {}
         self._words: list[str] = []
         self._seq = itertools.count()
+        self._chunks: dict[tuple[bool, int, bool], bytes] = {}
 
     # --- connection handling -------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -249,12 +250,7 @@ class InstrumentCore:
             return
         k = st.sent
         last = k == st.n_tokens - 1
-        finish = "length" if last else None
-        if st.chat:
-            data = _sse(self._chat_obj({"content": f" t{k}"}, finish))
-        else:
-            data = _sse({"id": "instrument", "object": "text_completion", "model": "instrument",
-                         "choices": [{"index": 0, "text": f" t{k}", "finish_reason": finish}]})
+        data = self._text_chunk(st.chat, k, last)
         t = time.perf_counter_ns()
         st.writer.write(data)
         st.log["send_ns"].append(t)
@@ -276,6 +272,20 @@ class InstrumentCore:
             tail += _DONE
         st.writer.write(tail + _LAST)
         st.finished.set_result("ok")
+
+    def _text_chunk(self, chat: bool, k: int, last: bool) -> bytes:
+        # Encoded once per (api, position): the instrument must cost little per chunk.
+        key = (chat, k, last)
+        data = self._chunks.get(key)
+        if data is None:
+            finish = "length" if last else None
+            if chat:
+                data = _sse(self._chat_obj({"content": f" t{k}"}, finish))
+            else:
+                data = _sse({"id": "instrument", "object": "text_completion", "model": "instrument",
+                             "choices": [{"index": 0, "text": f" t{k}", "finish_reason": finish}]})
+            self._chunks[key] = data
+        return data
 
     @staticmethod
     def _chat_obj(delta: dict, finish: str | None) -> dict:
