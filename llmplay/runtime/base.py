@@ -49,6 +49,13 @@ class Endpoint:
     describe: Mapping[str, Any] = field(default_factory=frozen_map)
     _stop: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
+    @property
+    def url(self) -> str:
+        return self.base_url
+
+    def __str__(self) -> str:
+        return self.base_url
+
     def __enter__(self) -> "Endpoint":
         return self
 
