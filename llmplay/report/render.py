@@ -1,3 +1,612 @@
+"""The run report: reads one archive (manifest + files) and writes a self-contained report.html beside it."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from llmplay.archive import REPORT_FILE, RunArchive, atomic_write_text, gpu_label
+from llmplay.catalog import metric_info
+from llmplay.report import charts
+from llmplay.results import TRIAL_OK, StepVerdict, TrialRecord
+
+LOG_TAIL_LINES = 60
+
+# (metric path, column header, short format kind) of the tuning record, as CHECKLIST §3 asks for
+RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("ttft.p50", "TTFT P50"), ("ttft.p95", "TTFT P95"), ("ttft.p99", "TTFT P99"), ("tpot.p95", "TPOT P95"),
+    ("itl.p99", "ITL P99"), ("e2el.p95", "E2EL P95"), ("throughput.output_tok_s", "output tok/s"),
+    ("throughput.req_s", "req/s"), ("goodput.req_s", "goodput req/s"), ("memory.peak", "peak memory"),
+    ("memory.kv_share", "KV share"), ("cost.usd_per_1m_tokens", "$ / 1M tok"), ("errors.rate", "errors"),
+)
+
+METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
+    ("TTFT", "request sent → first chunk carrying generated text (streamed requests)."),
+    ("E2EL", "request sent → last token-bearing chunk (not the usage-only chunk or [DONE])."),
+    ("TPOT", "per request (E2EL − TTFT) / (output tokens − 1), requests with more than one output token."),
+    ("ITL", "every gap between successive content chunks, pooled over requests."),
+    ("Output tokens", "the server's usage figures; counted from the stream where the server sent none "
+                      "(the trial notes say so)."),
+    ("Throughput", "completed requests, output tokens, and input + output tokens ÷ benchmark duration; "
+                   "the duration excludes warm-up."),
+    ("Goodput", "requests per second that met every per-request SLO."),
+    ("Percentiles", "P50/P90/P95/P99 with numpy's linear interpolation, never nearest-rank; means alone mislead."),
+    ("Errors", "HTTP errors, timeouts and truncated streams are counted and gated (errors.rate); "
+               "they never vanish from the sample."),
+    ("95% CI", "bootstrap over trials and requests of the candidate's relative change against the configuration "
+               "it was compared to; a step is kept only when the objective's CI clears zero and no guard regressed."),
+)
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+def fmt_value(metric: str, value: float | None) -> str:
+    """Compact cell text: latencies in ms, fractions in %, throughput to one decimal; "—" when not measured."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    info = metric_info(metric)
+    unit = info.unit if info else ""
+    if unit == "s":
+        ms = value * 1000
+        return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+    if unit == "fraction":
+        return f"{value * 100:.1f}%" if value < 0.1 else f"{value * 100:.0f}%"
+    if unit == "usd":
+        return f"${value:.3g}"
+    if unit == "bytes":
+        return f"{value / 2**30:.2f} GiB"
+    if unit in ("tok/s", "req/s"):
+        return f"{value:.1f}" if value >= 1 else f"{value:.3g}"
+    return f"{value:.4g}"
+
+
+def fmt_full(metric: str, value: float | None) -> str:
+    info = metric_info(metric)
+    if value is None:
+        return "not measured"
+    return info.format(value) if info else f"{value:.4g}"
+
+
+def fmt_pct(x: float | None, signed: bool = True) -> str:
+    if x is None or not math.isfinite(x):
+        return "—"
+    return f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
+
+
+def fmt_ci(lo: float | None, hi: float | None) -> str:
+    if lo is None or hi is None:
+        return ""
+    return f"[{fmt_pct(lo)}, {fmt_pct(hi)}]"
+
+
+def label_of(metric: str) -> str:
+    info = metric_info(metric)
+    return info.label if info else metric
+
+
+def arrow(change: str) -> str:
+    return change.replace(" -> ", " → ")
+
+
+def fmt_bytes(value: float | None) -> str:
+    return "—" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+# ---------------------------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class RequestArrays:
+    """Per-request values of one trial's measured, completed requests (DESIGN.md definitions), seconds."""
+
+    ttft: np.ndarray
+    tpot: np.ndarray
+    itl: np.ndarray
+    e2el: np.ndarray
+    end_t: np.ndarray  # completion time since the first measured send
+    ttft_t: np.ndarray  # TTFT aligned with end_t (NaN for non-streamed)
+    output_tokens: np.ndarray
+    input_tokens: np.ndarray
+    gaps: np.ndarray  # inter-send gaps of measured requests
+
+    @classmethod
+    def empty(cls) -> "RequestArrays":
+        e = np.array([], dtype=float)
+        return cls(e, e, e, e, e, e, e, e, e)
+
+
+def _col(df: Any, name: str) -> np.ndarray | None:
+    if name not in df.columns:
+        return None
+    import pandas as pd
+
+    return pd.to_numeric(df[name], errors="coerce").astype("float64").to_numpy()
+
+
+def request_arrays(df: Any) -> RequestArrays:
+    """Tolerant of missing or extra columns: what cannot be computed is simply empty."""
+    if df is None or not len(df) or "sent_ns" not in df.columns:
+        return RequestArrays.empty()
+    if "is_warmup" in df.columns:
+        df = df[~df["is_warmup"].astype(bool)]
+    sent_all = _col(df, "sent_ns")
+    gaps = np.diff(np.sort(sent_all[np.isfinite(sent_all)])) / 1e9 if sent_all is not None else np.array([])
+    if "error_kind" in df.columns:
+        df = df[df["error_kind"].isna()]
+    if not len(df):
+        return RequestArrays.empty()
+    sent, first, end = _col(df, "sent_ns"), _col(df, "first_chunk_ns"), _col(df, "end_ns")
+    out_tok = _col(df, "output_tokens")
+    in_tok = _col(df, "input_tokens")
+    n = len(df)
+    stream = df["stream"].astype(bool).to_numpy() if "stream" in df.columns else np.ones(n, dtype=bool)
+    end = end if end is not None else np.full(n, np.nan)
+    first = first if first is not None else np.full(n, np.nan)
+    e2el = (end - sent) / 1e9
+    ttft_all = np.where(stream, (first - sent) / 1e9, np.nan)
+    out_tok = out_tok if out_tok is not None else np.full(n, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot_all = np.where(stream & (out_tok > 1), (e2el - ttft_all) / (out_tok - 1), np.nan)
+    itl: list[np.ndarray] = []
+    if "chunk_ns" in df.columns:
+        for chunks, is_stream in zip(df["chunk_ns"], stream):
+            if is_stream and chunks is not None and len(chunks) > 1:
+                itl.append(np.diff(np.asarray(chunks, dtype=np.int64)) / 1e9)
+    t0 = np.nanmin(sent_all) if sent_all is not None and np.isfinite(sent_all).any() else np.nanmin(sent)
+    ok = np.isfinite(e2el)
+    return RequestArrays(
+        ttft=ttft_all[np.isfinite(ttft_all)], tpot=tpot_all[np.isfinite(tpot_all)],
+        itl=np.concatenate(itl) if itl else np.array([], dtype=float), e2el=e2el[ok],
+        end_t=((end - t0) / 1e9)[ok], ttft_t=ttft_all[ok], output_tokens=np.nan_to_num(out_tok[ok]),
+        input_tokens=in_tok[ok] if in_tok is not None else np.array([], dtype=float), gaps=gaps)
+
+
+def _concat(arrays: Iterable[np.ndarray]) -> np.ndarray:
+    arrays = [a for a in arrays if a.size]
+    return np.concatenate(arrays) if arrays else np.array([], dtype=float)
+
+
+# ---------------------------------------------------------------------------------------------- the model
+class _Run:
+    """The archive plus lazily loaded per-trial data, shared by all sections."""
+
+    def __init__(self, archive: RunArchive):
+        self.archive = archive
+        self.manifest = archive.manifest()
+        self.trials = {t.trial_id: t for t in archive.trials()}
+        self.configs = {c.config_id: c for c in archive.configs()}
+        self.verdicts = archive.verdicts()
+        self._arrays: dict[str, RequestArrays] = {}
+
+    def arrays(self, trial_id: str) -> RequestArrays:
+        if trial_id not in self._arrays:
+            trial = self.trials.get(trial_id)
+            if trial is None or "records" not in trial.files:
+                self._arrays[trial_id] = RequestArrays.empty()
+            else:
+                self._arrays[trial_id] = request_arrays(self.archive.load_records(trial_id))
+        return self._arrays[trial_id]
+
+    def telemetry(self, trial_id: str) -> Any:
+        trial = self.trials.get(trial_id)
+        if trial is None or "telemetry" not in trial.files:
+            return None
+        return self.archive.load_telemetry(trial_id)
+
+    def trials_of(self, config_id: str) -> list[TrialRecord]:
+        return [t for t in self.trials.values() if t.config_id == config_id]
+
+    def gpus_of(self, config_id: str) -> int:
+        config = self.configs.get(config_id)
+        gpus = (config.engine.get("gpus") if config else 0) or 0
+        return len(gpus) if isinstance(gpus, (list, tuple)) else int(gpus)
+
+
+def _engine_facts(run: _Run) -> dict[str, str]:
+    final = run.manifest.get("final_config_id")
+    described = [t for t in run.trials.values() if t.engine_describe]
+    chosen = [t for t in described if t.config_id == final] or described
+    d = dict(chosen[-1].engine_describe) if chosen else {}
+    config = run.configs.get(final or "") or next(iter(run.configs.values()), None)
+    engine = dict(config.engine) if config else {}
+    digest = next((str(d[k]) for k in ("image_digest", "digest", "repo_digest", "image_id") if d.get(k)), "")
+    images = sorted({str(t.engine_describe.get("image")) for t in described if t.engine_describe.get("image")})
+    return {"kind": str(engine.get("kind") or ""), "image": str(d.get("image") or engine.get("image") or "—"),
+            "digest": digest or "not recorded", "version": str(d.get("version") or d.get("engine_version") or
+                                                                "not reported"),
+            "model": str(engine.get("model") or ""), "images": ", ".join(images)}
+
+
+def _header(run: _Run) -> dict[str, Any]:
+    m = run.manifest
+    env = m.get("environment") or {}
+    gpu = env.get("gpu") if isinstance(env.get("gpu"), dict) else None
+    gpu_hours = sum(t.wall_s * run.gpus_of(t.config_id) for t in run.trials.values()) / 3600
+    wall_hours = sum(t.wall_s for t in run.trials.values()) / 3600
+    gpu_text = gpu_label(env)
+    if gpu and gpu.get("name"):
+        gpu_text += f" · driver {gpu.get('driver') or '?'} · CUDA {gpu.get('cuda') or '?'}"
+    elif gpu and gpu.get("error"):
+        gpu_text += f" ({gpu['error']})"
+    docker = env.get("docker")
+    if isinstance(docker, dict):
+        docker = docker.get("version") or docker.get("server") or json.dumps(docker)
+    return {
+        "name": m["playbook"]["name"], "version": m["playbook"].get("version", ""),
+        "started": env.get("started_utc", ""), "finished": m.get("finished_utc", ""),
+        "who": f"{env.get('user', '?')}@{env.get('host', '?')}", "platform": env.get("platform", ""),
+        "engine": _engine_facts(run), "gpu": gpu_text,
+        "llmplay_version": env.get("llmplay_version", "?"), "python": env.get("python", ""),
+        "docker": str(docker or "—"), "seed": env.get("seed"),
+        "gpu_hours": f"{gpu_hours:.3f}" if gpu_hours else "0 (no GPU used)",
+        "wall_hours": f"{wall_hours:.3f}", "status": m.get("status", "?"), "exit_code": m.get("exit_code"),
+        "run_id": m.get("run_id"), "trials": len(run.trials),
+        "failed_trials": sum(1 for t in run.trials.values() if t.status != TRIAL_OK),
+        "playbook_path": m["playbook"].get("path", ""), "playbook_sha256": m["playbook"].get("sha256", ""),
+    }
+
+
+def _glance(run: _Run) -> dict[str, Any]:
+    gates = []
+    for g in run.archive.gates():
+        state = "not measured" if g.met is None else ("met" if g.met else "failed")
+        gates.append({"gate": g.gate, "observed": fmt_full(g.metric, g.observed), "state": state,
+                      "margin": fmt_pct(g.margin) if g.margin is not None else "—", "label": label_of(g.metric)})
+    final = run.manifest.get("final_config_id")
+    config = run.configs.get(final or "")
+    kept = [v for v in run.verdicts if v.carried]
+    return {"gates": gates, "met": sum(1 for g in gates if g["state"] == "met"), "total": len(gates),
+            "final": final or "—", "docker_command": config.docker_command if config else "",
+            "engine_command": " ".join(config.command) if config else "",
+            "kept": [{"step": v.step, "changes": [arrow(c) for c in v.changes]} for v in kept],
+            "counts": {k: sum(1 for v in run.verdicts if v.verdict == k)
+                       for k in ("kept", "rejected", "inconclusive", "failed")}}
+
+
+def _peak_memory(run: _Run, config_id: str, metrics: Mapping[str, Any]) -> str:
+    trials = run.trials_of(config_id)
+    peak = max((t.summary["memory.peak_bytes"] for t in trials if "memory.peak_bytes" in t.summary), default=None)
+    frac = metrics.get("memory.peak_frac")
+    if peak is not None:
+        return fmt_bytes(peak) + (f" ({frac * 100:.0f}%)" if frac is not None else "")
+    rss = max((t.summary["proc.rss_peak_bytes"] for t in trials if "proc.rss_peak_bytes" in t.summary), default=None)
+    if rss is not None:
+        return fmt_bytes(rss) + " RSS"
+    return fmt_value("memory.peak_frac", frac)
+
+
+def _record_rows(run: _Run) -> list[dict[str, Any]]:
+    rows = list(run.manifest.get("tuning_record") or [])
+    if not rows:  # an interrupted run has no record yet: rebuild it from the trials' own summaries
+        for config_id in dict.fromkeys(t.config_id for t in run.trials.values()):
+            ok = [t for t in run.trials_of(config_id) if t.status == TRIAL_OK]
+            metrics = {m: float(np.mean([t.summary[m] for t in ok if m in t.summary]))
+                       for m, _ in RECORD_COLUMNS if any(m in t.summary for t in ok)}
+            rows.append({"config_id": config_id, "metrics": metrics, "trials": [t.trial_id for t in ok],
+                         "rebuilt": True})
+    verdicts = {v.step: v for v in run.verdicts}
+    out = []
+    for row in rows:
+        metrics = row.get("metrics") or {}
+        cells = []
+        for metric, _ in RECORD_COLUMNS:
+            text = _peak_memory(run, row["config_id"], metrics) if metric == "memory.peak" else \
+                fmt_value(metric, metrics.get(metric))
+            cells.append(text)
+        verdict = verdicts.get(row.get("step") or "")
+        entry: dict[str, Any] = {
+            "config_id": row["config_id"], "cells": cells, "verdict": row.get("verdict") or "baseline",
+            "reason": row.get("reason") or "", "compared_with": row.get("compared_with") or "",
+            "changes": [arrow(c) for c in row.get("changes") or []], "failed_trials": row.get("failed_trials", 0),
+            "trials": len(row.get("trials") or []), "objective": None, "rebuilt": bool(row.get("rebuilt")),
+            "final": row["config_id"] == run.manifest.get("final_config_id"),
+        }
+        if verdict is not None and verdict.objective is not None:
+            o = verdict.objective
+            entry["objective"] = {"label": label_of(o.metric), "delta": fmt_pct(o.rel_change),
+                                  "ci": fmt_ci(o.ci_low, o.ci_high)}
+        out.append(entry)
+    return out
+
+
+def _lines(run: _Run, trial_ids: Sequence[str], metric: str, scale: float = 1.0,
+           gpu_sum: bool = False) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+    out = []
+    for tid in trial_ids:
+        frame = run.telemetry(tid)
+        if frame is None or not len(frame) or "metric" not in frame.columns:
+            continue
+        rows = frame[frame["metric"] == metric]
+        if not len(rows):
+            continue
+        if gpu_sum:
+            rows = rows.groupby("t_s", as_index=False)["value"].sum()
+        out.append((run.trials[tid].role, tid, rows["t_s"].to_numpy(dtype=float),
+                    rows["value"].to_numpy(dtype=float) * scale))
+    return out
+
+
+def _telemetry_chart(run: _Run, trial_ids: Sequence[str]) -> str:
+    memory = _lines(run, trial_ids, "memory.used_bytes", 1 / 2**30, gpu_sum=True)
+    memory_title = "GPU memory used"
+    if not memory:
+        memory = _lines(run, trial_ids, "proc.rss_bytes", 1 / 2**30)
+        memory_title = "engine RSS (no GPU memory measured)" if memory else "memory"
+    panels = [("GPU utilization", "%", _lines(run, trial_ids, "gpu.util_frac", 100.0)),
+              (memory_title, "GiB", memory),
+              ("KV-cache usage", "%", _lines(run, trial_ids, "engine.kv_cache_usage_frac", 100.0)),
+              ("waiting requests", "requests", _lines(run, trial_ids, "engine.waiting"))]
+    return charts.telemetry_panels(panels)
+
+
+def _tail(text: str | None, lines: int = LOG_TAIL_LINES) -> str:
+    if not text:
+        return "(no engine log was captured)"
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def _section_charts(run: _Run, trial_ids: Sequence[str], objective: str | None) -> dict[str, str]:
+    by_role: dict[str, list[str]] = {}
+    for tid in trial_ids:
+        if tid in run.trials and run.trials[tid].status == TRIAL_OK:
+            by_role.setdefault(run.trials[tid].role, []).append(tid)
+    cdf_panels = []
+    for name, attr in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl")):
+        cdf_panels.append((f"{name} CDF", {role: _concat(getattr(run.arrays(t), attr) for t in tids)
+                                           for role, tids in by_role.items()}))
+    out = {"cdf": charts.latency_cdfs(cdf_panels)}
+    objective = objective or "throughput.output_tok_s"
+    info = metric_info(objective)
+    scale, unit = (1000.0, "ms") if info and info.unit == "s" else \
+        ((100.0, "%") if info and info.unit == "fraction" else (1.0, info.unit if info else ""))
+    points = [(run.trials[t].role, t, run.trials[t].summary[objective])
+              for tids in by_role.values() for t in tids if objective in run.trials[t].summary]
+    out["points"] = charts.trial_points(f"{label_of(objective)} per trial", unit, points, scale=scale)
+    series = [(run.trials[t].role, t, a.end_t, a.output_tokens, a.ttft_t)
+              for tids in by_role.values() for t in tids for a in (run.arrays(t),)]
+    out["time"] = charts.over_time(series)
+    out["telemetry"] = _telemetry_chart(run, [t for tids in by_role.values() for t in tids])
+    return out
+
+
+def _trial_rows(run: _Run, trial_ids: Sequence[str], objective: str | None) -> list[dict[str, Any]]:
+    rows = []
+    for tid in trial_ids:
+        t = run.trials.get(tid)
+        if t is None:
+            continue
+        rows.append({"id": t.trial_id, "role": t.role, "repeat": t.repeat + 1, "config": t.config_id,
+                     "status": t.status, "wall": f"{t.wall_s:.1f} s", "error": t.error or "",
+                     "objective": fmt_value(objective, t.summary.get(objective)) if objective else "",
+                     "ttft": fmt_value("ttft.p95", t.summary.get("ttft.p95")),
+                     "tok_s": fmt_value("throughput.output_tok_s", t.summary.get("throughput.output_tok_s")),
+                     "errors": fmt_value("errors.rate", t.summary.get("errors.rate")),
+                     "log": _tail(run.archive.load_log(tid)) if t.status != TRIAL_OK else ""})
+    return rows
+
+
+def _delta_rows(verdict: StepVerdict) -> list[dict[str, Any]]:
+    rows = []
+    guard_metrics = {g.metric for g in verdict.guards}
+    seen = set()
+    for d in ([verdict.objective] if verdict.objective else []) + list(verdict.guards) + list(verdict.deltas):
+        if d is None or d.metric in seen:
+            continue
+        seen.add(d.metric)
+        role = "objective" if verdict.objective and d.metric == verdict.objective.metric else \
+            ("guard" if d.metric in guard_metrics else "")
+        rows.append({"metric": label_of(d.metric), "path": d.metric, "role": role,
+                     "baseline": fmt_full(d.metric, d.baseline), "candidate": fmt_full(d.metric, d.candidate),
+                     "delta": fmt_pct(d.rel_change), "ci": fmt_ci(d.ci_low, d.ci_high),
+                     "p": "—" if d.p_value is None else f"{d.p_value:.3g}",
+                     "better": "—" if d.better is None else ("better" if d.better else "worse")})
+    return rows
+
+
+def _notes(run: _Run, trial_ids: Sequence[str]) -> list[str]:
+    notes: dict[str, None] = {}
+    for tid in trial_ids:
+        for note in run.trials[tid].notes if tid in run.trials else ():
+            notes[note] = None
+    return list(notes)
+
+
+def _steps(run: _Run, descriptions: Mapping[str, str]) -> list[dict[str, Any]]:
+    out = []
+    for v in sorted(run.verdicts, key=lambda v: v.index):
+        trial_ids = [*v.trials_baseline, *v.trials_candidate]
+        trial_ids = sorted(trial_ids, key=lambda t: t)
+        objective = v.objective.metric if v.objective else None
+        out.append({
+            "index": v.index, "step": v.step, "verdict": v.verdict, "reason": v.reason,
+            "changes": [arrow(c) for c in v.changes], "bundle": v.bundle, "carried": v.carried,
+            "baseline": v.baseline_config, "candidate": v.candidate_config,
+            "description": descriptions.get(v.step, ""), "more_trials": v.more_trials_needed,
+            "deltas": _delta_rows(v), "trials": _trial_rows(run, trial_ids, objective),
+            "charts": _section_charts(run, trial_ids, objective), "notes": _notes(run, trial_ids),
+            "anchor": f"step-{v.index}",
+        })
+    stepped = {t for v in run.verdicts for t in (*v.trials_baseline, *v.trials_candidate)}
+    loose = sorted(t for t in run.trials if t not in stepped)
+    if loose:  # a baseline-only run, or trials of a step whose verdict never came (interrupted)
+        out.append({
+            "index": 0, "step": "baseline" if not run.verdicts else "trials without a verdict", "verdict": "",
+            "reason": "", "changes": [], "bundle": False, "carried": False, "baseline": "baseline", "candidate": "",
+            "description": "", "more_trials": None, "deltas": [], "anchor": "trials-loose",
+            "trials": _trial_rows(run, loose, "throughput.output_tok_s"),
+            "charts": _section_charts(run, loose, "throughput.output_tok_s"), "notes": _notes(run, loose),
+        })
+    return out
+
+
+def _diagnosis(run: _Run) -> dict[str, Any]:
+    d = run.manifest.get("diagnosis") or {}
+    out: dict[str, Any] = {"memory_chart": "", "memory": [], "roofline_chart": "", "roofline": [],
+                           "notes": list(d.get("notes") or []), "model": [], "scheduler": []}
+    memory = d.get("memory") or {}
+    if memory.get("weights_bytes") is not None:
+        parts = [("weights", float(memory["weights_bytes"])), ("KV cache", float(memory.get("kv_bytes") or 0))]
+        if memory.get("other_bytes") is not None:
+            parts.append(("activations + runtime", float(memory["other_bytes"])))
+        out["memory_chart"] = charts.memory_bar(parts, memory.get("capacity_bytes"))
+        out["memory"] = [
+            ("device", str(memory.get("device", ""))),
+            ("KV bytes per token", f"{memory.get('kv_bytes_per_token') or 0:,.0f}"),
+            ("tokens in flight (estimate)", f"{memory.get('tokens_in_flight') or 0:,.0f}"),
+            ("measured peak", fmt_bytes(memory.get("peak_bytes"))),
+            ("capacity", fmt_bytes(memory.get("capacity_bytes"))),
+            ("KV share of peak", fmt_pct(memory.get("kv_share"), signed=False)),
+            ("peak / capacity", fmt_pct(memory.get("peak_frac"), signed=False)),
+        ] + [("note", str(n)) for n in memory.get("notes") or []]
+    roof = d.get("roofline") or {}
+    if roof.get("floor_s"):
+        out["roofline_chart"] = charts.roofline_bar(float(roof["floor_s"]), roof.get("achieved_tpot_s"))
+        ratio = roof.get("achieved_over_floor")
+        out["roofline"] = [
+            ("bytes read per decode step", fmt_bytes(roof.get("bytes_per_step"))),
+            ("memory bandwidth", f"{(roof.get('bandwidth_bytes_s') or 0) / 1e12:.2f} TB/s "
+                                 f"({roof.get('bandwidth_source') or 'source not recorded'})"),
+            ("decode floor per token", f"{roof['floor_s'] * 1000:.2f} ms"),
+            ("achieved TPOT", fmt_full("tpot.p50", roof.get("achieved_tpot_s"))),
+            ("achieved / floor", "—" if ratio is None else f"{ratio:.2f}×"),
+            ("bandwidth utilization", fmt_pct(roof.get("bandwidth_util"), signed=False)),
+        ]
+    model = d.get("model") or {}
+    out["model"] = [(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else str(v)) for k, v in model.items()]
+    out["scheduler"] = [(k.replace("_", " "), str(v)) for k, v in (d.get("scheduler") or {}).items()]
+    out["findings"] = [{"id": f.id, "severity": f.severity, "title": f.title, "evidence": f.evidence,
+                        "suggestion": f.suggestion, "ref": f.checklist_ref} for f in run.archive.findings()]
+    return out
+
+
+def _describe_length(dist: Any) -> str:
+    if not isinstance(dist, Mapping):
+        return str(dist)
+    kind = dist.get("kind")
+    if kind == "fixed":
+        return f"fixed {dist.get('value')}"
+    if kind == "choice":
+        return f"choice {list(dist.get('values') or [])}" + (f" weights {list(dist['weights'])}"
+                                                             if dist.get("weights") else "")
+    if kind == "uniform":
+        return f"uniform [{dist.get('min')}, {dist.get('max')}]"
+    spread = "std" if kind == "normal" else "sigma"
+    return (f"{kind} mean {dist.get('mean')} {spread} {dist.get('std')}, clipped [{dist.get('min') or 1}, "
+            f"{dist.get('max') or '∞'}]")
+
+
+def _archived_playbook(run: _Run) -> dict[str, Any]:
+    import yaml
+
+    path = run.archive.run_dir / (run.manifest["playbook"].get("file") or "playbook.yaml")
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _method(run: _Run, playbook_doc: Mapping[str, Any]) -> dict[str, Any]:
+    final = run.manifest.get("final_config_id") or "baseline"
+    config = run.configs.get("baseline") or run.configs.get(final)
+    w = dict(config.workload) if config else {}
+    if w.get("concurrency"):
+        load = f"closed loop, {w['concurrency']} concurrent users"
+    elif w.get("rate"):
+        load = f"open loop, {w['rate']} req/s, {w.get('arrival', 'poisson')} arrivals" + \
+            (f", bursts of {w['burst']}" if (w.get("burst") or 1) > 1 else "")
+    else:
+        load = "—"
+    rows = [("API", str(w.get("api", "—"))),
+            ("input tokens", "dataset " + str(w["dataset"]) if w.get("dataset") else _describe_length(w.get("input"))),
+            ("output tokens", _describe_length(w.get("output")) if not w.get("dataset") else "from the dataset"),
+            ("load", load)]
+    if w.get("sweep"):
+        rows.append(("sweep", str(list(w["sweep"]))))
+    if w.get("prefix_tokens"):
+        rows.append(("shared prefix", f"{w['prefix_tokens']} tokens × {w.get('prefix_groups', 1)} groups"))
+    if (w.get("turns") or 1) > 1:
+        rows.append(("turns", str(w["turns"])))
+    rows += [("streaming share", fmt_pct(w.get("streaming_fraction"), signed=False)),
+             ("sampling", f"temperature {w.get('temperature', 0)}, ignore_eos {w.get('ignore_eos')}, "
+                          f"max_tokens {w.get('max_tokens') or 'from the output distribution'}"),
+             ("warm-up (discarded)", f"{w.get('warmup_s') or 0:g} s" +
+              (f" + {w['warmup_requests']} requests" if w.get("warmup_requests") else "")),
+             ("measured window", f"{w['duration_s']:g} s" if w.get("duration_s") else
+              f"{w.get('num_requests')} requests"),
+             ("seed", str(w.get("seed", "—")))]
+    trials = playbook_doc.get("trials") if isinstance(playbook_doc.get("trials"), Mapping) else {}
+    overrides = run.manifest.get("overrides") or {}
+    repeats = overrides.get("repeats") or trials.get("repeats", 3)
+    trial_rows = [("repeats per side", str(repeats) + (" (overridden)" if "repeats" in overrides else "")),
+                  ("order", "interleaved A B A B … (drift cancels)" if trials.get("interleave", True)
+                   else "blocked A A … B B …"),
+                  ("each trial", "a fresh engine start; warm-up discarded"),
+                  ("sequential", str(trials.get("sequential", False))),
+                  ("confidence", str(trials.get("confidence", 0.95)))]
+    measured = [run.arrays(t) for t in run.trials if run.trials[t].status == TRIAL_OK]
+    histograms = charts.histograms([
+        ("input tokens per request", "tokens", _concat(a.input_tokens for a in measured)),
+        ("output tokens per request", "tokens", _concat(a.output_tokens for a in measured)),
+        ("gap between request sends", "ms", _concat(a.gaps for a in measured) * 1000),
+    ])
+    return {"workload": rows, "trials": trial_rows, "histograms": histograms,
+            "overrides": [(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in overrides.items()],
+            "definitions": METRIC_DEFINITIONS,
+            "slo": ", ".join(f"{k} {v}" for k, v in (playbook_doc.get("goals", {}) or {}).get("slo", {}).items())
+            if isinstance(playbook_doc.get("goals"), Mapping) and isinstance(playbook_doc["goals"].get("slo"),
+                                                                             Mapping) else ""}
+
+
+def _goals(run: _Run, playbook_doc: Mapping[str, Any]) -> dict[str, str]:
+    goals = playbook_doc.get("goals") if isinstance(playbook_doc.get("goals"), Mapping) else {}
+    objective = goals.get("objective") if isinstance(goals.get("objective"), Mapping) else {}
+    obj = next((f"{k} {v}" for k, v in objective.items() if k in ("minimize", "maximize")), "")
+    guards = []
+    for g in goals.get("guards") or []:
+        if isinstance(g, Mapping):
+            guards.append(f"{g.get('metric')} within {g.get('tolerance')}")
+    return {"objective": obj, "guards": "; ".join(guards) or "none"}
+
+
+def build_context(archive: RunArchive) -> dict[str, Any]:
+    """Everything the template shows, as strings, lists and inline SVG; nothing here touches the network."""
+    run = _Run(archive)
+    playbook_doc = _archived_playbook(run)
+    descriptions = {s.get("name"): str(s.get("description") or "") for s in playbook_doc.get("steps") or []
+                    if isinstance(s, Mapping)}
+    manifest = run.manifest
+    return {
+        "header": _header(run), "glance": _glance(run), "goals": _goals(run, playbook_doc),
+        "columns": [label for _, label in RECORD_COLUMNS], "record": _record_rows(run),
+        "steps": _steps(run, descriptions), "diagnosis": _diagnosis(run), "method": _method(run, playbook_doc),
+        "overridden": bool(manifest.get("overrides")),
+        "audit": {"run_dir": str(archive.run_dir), "files": len(manifest.get("files") or {}),
+                  "manifest_sha256": manifest.get("manifest_sha256", ""), "report_error": manifest.get("report_error")},
+        "playbook_text": (archive.run_dir / (manifest["playbook"].get("file") or "playbook.yaml")).read_text(
+            encoding="utf-8") if (archive.run_dir / (manifest["playbook"].get("file") or "playbook.yaml")).is_file()
+        else "",
+    }
+
+
+def _environment():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("llmplay", "report/templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["svg"] = lambda s: jinja2.utils.markupsafe.Markup(s) if s else ""
+    return env
+
+
+def render_html(template: str, context: Mapping[str, Any]) -> str:
+    return _environment().get_template(template).render(**context)
+
+
 def render_report(run_dir: Path) -> Path:
-    p = Path(run_dir) / "report.html"; p.write_text("<html></html>"); return p
+    """Write run_dir/report.html from the archive alone and return its path (the manifest hash is the archive's job)."""
+    archive = RunArchive.open(Path(run_dir))
+    html = render_html("report.html.j2", build_context(archive))
+    path = archive.run_dir / REPORT_FILE
+    atomic_write_text(path, html)
+    return path

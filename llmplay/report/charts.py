@@ -1,0 +1,256 @@
+"""matplotlib charts of archived data, each returned as an inline SVG string (no pyplot state, text kept as text)."""
+from __future__ import annotations
+
+import functools
+import io
+import re
+from typing import Mapping, Sequence
+
+import numpy as np
+from matplotlib import rcParams
+from matplotlib.figure import Figure
+
+BASELINE_COLOR, CANDIDATE_COLOR = "#3b6ea8", "#d9822b"
+ROLE_COLORS = {"baseline": BASELINE_COLOR, "candidate": CANDIDATE_COLOR}
+GRID = "#dddddd"
+MAX_POINTS = 400  # per line: keeps each SVG a few tens of kB, far below what a screen resolves
+_STYLE = {
+    "svg.fonttype": "none",  # text stays <text>, not glyph paths: small files, selectable, crisp when printed
+    "svg.hashsalt": "llmplay",  # stable element ids: the same archive renders the same bytes
+    "font.family": "sans-serif",
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": GRID,
+    "grid.linewidth": 0.6,
+    "legend.frameon": False,
+    "legend.fontsize": 8,
+}
+
+
+def _figure(width_in: float, height_in: float, ncols: int = 1, nrows: int = 1):
+    fig = Figure(figsize=(width_in, height_in), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def _styled(func):
+    """Run a chart function under our rcParams: artists read them when created and when saved."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        with rc_context():
+            return func(*args, **kwargs)
+
+    return wrapper
+
+
+class rc_context:
+    """rcParams for our figures only, restored after (Figure reads most of them at creation and at save)."""
+
+    def __enter__(self):
+        self._saved = {k: rcParams[k] for k in _STYLE}
+        rcParams.update(_STYLE)
+        return self
+
+    def __exit__(self, *exc):
+        rcParams.update(self._saved)
+
+
+def to_svg(fig: Figure) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG lives inside HTML
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    # HTML parses inline SVG into its namespace by itself; the declarations only add URLs to the file
+    svg = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", svg)
+    svg = re.sub(r'\s+width="[\d.]+pt" height="[\d.]+pt"', "", svg, count=1)  # scale with the page (viewBox kept)
+    return svg.replace("<svg ", '<svg class="chart" role="img" ', 1)
+
+
+def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(x) <= MAX_POINTS:
+        return x, y
+    idx = np.unique(np.linspace(0, len(x) - 1, MAX_POINTS).round().astype(int))
+    return x[idx], y[idx]
+
+
+def _not_measured(ax, text: str = "not measured") -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#888888", fontsize=10)
+
+
+def _ms(ax, axis: str = "x") -> None:
+    (ax.set_xlabel if axis == "x" else ax.set_ylabel)("ms")
+
+
+@_styled
+def latency_cdfs(panels: Sequence[tuple[str, Mapping[str, np.ndarray]]], width_in: float = 9.0) -> str:
+    """One CDF panel per metric (title, {label: values in seconds}); x in ms, log scale when the range is wide."""
+    fig, axes = _figure(width_in, 2.4, ncols=max(len(panels), 1))
+    for ax, (title, series) in zip(axes, panels):
+        ax.set_title(title)
+        drawn = False
+        for label, values in series.items():
+            values = np.sort(np.asarray(values, dtype=float)[np.isfinite(values)]) * 1000
+            if not values.size:
+                continue
+            y = np.arange(1, values.size + 1) / values.size
+            x, y = _thin(values, y)
+            color = ROLE_COLORS.get(label.split(" ")[0], None)
+            ax.step(x, y, where="post", label=f"{label} (n={values.size})", color=color, linewidth=1.4)
+            drawn = True
+        if not drawn:
+            _not_measured(ax)
+            continue
+        for q in (0.5, 0.95, 0.99):
+            ax.axhline(q, color="#999999", linewidth=0.5, linestyle=":")
+        ax.set_ylim(0, 1.01)
+        ax.set_ylabel("share of requests")
+        _ms(ax)
+        lo, hi = ax.get_xlim()
+        if lo > 0 and hi / lo > 50:
+            ax.set_xscale("log")
+        ax.legend(loc="lower right")
+    return to_svg(fig)
+
+
+@_styled
+def trial_points(title: str, unit_label: str, points: Sequence[tuple[str, str, float]], scale: float = 1.0,
+                 width_in: float = 3.6) -> str:
+    """Each trial's value of the objective (role, trial_id, value): the spread a verdict rests on."""
+    fig, (ax,) = _figure(width_in, 2.8)
+    ax.set_title(title)
+    roles = [r for r in ("baseline", "candidate") if any(p[0] == r for p in points)]
+    if not roles:
+        _not_measured(ax, "no successful trial")
+        return to_svg(fig)
+    for i, role in enumerate(roles):
+        vals = np.array([p[2] for p in points if p[0] == role], dtype=float) * scale
+        ids = [p[1] for p in points if p[0] == role]
+        xs = i + np.linspace(-0.12, 0.12, len(vals)) if len(vals) > 1 else np.array([float(i)])
+        ax.scatter(xs, vals, color=ROLE_COLORS[role], s=28, zorder=3)
+        ax.hlines(vals.mean(), i - 0.25, i + 0.25, color=ROLE_COLORS[role], linewidth=1.2)
+        for x, v, tid in zip(xs, vals, ids):
+            ax.annotate(tid, (x, v), textcoords="offset points", xytext=(5, 0), fontsize=7, color="#555555",
+                        va="center")
+    ax.set_xticks(range(len(roles)), roles)
+    ax.set_xlim(-0.6, len(roles) - 0.4)
+    ax.set_ylabel(unit_label)
+    ax.grid(axis="x", visible=False)
+    return to_svg(fig)
+
+
+@_styled
+def over_time(series: Sequence[tuple[str, str, np.ndarray, np.ndarray, np.ndarray]], width_in: float = 9.0) -> str:
+    """Per trial (role, trial_id, t_s of each completion, output tokens, TTFT s): throughput and TTFT over time."""
+    fig, (ax_tp, ax_lat) = _figure(width_in, 2.6, ncols=2)
+    ax_tp.set_title("output tokens/s over time (1 s bins)")
+    ax_lat.set_title("TTFT of each request over time")
+    drawn = False
+    for role, trial_id, t_s, tokens, ttft in series:
+        if not len(t_s):
+            continue
+        drawn = True
+        color = ROLE_COLORS.get(role)
+        edges = np.arange(0, max(float(np.max(t_s)), 1.0) + 1.0, 1.0)
+        counts, _ = np.histogram(t_s, bins=edges, weights=tokens)
+        ax_tp.plot(edges[:-1] + 0.5, counts, color=color, linewidth=1.0, alpha=0.8, label=f"{trial_id} {role}")
+        x, y = _thin(np.asarray(t_s), np.asarray(ttft) * 1000)
+        ax_lat.scatter(x, y, color=color, s=5, alpha=0.5, linewidths=0)
+    if not drawn:
+        _not_measured(ax_tp)
+        _not_measured(ax_lat)
+        return to_svg(fig)
+    ax_tp.set_xlabel("s since the measured window began")
+    ax_tp.set_ylabel("tok/s")
+    ax_lat.set_xlabel("s since the measured window began")
+    _ms(ax_lat, "y")
+    handles, labels = ax_tp.get_legend_handles_labels()
+    if len(labels) <= 8:
+        ax_tp.legend(loc="lower right", ncols=2)
+    return to_svg(fig)
+
+
+@_styled
+def telemetry_panels(panels: Sequence[tuple[str, str, Sequence[tuple[str, str, np.ndarray, np.ndarray]]]],
+                     width_in: float = 9.0) -> str:
+    """Small multiples (title, y label, [(role, trial_id, t_s, value)]); an empty panel says "not measured"."""
+    fig, axes = _figure(width_in, 2.3, ncols=max(len(panels), 1))
+    for ax, (title, ylabel, lines) in zip(axes, panels):
+        ax.set_title(title)
+        if not lines:
+            _not_measured(ax)
+            continue
+        for role, _trial_id, t_s, values in lines:
+            x, y = _thin(np.asarray(t_s, dtype=float), np.asarray(values, dtype=float))
+            ax.plot(x, y, color=ROLE_COLORS.get(role), linewidth=0.9, alpha=0.8)
+        ax.set_xlabel("s")
+        ax.set_ylabel(ylabel)
+    return to_svg(fig)
+
+
+@_styled
+def memory_bar(parts: Sequence[tuple[str, float]], capacity_bytes: float | None, width_in: float = 9.0) -> str:
+    """One horizontal stacked bar: weights, KV cache, other; the device capacity as a line."""
+    fig, (ax,) = _figure(width_in, 1.5)
+    colors = ["#3b6ea8", "#d9822b", "#8c8c8c", "#6aa84f"]
+    left = 0.0
+    for (label, value), color in zip(parts, colors):
+        gib = value / 2**30
+        ax.barh([0], [gib], left=left, color=color, label=f"{label} {gib:.2f} GiB", height=0.5)
+        left += gib
+    if capacity_bytes:
+        cap = capacity_bytes / 2**30
+        ax.axvline(cap, color="#b22222", linewidth=1.2)
+        ax.annotate(f"capacity {cap:.1f} GiB", (cap, 0.3), textcoords="offset points", xytext=(-4, 0), ha="right",
+                    fontsize=8, color="#b22222")
+        ax.set_xlim(0, max(cap, left) * 1.02)
+    ax.set_yticks([])
+    ax.set_xlabel("GiB")
+    ax.grid(axis="y", visible=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncols=len(parts))
+    return to_svg(fig)
+
+
+@_styled
+def roofline_bar(floor_s: float, achieved_s: float | None, width_in: float = 9.0) -> str:
+    """Decode time per token: the bandwidth floor (weights + KV bytes / bandwidth) against the measured TPOT."""
+    fig, (ax,) = _figure(width_in, 1.4)
+    labels = ["bandwidth floor"] + (["achieved TPOT"] if achieved_s else [])
+    values = [floor_s * 1000] + ([achieved_s * 1000] if achieved_s else [])
+    ax.barh(labels, values, color=["#6aa84f", "#d9822b"][: len(values)], height=0.55)
+    for y, v in enumerate(values):
+        ax.annotate(f"{v:.2f} ms", (v, y), textcoords="offset points", xytext=(4, 0), va="center", fontsize=8)
+    ax.set_xlim(0, max(values) * 1.18)
+    ax.set_xlabel("ms per output token")
+    ax.invert_yaxis()
+    ax.grid(axis="y", visible=False)
+    return to_svg(fig)
+
+
+@_styled
+def histograms(panels: Sequence[tuple[str, str, np.ndarray]], width_in: float = 9.0) -> str:
+    """Workload shape: one histogram per panel (title, x label, values)."""
+    fig, axes = _figure(width_in, 2.3, ncols=max(len(panels), 1))
+    for ax, (title, xlabel, values) in zip(axes, panels):
+        ax.set_title(title)
+        values = np.asarray(values, dtype=float)
+        values = values[np.isfinite(values)]
+        if not values.size:
+            _not_measured(ax)
+            continue
+        if np.ptp(values) == 0:
+            ax.bar([values[0]], [values.size], width=max(abs(values[0]) * 0.05, 1e-9), color="#3b6ea8")
+        else:
+            ax.hist(values, bins=min(40, max(5, int(np.sqrt(values.size)))), color="#3b6ea8")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("requests")
+    return to_svg(fig)
