@@ -31,6 +31,7 @@ from llmplay.secrets import ENV_REF, REDACTED, SECRET_NAME, redact, redact_text
 SCHEMA_ID = "llmplay/manifest.v1"
 MANIFEST = "manifest.json"
 PLAYBOOK_FILE = "playbook.yaml"
+RESOLVED_FILE = "playbook.resolved.yaml"  # after `extends:`: loadable without the files it extended
 REPORT_FILE = "report.html"
 STATUSES = ("running", "complete", "failed", "interrupted")
 ENV_ARCHIVE = "LLMPLAY_ARCHIVE"
@@ -226,6 +227,12 @@ class RunArchive:
         }
         archive = cls(run_dir, manifest, secrets)
         archive._write_text(PLAYBOOK_FILE, redact_yaml_text(playbook.text, archive._secrets))
+        resolved = getattr(playbook, "resolved", None)
+        if resolved:
+            import yaml
+
+            archive._write_text(RESOLVED_FILE, yaml.safe_dump(redact(to_plain(resolved), archive._secrets),
+                                                              sort_keys=False, allow_unicode=True))
         archive._save()
         return archive
 

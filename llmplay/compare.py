@@ -1,0 +1,324 @@
+"""Two archived runs side by side: every metric of each run's final configuration, delta with bootstrap CI, regressions.
+
+Regressions are judged by run A's playbook: a guard metric worse than its tolerance (with its CI clear of zero on
+the worse side, so noise alone never fails a re-test), the objective worse than its min_effect the same way, or a
+gate that A met and B fails. Other metrics are shown and marked worse/better but never fail the comparison.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from llmplay.archive import RESOLVED_FILE, RunArchive, gate_from
+from llmplay.catalog import metric_info
+from llmplay.errors import LlmplayError
+from llmplay.results import TRIAL_OK, GateResult, TrialRecord
+
+COMPARED_METRICS = ("ttft.p50", "ttft.p95", "ttft.p99", "tpot.p50", "tpot.p95", "itl.p50", "itl.p99", "e2el.p50",
+                    "e2el.p95", "throughput.output_tok_s", "throughput.total_tok_s", "throughput.req_s",
+                    "goodput.req_s", "errors.rate", "cost.usd_per_1m_tokens", "memory.peak_frac", "memory.peak_bytes",
+                    "memory.kv_share", "engine.kv_cache_usage_max", "engine.preemptions")
+DEFAULT_BOOTSTRAP = 1000
+
+
+@dataclass(frozen=True)
+class MetricComparison:
+    metric: str
+    label: str
+    a: float | None
+    b: float | None
+    rel_change: float | None  # (b - a) / |a|
+    ci_low: float | None  # 95% bootstrap CI of rel_change (trials and requests resampled)
+    ci_high: float | None
+    p_value: float | None
+    better: bool | None  # is B better, direction-aware
+    role: str  # "objective" | "guard" | ""
+    tolerance: float | None  # guard tolerance or objective min_effect (relative)
+    regression: bool
+    why: str = ""  # one line when regression
+
+
+@dataclass(frozen=True)
+class GateComparison:
+    gate: str
+    metric: str
+    a: GateResult | None
+    b: GateResult | None
+    regression: bool  # met in A, failed in B
+
+
+@dataclass(frozen=True)
+class RunSide:
+    run_dir: str
+    run_id: str
+    playbook: str
+    config_id: str
+    trials: tuple[str, ...]
+    engine: str  # image and version
+    started_utc: str
+    status: str
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: RunSide
+    b: RunSide
+    metrics: tuple[MetricComparison, ...]
+    gates: tuple[GateComparison, ...]
+    objective: MetricComparison | None
+    notes: tuple[str, ...] = ()
+    cdf: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # for the HTML: per metric, per side, values
+
+    @property
+    def regressions(self) -> list[str]:
+        out = [m.why for m in self.metrics if m.regression]
+        out += [f"gate {g.gate}: met in A, failed in B" for g in self.gates if g.regression]
+        return out
+
+    @property
+    def has_regression(self) -> bool:
+        return bool(self.regressions)
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def _goals_of(archive: RunArchive) -> tuple[Any | None, str | None]:
+    """Run A's goals from its archived playbook (resolved first, as written next, the original file last)."""
+    from llmplay.playbook import load_playbook
+
+    manifest = archive.manifest()
+    candidates = [archive.run_dir / RESOLVED_FILE, archive.run_dir / (manifest["playbook"].get("file") or ""),
+                  Path(manifest["playbook"].get("path") or "")]
+    errors = []
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:
+            return load_playbook(path).goals, None
+        except LlmplayError as exc:
+            errors.append(str(exc).splitlines()[0])
+    return None, ("run A's playbook could not be loaded (" + ("; ".join(errors) or "no playbook file") +
+                  "): no guard tolerances, only gates decide regressions")
+
+
+def _final_trials(archive: RunArchive) -> tuple[str, list[TrialRecord]]:
+    manifest = archive.manifest()
+    final = manifest.get("final_config_id") or "baseline"
+    trials = [t for t in archive.trials() if t.config_id == final and t.status == TRIAL_OK]
+    return final, trials
+
+
+def _good(df: Any, slo_s: Mapping[str, float]) -> np.ndarray:
+    ttft = ((df["first_chunk_ns"] - df["sent_ns"]) / 1e9).to_numpy(dtype=float, na_value=np.nan)
+    e2el = ((df["end_ns"] - df["sent_ns"]) / 1e9).to_numpy(dtype=float, na_value=np.nan)
+    out = df["output_tokens"].to_numpy(dtype=float)
+    good = np.ones(len(df), dtype=float)
+    if "ttft" in slo_s:
+        good *= np.nan_to_num(ttft, nan=np.inf) <= slo_s["ttft"]
+    if "e2el" in slo_s:
+        good *= np.nan_to_num(e2el, nan=np.inf) <= slo_s["e2el"]
+    if "tpot" in slo_s:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(out > 1, (e2el - np.nan_to_num(ttft, nan=0)) / np.maximum(out - 1, 1), 0.0)
+        good *= np.nan_to_num(tpot, nan=np.inf) <= slo_s["tpot"]
+    return good
+
+
+def _sample(archive: RunArchive, trial: TrialRecord, slo_s: Mapping[str, float]) -> Any:
+    """One archived trial as decide.TrialSample: per-request arrays from its records, scalars from its summary."""
+    from llmplay.decide import TrialSample
+    from llmplay.metrics import per_request_arrays
+
+    records = archive.load_records(trial.trial_id)
+    if not len(records):
+        return None
+    measured = records[~records["is_warmup"].astype(bool)] if "is_warmup" in records else records
+    ok = measured[measured["error_kind"].isna()] if "error_kind" in measured else measured
+    values = {k: np.asarray(v, dtype=float) for k, v in per_request_arrays(measured).items()}
+    out_tokens = ok["output_tokens"].to_numpy(dtype=float)
+    values["output_tokens"] = out_tokens
+    values["total_tokens"] = out_tokens + ok["input_tokens"].to_numpy(dtype=float)
+    values["good"] = _good(ok, slo_s)
+    summary = dict(trial.summary)
+    cost, tok_s = summary.get("cost.usd_per_1m_tokens"), summary.get("throughput.output_tok_s")
+    price = cost * tok_s * 3600 / 1e6 if cost and tok_s else 0.0  # the trial's own $/h, recovered from its cost
+    return TrialSample(duration_s=float(summary.get("duration_s") or 0.0), values=values, n_requests=len(measured),
+                       n_errors=len(measured) - len(ok), scalars=summary, price_usd_per_hour=price)
+
+
+def _side(archive: RunArchive, config_id: str, trials: Sequence[TrialRecord]) -> RunSide:
+    from llmplay.archive import _engine_of
+
+    m = archive.manifest()
+    return RunSide(str(archive.run_dir), m["run_id"], m["playbook"]["name"], config_id,
+                   tuple(t.trial_id for t in trials), _engine_of(m), (m.get("environment") or {}).get("started_utc", ""),
+                   m.get("status", "?"))
+
+
+# ---------------------------------------------------------------------------------------------- judging
+def _worse_beyond(delta: Any, lower_better: bool, tolerance: float) -> tuple[bool, str]:
+    a, b = delta.baseline, delta.candidate
+    if a is None or b is None:
+        return False, ""
+    if delta.rel_change is None:  # A was 0: a relative tolerance cannot apply, any worsening counts
+        return ((b > a) if lower_better else (b < a)), "from 0"
+    worse_by = delta.rel_change if lower_better else -delta.rel_change
+    if worse_by <= tolerance:
+        return False, ""
+    if delta.ci_low is None or delta.ci_high is None:
+        return True, ""
+    # the CI's best case must still be worse than A, or the difference may be noise
+    best_case = min(delta.ci_low, delta.ci_high) if lower_better else -max(delta.ci_low, delta.ci_high)
+    return best_case > 0, ""
+
+
+def _fmt(metric: str, value: float | None) -> str:
+    info = metric_info(metric)
+    if value is None:
+        return "not measured"
+    return info.format(value) if info else f"{value:.4g}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None or not math.isfinite(x) else f"{x * 100:+.1f}%"
+
+
+def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> Comparison:
+    """Compare the final configuration of run B against run A's, with A's playbook deciding regressions."""
+    from llmplay.decide import compare_metric
+
+    archive_a, archive_b = RunArchive.open(Path(run_a)), RunArchive.open(Path(run_b))
+    goals, note = _goals_of(archive_a)
+    notes = [note] if note else []
+    slo_s = dict(goals.slo_s) if goals is not None else {}
+    config_a, trials_a = _final_trials(archive_a)
+    config_b, trials_b = _final_trials(archive_b)
+    samples_a = [s for t in trials_a if (s := _sample(archive_a, t, slo_s)) is not None]
+    samples_b = [s for t in trials_b if (s := _sample(archive_b, t, slo_s)) is not None]
+    for name, samples in (("A", samples_a), ("B", samples_b)):
+        if not samples:
+            notes.append(f"run {name} has no successful trial of its final configuration: nothing to compare")
+    guards = {g.metric: g for g in goals.guards} if goals is not None else {}
+    objective = goals.objective if goals is not None else None
+    gate_metrics = [g.metric for g in goals.gates] if goals is not None else []
+    metrics = list(dict.fromkeys([*( [objective.metric] if objective else []), *guards, *COMPARED_METRICS,
+                                  *gate_metrics]))
+    rows: list[MetricComparison] = []
+    for i, metric in enumerate(metrics):
+        info = metric_info(metric)
+        lower_better = info.lower_is_better if info else True
+        if samples_a and samples_b:
+            d = compare_metric(samples_a, samples_b, metric, n_boot=n_boot, seed=seed + i)
+        else:
+            d = None
+        if d is None or (d.baseline is None and d.candidate is None):
+            continue
+        role, tolerance = "", None
+        if objective is not None and metric == objective.metric:
+            role, tolerance = "objective", objective.min_effect
+            lower_better = objective.direction == "minimize"
+        elif metric in guards:
+            role, tolerance = "guard", guards[metric].tolerance
+            lower_better = guards[metric].direction == "minimize"
+        regression, why = False, ""
+        if tolerance is not None:
+            regression, extra = _worse_beyond(d, lower_better, tolerance)
+            if regression:
+                label = info.label if info else metric
+                why = (f"{role} {label}: {_fmt(metric, d.baseline)} -> {_fmt(metric, d.candidate)} "
+                       f"({_pct(d.rel_change) if d.rel_change is not None else extra} "
+                       f"[{_pct(d.ci_low)}, {_pct(d.ci_high)}]), beyond its {tolerance:.0%} tolerance")
+        better = None  # only a change whose CI clears zero is called better or worse; the rest is noise
+        clear = d.ci_low is not None and d.ci_high is not None and (d.ci_low > 0 or d.ci_high < 0)
+        if d.rel_change not in (None, 0) and clear:
+            better = (d.rel_change < 0) if lower_better else (d.rel_change > 0)
+        rows.append(MetricComparison(metric, info.label if info else metric, d.baseline, d.candidate, d.rel_change,
+                                     d.ci_low, d.ci_high, d.p_value, better, role, tolerance, regression, why))
+    gates_a = {g.gate: g for g in archive_a.gates()}
+    gates_b = {g.gate: g for g in archive_b.gates()}
+    gate_rows = []
+    for text in dict.fromkeys([*gates_a, *gates_b]):
+        ga, gb = gates_a.get(text), gates_b.get(text)
+        gate_rows.append(GateComparison(text, (ga or gb).metric, ga, gb,
+                                        bool(ga and ga.met and gb is not None and gb.met is False)))
+    cdf = {name: {"A": np.concatenate([s.values.get(head, np.array([])) for s in samples_a]) if samples_a else [],
+                  "B": np.concatenate([s.values.get(head, np.array([])) for s in samples_b]) if samples_b else []}
+           for name, head in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2EL", "e2el"))}
+    return Comparison(_side(archive_a, config_a, trials_a), _side(archive_b, config_b, trials_b), tuple(rows),
+                      tuple(gate_rows), next((r for r in rows if r.role == "objective"), None), tuple(notes), cdf)
+
+
+# ---------------------------------------------------------------------------------------------- output
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def format_comparison_table(comparison: Comparison) -> str:
+    """Plain text for a terminal or a CI log: metrics, gates, verdict line."""
+    a, b = comparison.a, comparison.b
+    out = [f"A: {a.run_dir} ({a.config_id}, {len(a.trials)} trials, {a.engine})",
+           f"B: {b.run_dir} ({b.config_id}, {len(b.trials)} trials, {b.engine})", ""]
+    rows = []
+    for m in comparison.metrics:
+        flag = "REGRESSION" if m.regression else ("worse" if m.better is False else ("better" if m.better else ""))
+        rows.append([m.label, m.role, _fmt(m.metric, m.a), _fmt(m.metric, m.b), _pct(m.rel_change),
+                     f"[{_pct(m.ci_low)}, {_pct(m.ci_high)}]" if m.ci_low is not None else "",
+                     f"{m.tolerance:.0%}" if m.tolerance is not None else "", flag])
+    out += _table(["metric", "role", "A", "B", "change", "95% CI", "tolerance", ""], rows, {2, 3, 4, 5, 6})
+    if comparison.gates:
+        out.append("")
+        grows = []
+        for g in comparison.gates:
+            def state(r: GateResult | None) -> str:
+                return "—" if r is None else ("not measured" if r.met is None else ("met" if r.met else "FAILED"))
+            grows.append([g.gate, state(g.a), state(g.b), "REGRESSION" if g.regression else ""])
+        out += _table(["gate", "A", "B", ""], grows, set())
+    for note in comparison.notes:
+        out.append(f"note: {note}")
+    out.append("")
+    if comparison.has_regression:
+        out.append("REGRESSION: " + "; ".join(comparison.regressions))
+    else:
+        out.append("no regression: every guard, the objective and every gate hold within run A's tolerances")
+    return "\n".join(out)
+
+
+def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
+    """One self-contained HTML page (inline CSS and SVG, no script, no network)."""
+    from llmplay.archive import atomic_write_text
+    from llmplay.report import charts
+    from llmplay.report.render import render_html
+
+    rows = [{"label": m.label, "role": m.role, "a": _fmt(m.metric, m.a), "b": _fmt(m.metric, m.b),
+             "delta": _pct(m.rel_change), "ci": f"[{_pct(m.ci_low)}, {_pct(m.ci_high)}]" if m.ci_low is not None else "",
+             "tolerance": f"{m.tolerance:.0%}" if m.tolerance is not None else "",
+             "flag": "regression" if m.regression else ("worse" if m.better is False else
+                                                        ("better" if m.better else "")), "why": m.why}
+            for m in comparison.metrics]
+
+    def state(r: GateResult | None) -> str:
+        return "—" if r is None else ("not measured" if r.met is None else ("met" if r.met else "failed"))
+
+    gates = [{"gate": g.gate, "a": state(g.a), "b": state(g.b), "regression": g.regression} for g in comparison.gates]
+    panels = [(f"{name} CDF", {f"A {comparison.a.run_id}": np.asarray(v["A"], dtype=float),
+                               f"B {comparison.b.run_id}": np.asarray(v["B"], dtype=float)})
+              for name, v in comparison.cdf.items()]
+    context = {"a": comparison.a, "b": comparison.b, "rows": rows, "gates": gates,
+               "regressions": comparison.regressions, "notes": list(comparison.notes),
+               "cdf": charts.latency_cdfs(panels) if panels else ""}
+    html = render_html("compare.html.j2", context)
+    out_path = Path(out_path)
+    atomic_write_text(out_path, html)
+    return out_path
+
+
+def gate_results(items: Sequence[Mapping[str, Any]]) -> list[GateResult]:
+    return [gate_from(g) for g in items]
