@@ -1,8 +1,12 @@
 """Incremental parsing of OpenAI-style server-sent event streams into timestamped token chunks (no I/O)."""
 from __future__ import annotations
 
-import json
 from typing import Any, NamedTuple
+
+try:  # 5-10x faster per chunk; the load generator's hot path is this parse
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson is optional
+    from json import loads as _loads
 
 DONE, TEXT, ROLE, USAGE, ERROR, EMPTY = "done", "text", "role", "usage", "error", "empty"
 
@@ -66,7 +70,7 @@ def parse_event(payload: bytes | str) -> Event:
     if payload == b"[DONE]" or payload == "[DONE]":
         return _DONE_EVENT
     try:
-        obj = json.loads(payload)
+        obj = _loads(payload)
     except ValueError:
         return Event(ERROR, "", "", None, None, f"not JSON: {payload[:200]!r}")
     if not isinstance(obj, dict):

@@ -213,16 +213,14 @@ class InstrumentCore:
     def _tick(self) -> None:
         self._timer = None
         heap = self._heap
-        now = time.perf_counter_ns()
-        # Wake slightly early is impossible with the loop timer; 200 us of slack batches near-due chunks.
-        while heap and heap[0][0] <= now + 200_000:
+        # Only what is due by now (+100 us, spun to the exact time): a tick that kept re-reading the
+        # clock would never return under load and starve reading new requests.
+        horizon = time.perf_counter_ns() + 100_000
+        while heap and heap[0][0] <= horizon:
             deadline, _, st = heapq.heappop(heap)
-            if deadline > time.perf_counter_ns():
-                # Spin briefly so the chunk leaves at its scripted time, not early.
-                while time.perf_counter_ns() < deadline:
-                    pass
+            while time.perf_counter_ns() < deadline:
+                pass
             self._step(st)
-            now = time.perf_counter_ns()
         if heap:
             self._arm(heap[0][0])
 
