@@ -174,7 +174,13 @@ for _name in ("report", "compare", "verify", "ls"):
 
 
 def main() -> None:
-    cli(prog_name="llmplay")
+    try:
+        cli(prog_name="llmplay")
+    except Exception as exc:  # noqa: BLE001 - a bug must still be one line; --debug shows the traceback
+        if "--debug" in sys.argv[1:]:
+            raise
+        _echo_err(f"internal error: {type(exc).__name__}: {exc} (re-run with --debug for the traceback)")
+        sys.exit(EXIT_INFRA)
 
 
 if __name__ == "__main__":

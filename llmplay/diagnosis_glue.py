@@ -1,13 +1,13 @@
 """Feeding the diagnosis: model facts, memory, roofline and scheduler facts of the final configuration."""
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from llmplay.decide import TrialSample
+from llmplay.results import to_plain
 from llmplay.plan import Config
 from llmplay.spec import Playbook
 
@@ -28,7 +28,7 @@ def model_file(config: Config) -> Path | None:
     if spec.kind == "llamacpp":
         try:
             from llmplay import cpuengine
-            path = cpuengine.cached_model_path()
+            path = cpuengine.model_path(cpuengine.default_cache_dir())
         except Exception:  # noqa: BLE001 - no cached CPU model: diagnosis says the breakdown is unavailable
             return None
         return Path(path) if path and Path(path).is_file() else None
@@ -84,18 +84,18 @@ def diagnose_run(playbook: Playbook, config: Config, samples: Sequence[TrialSamp
         diagnosis["notes"].append("CPU engine: GPU utilization, bandwidth and roofline rules were not evaluated")
     breakdown = roofline = None
     if facts is not None:
-        diagnosis["model"] = asdict(facts)
+        diagnosis["model"] = to_plain(facts)
         kv_dtype = str(config.engine.args.get("kv_cache_dtype") or "auto").lower()
         kv_bytes = KV_DTYPE_BYTES.get(kv_dtype, 2.0)
         breakdown = memory_breakdown(facts, kv_bytes, _tokens_in_flight(config, samples), peak, capacity, device=device)
-        diagnosis["memory"] = asdict(breakdown)
+        diagnosis["memory"] = to_plain(breakdown)
         spec = lookup_gpu(gpu["name"]) if on_gpu else None
         if spec is not None:
             kv_step = breakdown.kv_bytes / max(config.workload.concurrency or 1, 1)
             roofline = decode_roofline(facts.weight_bytes, kv_step * (config.workload.concurrency or 1),
                                        spec.memory_bandwidth_bytes_s, summary.get("tpot.p50"),
                                        bandwidth_source=f"table: {spec.model}")
-            diagnosis["roofline"] = asdict(roofline)
+            diagnosis["roofline"] = to_plain(roofline)
     scheduler = {"continuous_batching": bool(config.engine.args.get("cont_batching", True)),
                  "max_batch": config.engine.args.get("max_num_seqs") or config.engine.args.get("parallel"),
                  "concurrency": config.workload.concurrency, "rate": config.workload.rate,
@@ -107,4 +107,4 @@ def diagnose_run(playbook: Playbook, config: Config, samples: Sequence[TrialSamp
     findings = diagnose(summary, telemetry, breakdown, roofline, scheduler,
                         targets=targets_from_gates(playbook.goals.gates), notes=diagnosis["notes"])
     diagnosis["scheduler"] = scheduler
-    return [asdict(f) for f in findings], diagnosis
+    return [to_plain(f) for f in findings], diagnosis

@@ -5,7 +5,7 @@ JSON in manifest.json); the report reads them back from the archive only.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 TRIAL_OK, TRIAL_FAILED = "ok", "failed"
@@ -97,7 +97,8 @@ class Finding:
 def to_plain(obj: Any) -> Any:
     """Dataclasses, mappings and tuples -> JSON-ready values."""
     if hasattr(obj, "__dataclass_fields__"):
-        return {k: to_plain(v) for k, v in asdict(obj).items()}
+        # Not dataclasses.asdict: it deep-copies, and the frozen mappings (mappingproxy) cannot be copied.
+        return {f.name: to_plain(getattr(obj, f.name)) for f in fields(obj)}
     if isinstance(obj, Mapping):
         return {str(k): to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

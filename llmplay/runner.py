@@ -199,8 +199,8 @@ class TuningRun:
 
     def _config_record(self, config: Config) -> ConfigRecord:
         spec = config.engine
-        return ConfigRecord(config_id=config.label, engine=redact(to_plain(asdict(spec)), self.secrets),
-                            workload=to_plain(asdict(config.workload)),
+        return ConfigRecord(config_id=config.label, engine=redact(to_plain(spec), self.secrets),
+                            workload=to_plain(config.workload),
                             command=tuple(self.engine.command(spec)),
                             docker_command=format_argv(docker_run_argv(spec, self.engine)))
 
