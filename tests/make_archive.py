@@ -290,3 +290,14 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
     archive.finish(status="complete", exit_code=0 if all(g.met for g in gates) else 3, final_config_id=best,
                    gates=gates, findings=findings, diagnosis=diagnosis, tuning_record=rows)
     return archive.run_dir
+
+
+_BUILT: dict[tuple[Any, ...], Path] = {}
+
+
+def shared_archive(tmp_path_factory: Any, **kwargs: Any) -> Path:
+    """One archive per distinct kwargs per test session (they take seconds to build); copy it before changing it."""
+    key = tuple(sorted(kwargs.items()))
+    if key not in _BUILT or not _BUILT[key].is_dir():
+        _BUILT[key] = make_archive(tmp_path_factory.mktemp("archive"), **kwargs)
+    return _BUILT[key]

@@ -30,9 +30,15 @@ _STYLE = {
 }
 
 
-def _figure(width_in: float, height_in: float, ncols: int = 1, nrows: int = 1):
-    fig = Figure(figsize=(width_in, height_in), layout="constrained")
+def _figure(width_in: float, height_in: float, ncols: int = 1, nrows: int = 1, *, left_in: float = 0.62,
+            bottom_in: float = 0.48, top_in: float = 0.3, gap_in: float = 0.72):
+    """Fixed margins in inches: a constrained layout measures every tick label and would double the render time."""
+    fig = Figure(figsize=(width_in, height_in))
     axes = fig.subplots(nrows, ncols, squeeze=False)
+    right_in = 0.12
+    axis_w = (width_in - left_in - right_in - (ncols - 1) * gap_in) / ncols
+    fig.subplots_adjust(left=left_in / width_in, right=1 - right_in / width_in, bottom=bottom_in / height_in,
+                        top=1 - top_in / height_in, wspace=gap_in / axis_w if ncols > 1 else 0.2)
     return fig, [ax for row in axes for ax in row]
 
 
@@ -124,9 +130,9 @@ def latency_cdfs(panels: Sequence[tuple[str, Mapping[str, np.ndarray]]], width_i
 
 @_styled
 def trial_points(title: str, unit_label: str, points: Sequence[tuple[str, str, float]], scale: float = 1.0,
-                 width_in: float = 3.6) -> str:
+                 width_in: float = 2.9) -> str:
     """Each trial's value of the objective (role, trial_id, value): the spread a verdict rests on."""
-    fig, (ax,) = _figure(width_in, 2.8)
+    fig, (ax,) = _figure(width_in, 2.6)
     ax.set_title(title)
     roles = [r for r in ("baseline", "candidate") if any(p[0] == r for p in points)]
     if not roles:
@@ -149,7 +155,7 @@ def trial_points(title: str, unit_label: str, points: Sequence[tuple[str, str, f
 
 
 @_styled
-def over_time(series: Sequence[tuple[str, str, np.ndarray, np.ndarray, np.ndarray]], width_in: float = 9.0) -> str:
+def over_time(series: Sequence[tuple[str, str, np.ndarray, np.ndarray, np.ndarray]], width_in: float = 7.0) -> str:
     """Per trial (role, trial_id, t_s of each completion, output tokens, TTFT s): throughput and TTFT over time."""
     fig, (ax_tp, ax_lat) = _figure(width_in, 2.6, ncols=2)
     ax_tp.set_title("output tokens/s over time (1 s bins)")
@@ -198,9 +204,9 @@ def telemetry_panels(panels: Sequence[tuple[str, str, Sequence[tuple[str, str, n
 
 
 @_styled
-def memory_bar(parts: Sequence[tuple[str, float]], capacity_bytes: float | None, width_in: float = 9.0) -> str:
+def memory_bar(parts: Sequence[tuple[str, float]], capacity_bytes: float | None, width_in: float = 5.2) -> str:
     """One horizontal stacked bar: weights, KV cache, other; the device capacity as a line."""
-    fig, (ax,) = _figure(width_in, 1.5)
+    fig, (ax,) = _figure(width_in, 1.5, left_in=0.25, bottom_in=0.45, top_in=0.4)
     colors = ["#3b6ea8", "#d9822b", "#8c8c8c", "#6aa84f"]
     left = 0.0
     for (label, value), color in zip(parts, colors):
@@ -210,20 +216,20 @@ def memory_bar(parts: Sequence[tuple[str, float]], capacity_bytes: float | None,
     if capacity_bytes:
         cap = capacity_bytes / 2**30
         ax.axvline(cap, color="#b22222", linewidth=1.2)
-        ax.annotate(f"capacity {cap:.1f} GiB", (cap, 0.3), textcoords="offset points", xytext=(-4, 0), ha="right",
-                    fontsize=8, color="#b22222")
+        ax.text(cap, 0.32, f"capacity {cap:.1f} GiB ", ha="right", va="bottom", fontsize=8, color="#b22222")
         ax.set_xlim(0, max(cap, left) * 1.02)
+    ax.set_ylim(-0.4, 0.6)
     ax.set_yticks([])
     ax.set_xlabel("GiB")
     ax.grid(axis="y", visible=False)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncols=len(parts))
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=len(parts), borderaxespad=0.2)
     return to_svg(fig)
 
 
 @_styled
-def roofline_bar(floor_s: float, achieved_s: float | None, width_in: float = 9.0) -> str:
+def roofline_bar(floor_s: float, achieved_s: float | None, width_in: float = 5.2) -> str:
     """Decode time per token: the bandwidth floor (weights + KV bytes / bandwidth) against the measured TPOT."""
-    fig, (ax,) = _figure(width_in, 1.4)
+    fig, (ax,) = _figure(width_in, 1.3, left_in=1.15, bottom_in=0.45, top_in=0.1)
     labels = ["bandwidth floor"] + (["achieved TPOT"] if achieved_s else [])
     values = [floor_s * 1000] + ([achieved_s * 1000] if achieved_s else [])
     ax.barh(labels, values, color=["#6aa84f", "#d9822b"][: len(values)], height=0.55)
