@@ -1,0 +1,156 @@
+"""The HTML report: every section and step present, self-contained (no script, no external URL), nothing unrendered."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from make_archive import SECRETS, shared_archive
+
+from llmplay.archive import MANIFEST, RunArchive, verify
+from llmplay.cli import cli
+from llmplay.cli_archive import register
+from llmplay.report.render import fmt_value, render_report, request_arrays
+
+register(cli)
+
+
+class _Collect(HTMLParser):
+    """Tags, attributes and text of a page, to check structure without a browser."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags: list[str] = []
+        self.urls: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name in ("src", "href", "xlink:href", "action", "poster", "data") and value:
+                self.urls.append(value)
+            if name == "id":
+                self.ids.add(value)
+
+
+def parse(html: str) -> _Collect:
+    parser = _Collect()
+    parser.feed(html)
+    return parser
+
+
+def assert_self_contained(html: str) -> None:
+    parsed = parse(html)
+    assert "script" not in parsed.tags and "<script" not in html.lower()
+    assert "iframe" not in parsed.tags and "link" not in parsed.tags and "img" not in parsed.tags
+    assert all(u.startswith("#") for u in parsed.urls), [u for u in parsed.urls if not u.startswith("#")]
+    assert not re.search(r"url\(\s*['\"]?(https?:)?//", html) and "@import" not in html
+    assert "{{" not in html and "{%" not in html and "Undefined" not in html
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[Path, str]:
+    run_dir = shared_archive(tmp_path_factory)
+    return run_dir, (run_dir / "report.html").read_text()
+
+
+def test_report_is_self_contained(report):
+    _, html = report
+    assert_self_contained(html)
+    assert html.count("<svg") >= 3 * 4 + 3  # four charts per step, plus memory, roofline and workload shape
+
+
+def test_report_has_every_section_and_header_fact(report):
+    _, html = report
+    ids = parse(html).ids
+    assert {"glance", "record", "steps", "diagnosis", "method", "audit", "step-1", "step-2", "step-3"} <= ids
+    for fact in ("synthetic-tune", "v2.1", "tester@bench-01", "llmplay/llamacpp-cpu:local", "b4567 (abc123)",
+                 "sha256:" + "ab" * 32, "NVIDIA H100 80GB HBM3 · driver 550.54.15 · CUDA 12.4", "llmplay 0.1.0",
+                 "GPU-hours", "Overridden run", "repeats=2"):
+        assert fact in html, fact
+
+
+def test_tuning_record_has_every_row_and_verdict_sentence(report):
+    run_dir, html = report
+    manifest = json.loads((run_dir / MANIFEST).read_text())
+    record = html[html.index('id="record"'):html.index('id="steps"')]
+    for row in manifest["tuning_record"]:
+        assert f"<td>{row['config_id']}" in record
+    for verdict in manifest["verdicts"]:
+        reason = verdict["reason"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        assert reason in record, reason
+        assert html.count(reason) >= 2  # in the record and in the step's own section
+        for change in verdict["changes"]:
+            assert change.replace(" -> ", " → ") in html
+    for label in ("TTFT P50", "TTFT P95", "TTFT P99", "TPOT P95", "ITL P99", "E2EL P95", "output tok/s", "req/s",
+                  "goodput req/s", "peak memory", "KV share", "$ / 1M tok", "errors"):
+        assert f'<th class="num">{label}</th>' in record
+    assert "★" in record and "About 4 more trials per side would decide it." in html
+
+
+def test_failed_trial_shows_its_log_tail_and_missing_telemetry_says_not_measured(report):
+    _, html = report
+    assert "Trial t006 failed" in html and "error: flash attention not supported on this build" in html
+    assert "not measured" in html  # e.g. KV-cache share, never shown as 0
+    assert "no NVML: libnvidia-ml.so.1 not found" in html
+    for secret in SECRETS:
+        assert secret not in html
+
+
+def test_gates_with_margins_and_chosen_command(report):
+    _, html = report
+    glance = html[html.index('id="glance"'):html.index('id="record"')]
+    assert glance.count('class="badge met"') == 3
+    assert "+88" in glance or "margin" in glance
+    assert "docker run --rm -e HF_TOKEN=*** llmplay/llamacpp-cpu:local" in glance
+    assert "--parallel=4" in glance
+
+
+def test_report_command_rerenders_and_keeps_the_archive_verifying(tmp_path_factory, tmp_path):
+    src = shared_archive(tmp_path_factory)
+    run_dir = tmp_path / src.name
+    shutil.copytree(src, run_dir)
+    (run_dir / "report.html").unlink()
+    result = CliRunner().invoke(cli, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == str(run_dir / "report.html")
+    assert verify(run_dir) == []
+    assert_self_contained((run_dir / "report.html").read_text())
+    result = CliRunner().invoke(cli, ["report", str(tmp_path)])
+    assert result.exit_code == 1 and result.output.startswith("error: ") and result.output.count("\n") == 1
+
+
+def test_interrupted_run_without_record_still_renders(tmp_path_factory, tmp_path):
+    src = shared_archive(tmp_path_factory)
+    run_dir = tmp_path / src.name
+    shutil.copytree(src, run_dir)
+    archive = RunArchive.open(run_dir)
+    manifest = archive.manifest()
+    archive._manifest.update(status="interrupted", tuning_record=[], verdicts=manifest["verdicts"][:1], gates=[],
+                             findings=[], diagnosis={})
+    archive._save()
+    html = render_report(run_dir).read_text()
+    assert_self_contained(html)
+    assert "did not complete (interrupted" in html and "rebuilt from trial summaries" in html
+    assert "trials without a verdict" in html and "No gates were declared" in html
+
+
+def test_request_arrays_tolerate_missing_and_extra_columns():
+    import pandas as pd
+
+    df = pd.DataFrame({"sent_ns": [0, 10**9], "end_ns": [5 * 10**8, 2 * 10**9], "extra": ["x", "y"]})
+    arrays = request_arrays(df)
+    assert arrays.e2el.tolist() == [0.5, 1.0] and arrays.itl.size == 0
+    assert request_arrays(pd.DataFrame()).ttft.size == 0
+
+
+def test_cell_formats():
+    assert fmt_value("ttft.p95", 0.2254) == "225"
+    assert fmt_value("ttft.p95", 0.01234) == "12.3"
+    assert fmt_value("errors.rate", 0.0) == "0.0%"
+    assert fmt_value("memory.kv_share", None) == "—"
+    assert fmt_value("throughput.output_tok_s", 232.44) == "232.4"
