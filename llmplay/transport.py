@@ -248,6 +248,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             conn = await self._acquire(url.host, port, timeouts.get("connect"))
             reused = conn.reused
             assert conn.transport is not None
+            offset_before = conn.base + len(conn.buf)  # absolute stream position: has anything arrived since?
             sent_ns = _now()
             conn.transport.write(payload)
             try:
@@ -255,7 +256,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                     status, reason, headers, end = await self._read_head(conn)
             except httpx.TransportError:
                 # A reused connection the server had already closed while idle: retry once, fresh.
-                if reused and attempt == 0 and not conn.buf and conn.base == 0:
+                if reused and attempt == 0 and conn.base + len(conn.buf) == offset_before:
                     conn.close()
                     continue
                 conn.close()

@@ -44,6 +44,9 @@ ENGINE = Engine(
         "flash_attn": _flash_attn,
         "cont_batching": switch(KIND, "cont_batching", ["--cont-batching"], ["--no-cont-batching"]),
         "threads": valued("--threads"),
+        # One HTTP thread per kept-alive connection: fewer threads than clients queue connections
+        # (seconds of fake TTFT) and drop some, so size it above the load's concurrency.
+        "threads_http": valued("--threads-http"),
         "batch_size": valued("--batch-size"),
         "ubatch_size": valued("--ubatch-size"),
         "ctx_size": valued("--ctx-size"),  # total over all slots
