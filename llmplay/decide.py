@@ -23,6 +23,13 @@ RECORD_METRICS = ("ttft.p50", "ttft.p95", "ttft.p99", "tpot.p95", "itl.p99", "e2
                   "cost.usd_per_1m_tokens", "memory.peak_frac", "memory.kv_share")
 
 
+_WINDOWED = {"throughput.output_tok_s": ("output_tokens", "window_output_tokens"),
+             "throughput.total_tok_s": ("total_tokens", "window_total_tokens"),
+             "throughput.req_s": ("count", "window_requests"),
+             "goodput.req_s": ("good", "window_good")}
+MIN_TRIALS_TO_DECIDE = 2
+
+
 @dataclass(frozen=True)
 class TrialSample:
     """One successful trial reduced to what the statistics need."""
@@ -54,14 +61,19 @@ def _value(samples: Sequence[TrialSample], metric: str, pick: Callable[[TrialSam
     duration = sum(s.duration_s for s in samples)
     if duration <= 0:
         return None
-    if metric == "throughput.output_tok_s":
-        return float(sum(pick(s, "output_tokens").sum() for s in samples) / duration)
-    if metric == "throughput.total_tok_s":
-        return float(sum(pick(s, "total_tokens").sum() for s in samples) / duration)
-    if metric == "throughput.req_s":
-        return float(sum(pick(s, "output_tokens").size for s in samples) / duration)
-    if metric == "goodput.req_s":
-        return float(sum(pick(s, "good").sum() for s in samples) / duration)
+    if metric in _WINDOWED:
+        per_request, per_window = _WINDOWED[metric]
+        # Time windows resample throughput inside a trial (requests alone would not: with fixed output
+        # lengths every resample has the same token sum); trials without windows fall back to requests.
+        total = 0.0
+        for s in samples:
+            if per_window in s.values and s.values[per_window].size:
+                total += float(pick(s, per_window).sum())
+            elif per_request == "count":
+                total += float(pick(s, "output_tokens").size)
+            else:
+                total += float(pick(s, per_request).sum())
+        return total / duration
     if metric == "errors.rate":
         total = sum(s.n_requests for s in samples)
         return float(sum(s.n_errors for s in samples) / total) if total else None
@@ -182,6 +194,10 @@ def decide_step(a: Sequence[TrialSample], b: Sequence[TrialSample], goals: Goals
                         obj, guard_deltas, record, None)
     lower_better = objective.direction == "minimize"
     point, lo, hi = _improvement(obj, lower_better)
+    if min(len(a), len(b)) < MIN_TRIALS_TO_DECIDE:
+        return Decision(INCONCLUSIVE, f"{describe_delta(obj)} from {len(a)} vs {len(b)} trial(s); a single run "
+                        f"misleads, so at least {MIN_TRIALS_TO_DECIDE} per side are needed to decide",
+                        obj, guard_deltas, record, MIN_TRIALS_TO_DECIDE - min(len(a), len(b)))
 
     regressed = []
     for guard, delta in zip(goals.guards, guard_deltas):

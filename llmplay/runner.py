@@ -113,8 +113,30 @@ def sample_from_records(records: pd.DataFrame, duration_s: float, summary: Mappi
     arrays["output_tokens"] = out_tokens
     arrays["total_tokens"] = out_tokens + in_tokens
     arrays["good"] = _good_mask(ok, slo_s)
+    arrays.update(_windows(measured, ok, arrays, duration_s))
     return TrialSample(duration_s=duration_s, values=arrays, n_requests=len(measured),
                        n_errors=len(measured) - len(ok), scalars=dict(summary), price_usd_per_hour=price_usd_per_hour)
+
+
+THROUGHPUT_WINDOWS = 10
+
+
+def _windows(measured: pd.DataFrame, ok: pd.DataFrame, arrays: Mapping[str, np.ndarray], duration_s: float
+             ) -> dict[str, np.ndarray]:
+    """Per time window of the measured span: tokens, requests and good requests completed in it."""
+    if not len(ok) or duration_s <= 0:
+        return {}
+    start_ns = float(measured["sent_ns"].min())
+    done_s = (ok["end_ns"].to_numpy(dtype=float) - start_ns) / 1e9
+    edges = np.linspace(0.0, max(duration_s, float(np.nanmax(done_s))), THROUGHPUT_WINDOWS + 1)
+    which = np.clip(np.searchsorted(edges, done_s, side="right") - 1, 0, THROUGHPUT_WINDOWS - 1)
+
+    def per_window(weights: np.ndarray) -> np.ndarray:
+        return np.bincount(which, weights=weights, minlength=THROUGHPUT_WINDOWS).astype(float)
+
+    return {"window_output_tokens": per_window(arrays["output_tokens"]),
+            "window_total_tokens": per_window(arrays["total_tokens"]),
+            "window_requests": per_window(np.ones(len(ok))), "window_good": per_window(arrays["good"])}
 
 
 def _good_mask(ok: pd.DataFrame, slo_s: Mapping[str, float]) -> np.ndarray:

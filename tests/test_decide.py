@@ -110,3 +110,22 @@ def test_compare_metric_zero_to_zero_is_no_change():
     rng = np.random.default_rng(8)
     d = compare_metric([trial(rng)], [trial(rng)], "errors.rate", n_boot=100)
     assert d.rel_change == 0.0 and d.better is None
+
+
+def test_time_windows_give_throughput_a_real_interval_even_with_fixed_lengths():
+    rng = np.random.default_rng(9)
+
+    def windowed(tok_s):
+        s = trial(rng, tok_s=tok_s, noise=0)
+        per_window = rng.normal(tok_s * 2, tok_s * 0.2, 10)  # 10 windows of 2 s
+        return TrialSample(20.0, {**s.values, "window_output_tokens": per_window}, s.n_requests, 0)
+
+    d = compare_metric([windowed(1000), windowed(1000)], [windowed(1000), windowed(1000)],
+                       "throughput.output_tok_s", n_boot=300)
+    assert d.ci_low < 0 < d.ci_high and d.ci_high - d.ci_low > 0.02
+
+
+def test_one_trial_per_side_never_decides():
+    rng = np.random.default_rng(10)
+    d = decide_step([trial(rng)], [trial(rng, tok_s=3000)], goals(), TRIALS)
+    assert d.verdict == INCONCLUSIVE and "a single run misleads" in d.reason
