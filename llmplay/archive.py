@@ -79,19 +79,21 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def _finite(obj: Any) -> Any:
-    """NaN/inf are not JSON; a non-finite number means "not measured" and is stored as null."""
+    """JSON-ready: NaN/inf (a non-finite number means "not measured") become null, unknown types their text."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, Mapping):
         return {str(k): _finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):  # numpy scalars
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if hasattr(obj, "item"):  # numpy scalars
         try:
             return _finite(obj.item())
         except (TypeError, ValueError):
-            return obj
-    return obj
+            pass
+    return str(obj)  # Paths, datetimes, anything else a describe() hands over: JSON text, never a crash mid-run
 
 
 def _canonical(manifest: Mapping[str, Any]) -> bytes:

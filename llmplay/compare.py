@@ -308,8 +308,8 @@ def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
         return "—" if r is None else ("not measured" if r.met is None else ("met" if r.met else "failed"))
 
     gates = [{"gate": g.gate, "a": state(g.a), "b": state(g.b), "regression": g.regression} for g in comparison.gates]
-    panels = [(f"{name} CDF", {f"A {comparison.a.run_id}": np.asarray(v["A"], dtype=float),
-                               f"B {comparison.b.run_id}": np.asarray(v["B"], dtype=float)})
+    panels = [(f"{name} CDF", {"A": np.asarray(v["A"], dtype=float),
+                               "B": np.asarray(v["B"], dtype=float)})
               for name, v in comparison.cdf.items()]
     context = {"a": comparison.a, "b": comparison.b, "rows": rows, "gates": gates,
                "regressions": comparison.regressions, "notes": list(comparison.notes),
