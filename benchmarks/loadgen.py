@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import shutil
 import subprocess
 import sys
@@ -87,6 +88,33 @@ def measure_llmplay(srv: InstrumentServer, streams: int, *, ttft_ms: float, itl_
     }
 
 
+TOKENIZER_DIR = Path("/tmp/loadgen-peers/word-tokenizer")
+_MAKE_TOKENIZER = r"""
+import sys
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import PreTrainedTokenizerFast
+words = sys.argv[2].split(",")
+vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2}
+for w in words + [f"t{i}" for i in range(4096)] + ["req"] + [str(i) for i in range(100000)]:
+    vocab.setdefault(w, len(vocab))
+tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+tok.decoder = decoders.WordPiece(prefix="##")
+fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>")
+fast.save_pretrained(sys.argv[1])
+"""
+
+
+def peer_tokenizer() -> Path:
+    """A word-level tokenizer.json made here (peers insist on a HF tokenizer; none can be downloaded)."""
+    if not (TOKENIZER_DIR / "tokenizer.json").exists():
+        from llmplay.tokenizer import WORDS
+
+        subprocess.run([str(PEERS_VENV / "bin" / "python"), "-c", _MAKE_TOKENIZER, str(TOKENIZER_DIR),
+                        ",".join(sorted(set(WORDS)))], check=True, capture_output=True)
+    return TOKENIZER_DIR
+
+
 def try_peer(name: str, srv: InstrumentServer, streams: int, *, ttft_ms: float, itl_ms: float, tokens: int,
              seconds: float, workdir: Path) -> dict:
     """Run a peer tool on the same instrument; report its own TTFT/ITL p50/p99 beside the truth."""
@@ -99,46 +127,106 @@ def try_peer(name: str, srv: InstrumentServer, streams: int, *, ttft_ms: float, 
     out = workdir / f"{name}-{streams}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_COLOR": "1"}
+    # Not HF_HUB_OFFLINE: aiperf then insists on a hub cache snapshot instead of the local directory.
+    env = {**os.environ, "NO_COLOR": "1"}
     if name == "aiperf":
         cmd = [str(exe), "profile", "--model", "instrument", "--url", url, "--endpoint-type", "completions",
                "--streaming", "--concurrency", str(streams), "--request-count", str(count),
                "--synthetic-input-tokens-mean", "4", "--output-tokens-mean", str(tokens),
-               "--tokenizer", "builtin", "--artifact-dir", str(out), "--ui-type", "none"]
+               "--tokenizer", str(peer_tokenizer()), "--artifact-dir", str(out), "--ui-type", "none"]
     else:
-        cmd = [str(exe), "benchmark", "run", "--target", url, "--model", "instrument", "--profile", "concurrent",
-               "--rate", str(streams), "--max-requests", str(count),
-               "--data", f"prompt_tokens=4,output_tokens={tokens}", "--output-dir", str(out),
-               "--disable-progress"]
+        cmd = [str(exe), "run", "--backend", f"kind=openai_http,target={url},model=instrument",
+               "--profile", f"kind=concurrent,streams={streams}", "--constraint", f"kind=max_requests,count={count}",
+               "--tokenizer", f"kind=hf_auto,model={peer_tokenizer()}",
+               "--data", f"kind=synthetic_text,prompt_tokens=4,output_tokens={tokens}",
+               "--output", f"kind=json,path={out / 'benchmarks.json'}", "--disable-progress"]
     srv.fetch_log()
     t0 = time.perf_counter()
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=out)
-        ps = psutil.Process(proc.pid)
-        cpu = 0.0
-        try:
-            text, _ = proc.communicate(timeout=max(120, seconds * 10))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            text, _ = proc.communicate()
-        try:
-            cpu = sum(ps.cpu_times()[:2]) + sum(ps.cpu_times()[2:4])
-        except psutil.Error:
-            pass
     except OSError as exc:
         return {"tool": name, "streams": streams, "status": f"cannot start: {exc}"}
+    samples: list[tuple[int, float]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample_tree_cpu, args=(proc.pid, samples, stop), daemon=True)
+    sampler.start()
+    try:
+        text, _ = proc.communicate(timeout=max(240, seconds * 20))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        text, _ = proc.communicate()
+    stop.set()
+    sampler.join()
     wall = time.perf_counter() - t0
     log = srv.fetch_log()
     chunks = sum(len(e["send_ns"]) for e in log)
     if proc.returncode != 0 or chunks == 0:
         last = " | ".join(ln.strip() for ln in (text or "").strip().splitlines()[-3:])[:300]
         return {"tool": name, "streams": streams, "status": f"exit {proc.returncode}: {last}"}
-    true_ttft = [(e["send_ns"][0] - e["recv_ns"]) / 1e6 for e in log if e["send_ns"]]
+    # The load window as the instrument saw it: first request read → last chunk written.
+    w0 = min(e["recv_ns"] for e in log)
+    w1 = max(e["send_ns"][-1] for e in log if e["send_ns"])
+    cpu = _cpu_between(samples, w0, w1)
+    true_ttft = np.array([(e["send_ns"][0] - e["recv_ns"]) / 1e6 for e in log if e["send_ns"]])
     true_itl = np.concatenate([np.diff(e["send_ns"]) / 1e6 for e in log if len(e["send_ns"]) > 1])
-    return {"tool": name, "streams": streams, "status": "ok", "chunks": chunks, "wall_s": wall,
-            "chunks_per_s": chunks / wall, "cpu_s_per_1k_chunks": cpu / chunks * 1000,
-            "true_ttft_p50_ms": float(np.percentile(true_ttft, 50)),
-            "true_itl_p50_ms": float(np.percentile(true_itl, 50)), "raw_output_tail": (text or "")[-2000:]}
+    row = {"tool": name, "streams": streams, "status": "ok", "chunks": chunks, "wall_s": wall,
+           "window_s": (w1 - w0) / 1e9, "chunks_per_s": chunks / ((w1 - w0) / 1e9),
+           "cpu_s_per_1k_chunks": cpu / chunks * 1000 if cpu is not None else float("nan"),
+           "true_ttft_p50_ms": float(np.percentile(true_ttft, 50)),
+           "true_ttft_p99_ms": float(np.percentile(true_ttft, 99)),
+           "true_itl_p50_ms": float(np.percentile(true_itl, 50)),
+           "true_itl_p99_ms": float(np.percentile(true_itl, 99)),
+           "raw_output_tail": (text or "")[-2000:]}
+    row.update(_peer_reported(name, out))
+    return row
+
+
+def _sample_tree_cpu(pid: int, samples: list[tuple[int, float]], stop: threading.Event) -> None:
+    """CPU seconds of a process and all its descendants, sampled every 0.1 s on the perf_counter clock."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.Error:
+        return
+    while not stop.is_set():
+        total = 0.0
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            return
+        samples.append((time.perf_counter_ns(), total))
+        stop.wait(0.1)
+
+
+def _cpu_between(samples: list[tuple[int, float]], t0_ns: int, t1_ns: int) -> float | None:
+    if len(samples) < 2:
+        return None
+    ts = np.array([s[0] for s in samples], dtype=float)
+    cpu = np.array([s[1] for s in samples])
+    return float(np.interp(t1_ns, ts, cpu) - np.interp(t0_ns, ts, cpu))
+
+
+def _peer_reported(name: str, out: Path) -> dict:
+    """The peer's own TTFT/ITL p50/p99 (ms), read from its export."""
+    try:
+        if name == "aiperf":
+            d = json.loads((out / "profile_export_aiperf.json").read_text())
+            return {"their_ttft_p50_ms": d["time_to_first_token"]["p50"],
+                    "their_ttft_p99_ms": d["time_to_first_token"]["p99"],
+                    "their_itl_p50_ms": d["inter_token_latency"]["p50"],
+                    "their_itl_p99_ms": d["inter_token_latency"]["p99"]}
+        files = sorted(out.rglob("*.json"))
+        d = json.loads(files[-1].read_text()) if files else {}
+        bench = d["benchmarks"][0]["metrics"]
+        ttft, itl = bench["time_to_first_token_ms"]["successful"], bench["inter_token_latency_ms"]["successful"]
+        return {"their_ttft_p50_ms": ttft["median"], "their_ttft_p99_ms": ttft["percentiles"]["p99"],
+                "their_itl_p50_ms": itl["median"], "their_itl_p99_ms": itl["percentiles"]["p99"]}
+    except (OSError, KeyError, IndexError, TypeError, ValueError) as exc:
+        return {"their_metrics": f"unreadable: {type(exc).__name__}: {exc}"}
 
 
 def fmt_table(rows: list[dict], peers: list[dict]) -> str:
@@ -152,18 +240,24 @@ def fmt_table(rows: list[dict], peers: list[dict]) -> str:
                      f"{r['server_late_p99_ms']:.2f} | {r['request_transit_p99_ms']:.2f} | "
                      f"{r['errors']} |")
     if peers:
-        lines += ["", "| peer | streams | status | chunks/s (ratio to llmplay) | CPU s / 1k chunks (ratio) |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "| peer | streams | chunks/s (ratio to llmplay) | CPU s / 1k chunks (ratio) | "
+                  "its TTFT p50 / p99 ms (truth) | its ITL p50 / p99 ms (truth) | status |",
+                  "|---|---|---|---|---|---|---|"]
         ours = {r["streams"]: r for r in rows}
         for p in peers:
             if p.get("status") != "ok":
-                lines.append(f"| {p['tool']} | {p['streams']} | {p['status']} | - | - |")
+                lines.append(f"| {p['tool']} | {p['streams']} | - | - | - | - | {p['status']} |")
                 continue
             o = ours.get(p["streams"])
             ratio_c = p["chunks_per_s"] / o["chunks_per_s"] if o else float("nan")
             ratio_cpu = p["cpu_s_per_1k_chunks"] / o["cpu_s_per_1k_chunks"] if o else float("nan")
-            lines.append(f"| {p['tool']} | {p['streams']} | ok | {p['chunks_per_s']:,.0f} ({ratio_c:.2f}x) | "
-                         f"{p['cpu_s_per_1k_chunks']:.3f} ({ratio_cpu:.2f}x) |")
+            ttft = (f"{p.get('their_ttft_p50_ms', float('nan')):.2f} / {p.get('their_ttft_p99_ms', float('nan')):.2f}"
+                    f" ({p['true_ttft_p50_ms']:.2f} / {p['true_ttft_p99_ms']:.2f})")
+            itl = (f"{p.get('their_itl_p50_ms', float('nan')):.2f} / {p.get('their_itl_p99_ms', float('nan')):.2f}"
+                   f" ({p['true_itl_p50_ms']:.2f} / {p['true_itl_p99_ms']:.2f})")
+            lines.append(f"| {p['tool']} | {p['streams']} | {p['chunks_per_s']:,.0f} ({ratio_c:.2f}x) | "
+                         f"{p['cpu_s_per_1k_chunks']:.3f} ({ratio_cpu:.2f}x) | {ttft} | {itl} | "
+                         f"{p.get('their_metrics', 'ok')} |")
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 """A token server used as a measuring instrument: OpenAI-style SSE chunks at known, logged times, plus faults.
 
 Behaviour is chosen per request by a path prefix, so one server serves every scenario:
-``{url}/c/ttft_ms=50,itl_ms=10,tokens=8,usage=0,fault=close,fault_after=3/v1/completions``.
+``{url}/c/ttft_ms=50+itl_ms=10+tokens=8+usage=0+fault=close+fault_after=3/v1/completions``.
 
 Keys: ttft_ms (20), itl_ms (5), tokens (default: the request's max_tokens), usage (1: send the
 usage chunk when asked), done (1: send [DONE]), role (1: chat streams start with a role-only chunk),
@@ -40,7 +40,7 @@ DEFAULTS: dict[str, Any] = {"ttft_ms": 20.0, "itl_ms": 5.0, "tokens": None, "usa
 
 def parse_config(segment: str) -> dict[str, Any]:
     cfg = dict(DEFAULTS)
-    for item in filter(None, segment.split(",")):
+    for item in filter(None, segment.replace("+", ",").split(",")):
         key, _, value = item.partition("=")
         if key not in DEFAULTS:
             raise ValueError(f"unknown instrument key {key!r}")
@@ -50,7 +50,8 @@ def parse_config(segment: str) -> dict[str, Any]:
 
 def scenario_url(base_url: str, **cfg: Any) -> str:
     """The base URL a client uses to get this behaviour."""
-    return f"{base_url}/c/" + ",".join(f"{k}={v}" for k, v in cfg.items())
+    # "+" between keys: some clients split a --url on commas.
+    return f"{base_url}/c/" + "+".join(f"{k}={v}" for k, v in cfg.items())
 
 
 def _chunk(data: bytes) -> bytes:
@@ -138,6 +139,9 @@ class InstrumentCore:
         if path == "/_log":
             log, self.log = self.log, []
             writer.write(_response(200, json.dumps(log).encode()))
+            return True
+        if path == "/health":
+            writer.write(_response(200, b'{"status":"ok"}'))
             return True
         if path == "/v1/models":
             writer.write(_response(200, b'{"object":"list","data":[{"id":"instrument","object":"model"}]}'))
