@@ -72,6 +72,7 @@ LLAMACPP = {
     "flash_attn": (True, ["--flash-attn", "on"]),
     "cont_batching": (False, ["--no-cont-batching"]),
     "threads": (2, ["--threads", "2"]),
+    "threads_http": (16, ["--threads-http", "16"]),
     "batch_size": (1024, ["--batch-size", "1024"]),
     "ubatch_size": (256, ["--ubatch-size", "256"]),
     "ctx_size": (4096, ["--ctx-size", "4096"]),
