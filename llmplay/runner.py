@@ -288,12 +288,26 @@ class TuningRun:
         for rep in range(self.playbook.trials.repeats):
             self._run_into(best, None, "baseline", rep)
 
+    def _collect_orphans(self) -> None:
+        """Containers whose llmplay process died (kill -9, a crashed host session) would hold GPUs forever."""
+        if self.playbook.runtime.kind != "docker":
+            return
+        try:
+            from llmplay.runtime.docker import gc
+            removed = gc(orphans_only=True)
+        except LlmplayError as exc:
+            self.report(f"could not look for orphaned containers: {exc}")
+            return
+        for name in removed:
+            self.report(f"removed orphaned container {name} left by an earlier llmplay run that died")
+
     # ---------------------------------------------------------------- the run
     def execute(self) -> RunOutcome:
         from llmplay.runtime import stop_all
 
         self.archive = self._open_archive()
         pb = self.playbook
+        self._collect_orphans()
         best = _Measured(Config("baseline", pb.engine, pb.workload))
         self.archive.write_config(self._config_record(best.config))
         record_rows: list[dict[str, Any]] = []
@@ -461,11 +475,14 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
             with TelemetrySampler(sources) as sampler:
                 sampler_origin_ns = time.perf_counter_ns() - int(sampler.elapsed_s() * 1e9)
                 tokenizer = make_tokenizer("auto", endpoint.base_url)
-                requests = iter_requests(config.workload, tokenizer, endpoint.model)
-                if config.workload.num_requests is not None:
-                    requests = tuple(requests)  # bounded: every prompt built before the clock starts
-                load = run_load_sync(endpoint.base_url, config.workload, requests, progress=progress,
-                                     tokenizer=tokenizer)
+                try:
+                    requests = iter_requests(config.workload, tokenizer, endpoint.model)
+                    if config.workload.num_requests is not None:
+                        requests = tuple(requests)  # bounded: every prompt built before the clock starts
+                    load = run_load_sync(endpoint.base_url, config.workload, requests, progress=progress,
+                                         tokenizer=tokenizer)
+                finally:
+                    getattr(tokenizer, "close", lambda: None)()
             telemetry = sampler.result()
             describe = dict(runtime.describe())
             alive = getattr(runtime, "alive", lambda: True)()

@@ -33,8 +33,10 @@ def tiny_playbook(tmp_path: Path, *, steps: list[dict], duration: str = "4s", re
     return path
 
 
-def llmplay_containers(docker_client) -> list:
-    return docker_client.containers.list(all=True, filters={"label": "llmplay.run"})
+def llmplay_containers(docker_client, *, pid: int | None = None, run_id: str | None = None) -> list:
+    """Containers of one llmplay process or run: other runs on the same machine are not this test's."""
+    label = f"llmplay.pid={pid}" if pid is not None else (f"llmplay.run={run_id}" if run_id else "llmplay.run")
+    return docker_client.containers.list(all=True, filters={"label": label})
 
 
 def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tmp_path):
@@ -59,7 +61,7 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
     first = manifest["trials"][0]["summary"]
     assert first["ttft.p95"] > 0 and first["errors.rate"] == 0
     assert (outcome.run_dir / "report.html").is_file()
-    assert llmplay_containers(docker_client) == []
+    assert llmplay_containers(docker_client, run_id=manifest["run_id"]) == []
 
 
 def _wait_for(predicate, timeout_s: float, what: str):
@@ -87,13 +89,13 @@ def _cli(*args: str, env_extra: dict | None = None) -> subprocess.Popen:
 def test_signal_mid_trial_leaves_no_container(cpu_engine, docker_client, tmp_path, sig):
     path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="30s")
     proc = _cli("run", str(path), "--archive", str(tmp_path / "reports"))
-    _wait_for(lambda: llmplay_containers(docker_client), 60, "the engine container")
+    _wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the engine container")
     time.sleep(2)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert "Traceback" not in out
-    assert llmplay_containers(docker_client) == []
+    assert llmplay_containers(docker_client, pid=proc.pid) == []
     manifest = json.loads((_run_dir(tmp_path / "reports") / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
 
@@ -125,14 +127,16 @@ def test_kill9_then_resume_completes_and_verifies(cpu_engine, docker_client, tmp
     assert len(manifest["trials"]) == 4
     assert [t["trial_id"] for t in manifest["trials"][:len(done_before)]] == [t["trial_id"] for t in done_before]
     assert verify(run_dir) == []
-    assert llmplay_containers(docker_client) == []
+    assert llmplay_containers(docker_client, pid=resumed.pid) == []
+    # the container orphaned by kill -9 was found and removed when the resumed run started
+    assert llmplay_containers(docker_client, pid=proc.pid) == []
 
 
 def test_engine_killed_mid_trial_is_a_failed_trial_and_the_run_goes_on(cpu_engine, docker_client, tmp_path):
     path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="8s", repeats=1)
     archive = tmp_path / "reports"
     proc = _cli("run", str(path), "--archive", str(archive))
-    container = _wait_for(lambda: llmplay_containers(docker_client), 60, "the engine container")[0]
+    container = _wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the engine container")[0]
     _wait_for(lambda: _run_dir(archive), 30, "the archive")
     time.sleep(4)  # inside the measured window
     container.kill()
@@ -143,4 +147,5 @@ def test_engine_killed_mid_trial_is_a_failed_trial_and_the_run_goes_on(cpu_engin
     assert trials[0]["error"]
     assert len(trials) == 2 and trials[1]["status"] == "ok"  # the run went on
     assert manifest["verdicts"][0]["verdict"] == "failed"
-    assert llmplay_containers(docker_client) == []
+    assert trials[0]["files"]["log"].endswith("engine.log")  # the engine's own last words are archived
+    assert llmplay_containers(docker_client, pid=proc.pid) == []
