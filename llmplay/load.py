@@ -196,9 +196,27 @@ class _Run:
         self.inflight = 0
         self.out_tokens = 0
         self.errors = 0
+        # Multi-turn: turn k of a conversation waits for turn k-1 (its history) to finish.
+        self._turn_done: dict[tuple[int, int], asyncio.Event] = {}
+
+    def _turn_event(self, conversation: int, turn: int) -> asyncio.Event:
+        return self._turn_done.setdefault((conversation, turn), asyncio.Event())
 
     async def send(self, planned: PlannedRequest, scheduled_ns: int, warmup: bool,
                    queue_wait_s: float = 0.0) -> RequestRecord:
+        if planned.turn > 0:
+            t_wait = _now()
+            await self._turn_event(planned.conversation_id, planned.turn - 1).wait()
+            del self._turn_done[(planned.conversation_id, planned.turn - 1)]
+            queue_wait_s += (_now() - t_wait) / 1e9
+        try:
+            return await self._send(planned, scheduled_ns, warmup, queue_wait_s)
+        finally:
+            if self.workload.turns > 1:
+                self._turn_event(planned.conversation_id, planned.turn).set()
+
+    async def _send(self, planned: PlannedRequest, scheduled_ns: int, warmup: bool,
+                    queue_wait_s: float) -> RequestRecord:
         wl = self.workload
         body = json.dumps(planned.body(temperature=wl.temperature, ignore_eos=wl.ignore_eos)).encode()
         path = "/v1/chat/completions" if planned.messages is not None else "/v1/completions"

@@ -199,3 +199,18 @@ def test_dataframe_round_trip(srv):
     a = summarize(df, res.duration_s, {"ttft": 1.0}).as_dict()
     b = summarize(res.records, res.duration_s, {"ttft": 1.0}).as_dict()
     assert a == b
+
+
+def test_multi_turn_turns_follow_each_other(srv):
+    wl = Workload(concurrency=4, num_requests=12, turns=3, input=LengthDist("fixed", value=3),
+                  output=LengthDist("fixed", value=3))
+    _, res, _ = run(srv, wl, ttft_ms=10, itl_ms=2)
+    assert all(r.ok for r in res.records)
+    by_conv: dict[int, list] = {}
+    for r in res.records:
+        by_conv.setdefault(r.conversation_id, []).append(r)
+    for turns in by_conv.values():
+        turns.sort(key=lambda r: r.turn)
+        # Each turn is sent only after the previous one (whose reply it resends) has finished.
+        assert all(b.sent_ns >= a.end_ns for a, b in zip(turns, turns[1:]))
+    assert max(r.queue_wait_s for r in res.records) > 0.005  # the wait is recorded, not hidden in TTFT
