@@ -54,7 +54,11 @@ def run_bench(url: str, workload: Workload, *, model: str | None = None, json_pa
     requests = iter_requests(workload, tok, model)
     if workload.num_requests is not None:
         requests = tuple(requests)  # bounded: build every prompt before the clock starts
-    load = run_load_sync(url, workload, requests, progress=progress, tokenizer=tok)
+    try:
+        load = run_load_sync(url, workload, requests, progress=progress, tokenizer=tok)
+    finally:
+        if isinstance(tokenizer, str) and hasattr(tok, "close"):
+            tok.close()  # ours to close: we made it
     summary = summarize(load.records, load.duration_s, slo_s or {}, tokenizer=tok.name)
     result = BenchResult(url=url, model=model, workload=workload, tokenizer=tok.name, load=load, summary=summary)
     if json_path is not None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Protocol, runtime_checkable
 
 import httpx
@@ -101,11 +102,20 @@ class LlamaCppTokenizer:
     def __init__(self, base_url: str, *, timeout_s: float = 30.0, client: httpx.Client | None = None):
         self.base_url = base_url.rstrip("/")
         self.name = f"llama.cpp /tokenize at {self.base_url}"
-        self._client = client or httpx.Client(timeout=timeout_s)
+        self._client = client or httpx.Client(timeout=timeout_s, trust_env=False)
         self._corpus: list[int] = []
+        if client is None:
+            # Callers rarely close a tokenizer; closing the client with it keeps sockets from leaking.
+            self._finalizer = weakref.finalize(self, self._client.close)
 
     def close(self) -> None:
         self._client.close()
+
+    def __enter__(self) -> "LlamaCppTokenizer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def tokenize(self, text: str) -> list[int]:
         try:

@@ -309,5 +309,6 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             conn.close()
         self._all.clear()
         self._idle.clear()
+        await asyncio.sleep(0)  # let the loop run the transports' close callbacks before it ends
         if self._fallback is not None:
             await self._fallback.aclose()
