@@ -78,43 +78,42 @@ def run_sweep(url: str, workload: Workload, **kwargs: Any) -> tuple[BenchResult,
     return tuple(out)
 
 
-def _fmt(value: float | int | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    if unit == "s":
-        return f"{value * 1000:.2f} ms" if abs(value) < 10 else f"{value:.2f} s"
-    if unit == "int":
-        return f"{int(value)}"
-    return f"{value:.2f}"
+def _ms(value: float | int | None) -> str:
+    return "-" if value is None else f"{value * 1000:.2f}"
+
+
+def _num(value: float | int | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
 
 
 def format_summary_table(summary: Summary) -> Any:
-    """A rich Table of the headline metrics (latencies in ms)."""
+    """A rich Table of the headline metrics: latencies in ms, then counts and rates."""
+    from rich import box
     from rich.table import Table
 
     v = summary.values
-    table = Table(title=f"llmplay bench — tokenizer: {summary.tokenizer}; output tokens from "
-                        f"{summary.output_tokens_source}")
-    table.add_column("metric")
-    for col in ("mean", "std", "p50", "p90", "p95", "p99"):
-        table.add_column(col, justify="right")
+    table = Table(title="llmplay bench (latencies in ms)", box=box.SIMPLE_HEAD,
+                  caption=f"tokenizer: {summary.tokenizer}; output tokens from {summary.output_tokens_source}")
+    table.add_column("metric", no_wrap=True)
+    stats = ("mean", "std", "p50", "p90", "p95", "p99")
+    for col in stats:
+        table.add_column(col, justify="right", no_wrap=True)
     for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"),
-                        ("ttft_nonstream", "TTFT (non-streamed)")):
-        if v.get(f"{name}.p50") is None:
-            continue
-        table.add_row(label, *(_fmt(v.get(f"{name}.{s}"), "s") for s in ("mean", "std", "p50", "p90", "p95", "p99")))
+                        ("ttft_nonstream", "TTFT non-stream")):
+        if v.get(f"{name}.p50") is not None:
+            table.add_row(label, *(_ms(v.get(f"{name}.{s}")) for s in stats))
     table.add_section()
     rows = [
-        ("requests completed / sent", f"{v['requests.completed']} / {v['requests.total']}"),
-        ("errors (rate)", f"{v['errors.count']} ({(v['errors.rate'] or 0) * 100:.2f}%)"),
-        ("duration", _fmt(summary.duration_s, "s")),
-        ("throughput req/s", _fmt(v["throughput.req_s"], "")),
-        ("throughput output tok/s", _fmt(v["throughput.output_tok_s"], "")),
-        ("throughput total tok/s", _fmt(v["throughput.total_tok_s"], "")),
-        ("goodput req/s", _fmt(v["goodput.req_s"], "")),
+        ("completed / sent", f"{v['requests.completed']} / {v['requests.total']}"),
+        ("errors", f"{v['errors.count']} ({(v['errors.rate'] or 0) * 100:.1f}%)"),
+        ("duration s", _num(summary.duration_s)),
+        ("req/s", _num(v["throughput.req_s"])),
+        ("output tok/s", _num(v["throughput.output_tok_s"])),
+        ("total tok/s", _num(v["throughput.total_tok_s"])),
+        ("goodput req/s", _num(v["goodput.req_s"])),
     ]
     if v.get("schedule_lag.p99") is not None:
-        rows.append(("schedule lag p99", _fmt(v["schedule_lag.p99"], "s")))
+        rows.append(("sched. lag p99 ms", _ms(v["schedule_lag.p99"])))
     for label, value in rows:
         table.add_row(label, value, *([""] * 5))
     return table

@@ -214,3 +214,19 @@ def test_multi_turn_turns_follow_each_other(srv):
         # Each turn is sent only after the previous one (whose reply it resends) has finished.
         assert all(b.sent_ns >= a.end_ns for a, b in zip(turns, turns[1:]))
     assert max(r.queue_wait_s for r in res.records) > 0.005  # the wait is recorded, not hidden in TTFT
+
+
+def test_run_load_with_a_caller_supplied_client(srv):
+    # The contract takes any httpx.AsyncClient (here httpx's own transport): arrival is stamped in the loop.
+    import asyncio
+
+    import httpx
+
+    from llmplay.load import run_load
+
+    async def main():
+        async with httpx.AsyncClient() as client:
+            return await run_load(client, srv.url_for(ttft_ms=5, itl_ms=2), BASE, build_requests(BASE, TOK, "m"))
+
+    res = asyncio.run(main())
+    assert len(res.records) == 8 and all(r.ok and len(r.chunk_ns) == 6 for r in res.records)
