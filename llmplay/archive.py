@@ -26,7 +26,7 @@ from llmplay.errors import ArchiveError
 from llmplay.results import (
     ConfigRecord, Finding, GateResult, MetricDelta, StepVerdict, TrialRecord, to_plain,
 )
-from llmplay.secrets import ENV_REF, REDACTED, SECRET_NAME, redact, redact_text
+from llmplay.secrets import ENV_REF, REDACTED, redact, redact_text
 
 SCHEMA_ID = "llmplay/manifest.v1"
 MANIFEST = "manifest.json"
@@ -37,6 +37,10 @@ STATUSES = ("running", "complete", "failed", "interrupted")
 ENV_ARCHIVE = "LLMPLAY_ARCHIVE"
 _TMP_PREFIX = ".tmp-"
 # `KEY: value` lines in YAML whose key names a secret; the value is blanked unless it is a ${env:X} reference.
+# In playbook text a key is secret only when it *ends* in a secret word (HF_TOKEN, OPENAI_API_KEY): `prefix_tokens`
+# or `max_tokens` are workload numbers, and blanking them would make the archived playbook unloadable.
+_SECRET_KEY = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIALS?)$", re.I)
+_PLAIN_SCALAR = re.compile(r"(-?[0-9][0-9_.eE+-]*|true|false|null|~)(\s+#.*)?", re.I)
 _YAML_SECRET_LINE = re.compile(r"^(?P<head>\s*-?\s*[\"']?(?P<key>[A-Za-z0-9_.-]+)[\"']?\s*:\s*)(?P<value>\S.*?)\s*$")
 
 
@@ -122,10 +126,11 @@ def redact_yaml_text(text: str, secrets: Sequence[str] = ()) -> str:
     for line in redact_text(text, list(secrets)).splitlines(keepends=True):
         end = "\n" if line.endswith("\n") else ""
         match = _YAML_SECRET_LINE.match(line.rstrip("\n"))
-        if match and SECRET_NAME.search(match.group("key")):
+        if match and _SECRET_KEY.search(match.group("key")):
             value = match.group("value")
             bare = value.strip("\"'")
-            if not ENV_REF.fullmatch(bare) and not value.startswith(("{", "[", "#", "|", ">")):
+            if not ENV_REF.fullmatch(bare) and not value.startswith(("{", "[", "#", "|", ">")) and \
+                    not _PLAIN_SCALAR.fullmatch(value):
                 line = f"{match.group('head')}{REDACTED}{end}"
         lines.append(line)
     return "".join(lines)

@@ -49,6 +49,7 @@ PLAYBOOK_TEXT = textwrap.dedent("""\
       api: completions
       input: {lognormal: {mean: 96, sigma: 0.4, min: 16, max: 256}}
       output: {fixed: 32}
+      prefix_tokens: 32
       concurrency: 4
       seed: 42
       warmup: 1s

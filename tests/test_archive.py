@@ -107,11 +107,27 @@ def test_secrets_never_reach_any_file(run_dir):
     assert '${env:HF_TOKEN}' in (run_dir / "playbook.yaml").read_text()  # references are kept, they are not secret
 
 
+def test_archived_playbook_is_the_playbook_as_run(run_dir):
+    import yaml
+    from make_archive import PLAYBOOK_TEXT
+
+    from llmplay.playbook import load_playbook
+
+    assert (run_dir / "playbook.yaml").read_text() == PLAYBOOK_TEXT  # nothing secret in it: byte for byte
+    for name in ("playbook.yaml", "playbook.resolved.yaml"):
+        assert yaml.safe_load((run_dir / name).read_text())["workload"]["prefix_tokens"] == 32
+        assert load_playbook(run_dir / name).goals.guards[0].tolerance == 0.5
+
+
 def test_redact_yaml_text_blanks_literal_secret_values():
     text = "engine:\n  env:\n    HF_TOKEN: hf_literal_value\n    OTHER: ${env:X}\n    API_KEY: '${env:KEY}'\n  url: http://u:p@h/\n"
     out = redact_yaml_text(text, ["zzz"])
     assert "hf_literal_value" not in out and "HF_TOKEN: ***" in out
     assert "API_KEY: '${env:KEY}'" in out and "http://***@h/" in out
+    numbers = "workload:\n  prefix_tokens: 64\n  max_tokens: 128  # cap\n  tokenizer: auto\n  ACCESS_TOKEN: abcdef\n"
+    out = redact_yaml_text(numbers)
+    assert "prefix_tokens: 64\n" in out and "max_tokens: 128  # cap" in out and "tokenizer: auto" in out
+    assert "ACCESS_TOKEN: ***" in out
 
 
 def test_read_side_round_trips_records_and_telemetry(run_dir):

@@ -154,3 +154,37 @@ def test_cell_formats():
     assert fmt_value("errors.rate", 0.0) == "0.0%"
     assert fmt_value("memory.kv_share", None) == "—"
     assert fmt_value("throughput.output_tok_s", 232.44) == "232.4"
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_report_from_a_real_cpu_run(cpu_engine, tmp_path):
+    """A real llama.cpp run (one step, one repeat): its report holds every row and verdict, and renders offline."""
+    import yaml
+
+    from llmplay.compare import compare_runs
+    from llmplay.playbook import load_playbook
+    from llmplay.runner import RunOptions, run_playbook
+
+    root = Path(__file__).resolve().parents[1]
+    doc = yaml.safe_load((root / "playbooks" / "cpu-tiny.yaml").read_text())
+    doc["metadata"]["name"] = "cpu-report"
+    doc["steps"] = [{"name": "parallel-4", "description": "four slots", "set": {"parallel": 4}}]
+    doc["trials"] = {"repeats": 1, "interleave": True, "bootstrap_samples": 200}
+    doc["workload"].update({"duration": "3s", "warmup": "1s"})
+    path = tmp_path / "cpu-report.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "reports"), report=lambda _: None)
+    assert outcome.status == "complete"
+    assert verify(outcome.run_dir) == []
+    html = (outcome.run_dir / "report.html").read_text()
+    assert_self_contained(html)
+    record = html[html.index('id="record"'):html.index('id="steps"')]
+    for row in outcome.tuning_record:
+        assert f"<td>{row['config_id']}" in record
+    for verdict in outcome.verdicts:
+        assert verdict.reason.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") in record
+    assert html.count("<svg") >= 5 and "CPU only" in html and "step-1" in html
+    assert not compare_runs(outcome.run_dir, outcome.run_dir, n_boot=100).has_regression
+    (outcome.run_dir / "trials" / "t001" / "requests.parquet").write_bytes(b"tampered")
+    assert verify(outcome.run_dir) == ["trials/t001/requests.parquet: changed (sha256 differs from manifest.json)"]

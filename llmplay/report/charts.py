@@ -121,9 +121,10 @@ def latency_cdfs(panels: Sequence[tuple[str, Mapping[str, np.ndarray]]], width_i
         ax.set_ylim(0, 1.01)
         ax.set_ylabel("share of requests")
         _ms(ax)
-        lo, hi = ax.get_xlim()
-        if lo > 0 and hi / lo > 50:
-            ax.set_xscale("log")
+        pooled = np.concatenate([np.asarray(v, dtype=float) for v in series.values()]) * 1000
+        pooled = pooled[np.isfinite(pooled) & (pooled > 0)]
+        if pooled.size and np.percentile(pooled, 99.5) / np.percentile(pooled, 1) > 20:
+            ax.set_xscale("log")  # a long tail would squash the body of the distribution into one pixel column
         ax.legend(loc="lower right")
     return to_svg(fig)
 
@@ -208,21 +209,30 @@ def memory_bar(parts: Sequence[tuple[str, float]], capacity_bytes: float | None,
     """One horizontal stacked bar: weights, KV cache, other; the device capacity as a line."""
     fig, (ax,) = _figure(width_in, 1.5, left_in=0.25, bottom_in=0.45, top_in=0.4)
     colors = ["#3b6ea8", "#d9822b", "#8c8c8c", "#6aa84f"]
+    total = sum(v for _, v in parts)
+    # against a host's RAM a tiny model is a sliver: then the bar is scaled to itself and the capacity named
+    on_scale = bool(capacity_bytes) and total >= 0.05 * float(capacity_bytes or 0)
+    top = max(total, float(capacity_bytes) if on_scale else 0.0)
+    unit, div = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
     left = 0.0
     for (label, value), color in zip(parts, colors):
-        gib = value / 2**30
-        ax.barh([0], [gib], left=left, color=color, label=f"{label} {gib:.2f} GiB", height=0.5)
-        left += gib
-    if capacity_bytes:
-        cap = capacity_bytes / 2**30
+        ax.barh([0], [value / div], left=left, color=color, label=f"{label} {value / div:.3g} {unit}", height=0.5)
+        left += value / div
+    if capacity_bytes and on_scale:
+        cap = capacity_bytes / div
         ax.axvline(cap, color="#b22222", linewidth=1.2)
-        ax.text(cap, 0.32, f"capacity {cap:.1f} GiB ", ha="right", va="bottom", fontsize=8, color="#b22222")
+        ax.text(cap, 0.32, f"capacity {cap:.1f} {unit} ", ha="right", va="bottom", fontsize=8, color="#b22222")
         ax.set_xlim(0, max(cap, left) * 1.02)
+    elif capacity_bytes:
+        ax.text(left, 0.32, f"{total / capacity_bytes:.1%} of the {capacity_bytes / 2**30:.1f} GiB capacity ",
+                ha="right", va="bottom", fontsize=8, color="#b22222")
+        ax.set_xlim(0, left * 1.02 or 1)
     ax.set_ylim(-0.4, 0.6)
     ax.set_yticks([])
-    ax.set_xlabel("GiB")
+    ax.set_xlabel(unit)
     ax.grid(axis="y", visible=False)
-    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=len(parts), borderaxespad=0.2)
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=len(parts), borderaxespad=0.2, fontsize=7,
+              handlelength=1.0, columnspacing=1.0)
     return to_svg(fig)
 
 
@@ -254,7 +264,9 @@ def histograms(panels: Sequence[tuple[str, str, np.ndarray]], width_in: float = 
             _not_measured(ax)
             continue
         if np.ptp(values) == 0:
-            ax.bar([values[0]], [values.size], width=max(abs(values[0]) * 0.05, 1e-9), color="#3b6ea8")
+            width = max(abs(values[0]) * 0.05, 1e-9)
+            ax.bar([values[0]], [values.size], width=width, color="#3b6ea8")
+            ax.set_xlim(values[0] - 10 * width, values[0] + 10 * width)  # one value: show it as a spike
         else:
             ax.hist(values, bins=min(40, max(5, int(np.sqrt(values.size)))), color="#3b6ea8")
         ax.set_xlabel(xlabel)

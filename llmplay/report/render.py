@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from llmplay.archive import REPORT_FILE, RunArchive, atomic_write_text, gpu_label
+from llmplay.archive import REPORT_FILE, RESOLVED_FILE, RunArchive, atomic_write_text, gpu_label
 from llmplay.catalog import metric_info
 from llmplay.report import charts
 from llmplay.results import TRIAL_OK, StepVerdict, TrialRecord
 
 LOG_TAIL_LINES = 60
+_URL = re.compile(r"https?://[^\s,;]+")
 
 # (metric path, column header, short format kind) of the tuning record, as CHECKLIST §3 asks for
 RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -92,7 +94,9 @@ def arrow(change: str) -> str:
 
 
 def fmt_bytes(value: float | None) -> str:
-    return "—" if value is None else f"{value / 2**30:.2f} GiB"
+    if value is None:
+        return "—"
+    return f"{value / 2**30:.2f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.1f} MiB"
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -386,6 +390,15 @@ def _trial_rows(run: _Run, trial_ids: Sequence[str], objective: str | None) -> l
     return rows
 
 
+def _direction(d: Any) -> str:
+    """Better/worse only when the CI clears zero; a point estimate alone is noise until shown otherwise."""
+    if d.better is None or d.rel_change is None:
+        return "—"
+    if d.ci_low is not None and d.ci_high is not None and d.ci_low <= 0 <= d.ci_high:
+        return "within noise"
+    return "better" if d.better else "worse"
+
+
 def _delta_rows(verdict: StepVerdict) -> list[dict[str, Any]]:
     rows = []
     guard_metrics = {g.metric for g in verdict.guards}
@@ -400,7 +413,7 @@ def _delta_rows(verdict: StepVerdict) -> list[dict[str, Any]]:
                      "baseline": fmt_full(d.metric, d.baseline), "candidate": fmt_full(d.metric, d.candidate),
                      "delta": fmt_pct(d.rel_change), "ci": fmt_ci(d.ci_low, d.ci_high),
                      "p": "—" if d.p_value is None else f"{d.p_value:.3g}",
-                     "better": "—" if d.better is None else ("better" if d.better else "worse")})
+                     "better": _direction(d)})
     return rows
 
 
@@ -408,7 +421,8 @@ def _notes(run: _Run, trial_ids: Sequence[str]) -> list[str]:
     notes: dict[str, None] = {}
     for tid in trial_ids:
         for note in run.trials[tid].notes if tid in run.trials else ():
-            notes[note] = None
+            # each trial's engine has its own port: one note per kind of fact, not per trial
+            notes[_URL.sub("the engine", note)] = None
     return list(notes)
 
 
@@ -448,7 +462,7 @@ def _diagnosis(run: _Run) -> dict[str, Any]:
     if memory.get("weights_bytes") is not None:
         parts = [("weights", float(memory["weights_bytes"])), ("KV cache", float(memory.get("kv_bytes") or 0))]
         if memory.get("other_bytes") is not None:
-            parts.append(("activations + runtime", float(memory["other_bytes"])))
+            parts.append(("other", float(memory["other_bytes"])))
         out["memory_chart"] = charts.memory_bar(parts, memory.get("capacity_bytes"))
         out["memory"] = [
             ("device", str(memory.get("device", ""))),
@@ -499,12 +513,14 @@ def _describe_length(dist: Any) -> str:
 def _archived_playbook(run: _Run) -> dict[str, Any]:
     import yaml
 
-    path = run.archive.run_dir / (run.manifest["playbook"].get("file") or "playbook.yaml")
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    for name in (RESOLVED_FILE, run.manifest["playbook"].get("file") or "playbook.yaml"):
+        try:
+            doc = yaml.safe_load((run.archive.run_dir / name).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return {}
 
 
 def _method(run: _Run, playbook_doc: Mapping[str, Any]) -> dict[str, Any]:
