@@ -351,12 +351,13 @@ async def _open_phase(run: _Run, feed: _Feed, rng: np.random.Generator, *, warmu
             offset_s += float(rng.exponential(mean_gap_s)) if wl.arrival == "poisson" else mean_gap_s
         first = False
         at_ns = t0 + int(offset_s * 1e9)
-        if until_ns is not None and at_ns >= until_ns:
-            break
         if warmup:
+            # Warm-up lasts while planned warm-up requests remain or warmup_s has not passed.
             nxt = feed.peek()
             if nxt is None or (not nxt.is_warmup and (until_ns is None or at_ns >= until_ns)):
                 break
+        elif until_ns is not None and at_ns >= until_ns:
+            break
         # Re-check after waking: the loop's timers round to the millisecond and may fire early.
         while (delay_ns := at_ns - _now()) > 0:
             await asyncio.sleep(delay_ns / 1e9)

@@ -230,3 +230,12 @@ def test_run_load_with_a_caller_supplied_client(srv):
 
     res = asyncio.run(main())
     assert len(res.records) == 8 and all(r.ok and len(r.chunk_ns) == 6 for r in res.records)
+
+
+def test_open_loop_warmup_requests_outlast_warmup_seconds(srv):
+    wl = Workload(rate=100.0, num_requests=10, warmup_requests=10, warmup_s=0.01, input=LengthDist("fixed", value=2),
+                  output=LengthDist("fixed", value=1))
+    _, res, _ = run(srv, wl, ttft_ms=1, itl_ms=1)
+    warm = [r for r in res.records if r.is_warmup]
+    assert len(warm) == 10 and all(r.sent_ns < res.start_ns for r in warm)
+    assert sum(1 for r in res.records if not r.is_warmup) == 10
