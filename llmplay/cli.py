@@ -74,16 +74,6 @@ def plan(file: Path, allow_outside_extends: bool) -> None:
     click.echo(render_plan(build_plan(load_playbook(file, allow_outside_extends=allow_outside_extends))))
 
 
-def _not_yet(name: str, issue: str):
-    @handles_errors
-    def command(**_: object) -> None:
-        _echo_err(f"llmplay {name}: not implemented yet ({issue})")
-        sys.exit(EXIT_INFRA)
-
-    command.__name__ = name
-    return command
-
-
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help="Archive root (default $LLMPLAY_ARCHIVE or ./reports).")
@@ -168,9 +158,13 @@ def retest(run_dir: Path, image: str | None, archive_dir: str | None, repeats: i
     sys.exit(retest_command(run_dir, image=image, archive_dir=archive_dir, repeats=repeats, duration=duration, html=html))
 
 
-for _name in ("report", "compare", "verify", "ls"):
-    cli.command(_name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-                help=f"{_name} (not implemented yet).")(_not_yet(_name, "the report and archive issue"))
+def _register_archive_commands() -> None:
+    from llmplay.cli_archive import register
+
+    register(cli)
+
+
+_register_archive_commands()
 
 
 def main() -> None:
