@@ -274,6 +274,8 @@ class _Run:
             # After the headers the response was cut short; before them the connection failed.
             kind = "truncated" if status is not None else "connect"
             message = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - anything else still leaves a record, never a lost request
+            kind, message = "protocol", f"unexpected {type(exc).__name__}: {exc}"
         finally:
             self.inflight -= 1
         text = ""
