@@ -422,7 +422,7 @@ def _notes(run: _Run, trial_ids: Sequence[str]) -> list[str]:
     for tid in trial_ids:
         for note in run.trials[tid].notes if tid in run.trials else ():
             # each trial's engine has its own port: one note per kind of fact, not per trial
-            notes[_URL.sub("the engine", note)] = None
+            notes[_URL.sub(lambda m: "the engine" + (":" if m.group(0).endswith(":") else ""), note)] = None
     return list(notes)
 
 
