@@ -111,42 +111,17 @@ def _final_trials(archive: RunArchive) -> tuple[str, list[TrialRecord]]:
     return final, trials
 
 
-def _good(df: Any, slo_s: Mapping[str, float]) -> np.ndarray:
-    ttft = ((df["first_chunk_ns"] - df["sent_ns"]) / 1e9).to_numpy(dtype=float, na_value=np.nan)
-    e2el = ((df["end_ns"] - df["sent_ns"]) / 1e9).to_numpy(dtype=float, na_value=np.nan)
-    out = df["output_tokens"].to_numpy(dtype=float)
-    good = np.ones(len(df), dtype=float)
-    if "ttft" in slo_s:
-        good *= np.nan_to_num(ttft, nan=np.inf) <= slo_s["ttft"]
-    if "e2el" in slo_s:
-        good *= np.nan_to_num(e2el, nan=np.inf) <= slo_s["e2el"]
-    if "tpot" in slo_s:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(out > 1, (e2el - np.nan_to_num(ttft, nan=0)) / np.maximum(out - 1, 1), 0.0)
-        good *= np.nan_to_num(tpot, nan=np.inf) <= slo_s["tpot"]
-    return good
-
-
 def _sample(archive: RunArchive, trial: TrialRecord, slo_s: Mapping[str, float]) -> Any:
-    """One archived trial as decide.TrialSample: per-request arrays from its records, scalars from its summary."""
-    from llmplay.decide import TrialSample
-    from llmplay.metrics import per_request_arrays
+    """One archived trial as decide.TrialSample, built exactly as the runner built it."""
+    from llmplay.decide import sample_from_records
 
     records = archive.load_records(trial.trial_id)
     if not len(records):
         return None
-    measured = records[~records["is_warmup"].astype(bool)] if "is_warmup" in records else records
-    ok = measured[measured["error_kind"].isna()] if "error_kind" in measured else measured
-    values = {k: np.asarray(v, dtype=float) for k, v in per_request_arrays(measured).items()}
-    out_tokens = ok["output_tokens"].to_numpy(dtype=float)
-    values["output_tokens"] = out_tokens
-    values["total_tokens"] = out_tokens + ok["input_tokens"].to_numpy(dtype=float)
-    values["good"] = _good(ok, slo_s)
     summary = dict(trial.summary)
     cost, tok_s = summary.get("cost.usd_per_1m_tokens"), summary.get("throughput.output_tok_s")
     price = cost * tok_s * 3600 / 1e6 if cost and tok_s else 0.0  # the trial's own $/h, recovered from its cost
-    return TrialSample(duration_s=float(summary.get("duration_s") or 0.0), values=values, n_requests=len(measured),
-                       n_errors=len(measured) - len(ok), scalars=summary, price_usd_per_hour=price)
+    return sample_from_records(records, float(summary.get("duration_s") or 0.0), summary, slo_s, price)
 
 
 def _side(archive: RunArchive, config_id: str, trials: Sequence[TrialRecord]) -> RunSide:

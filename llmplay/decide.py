@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -40,6 +40,61 @@ class TrialSample:
     n_errors: int
     scalars: Mapping[str, float] = field(default_factory=dict)  # the trial's summary (telemetry, cost inputs)
     price_usd_per_hour: float = 0.0
+
+
+def sample_from_records(records: Any, duration_s: float, summary: Mapping[str, float],
+                        slo_s: Mapping[str, float], price_usd_per_hour: float) -> TrialSample:
+    from llmplay.metrics import per_request_arrays
+
+    measured = records[~records["is_warmup"].astype(bool)] if "is_warmup" in records else records
+    ok = measured[measured["error_kind"].isna()] if "error_kind" in measured else measured
+    arrays = {k: np.asarray(v, dtype=float) for k, v in per_request_arrays(measured).items()}
+    out_tokens = ok["output_tokens"].to_numpy(dtype=float)
+    in_tokens = ok["input_tokens"].to_numpy(dtype=float)
+    arrays["output_tokens"] = out_tokens
+    arrays["total_tokens"] = out_tokens + in_tokens
+    arrays["good"] = _good_mask(ok, slo_s)
+    arrays.update(_windows(measured, ok, arrays, duration_s))
+    return TrialSample(duration_s=duration_s, values=arrays, n_requests=len(measured),
+                       n_errors=len(measured) - len(ok), scalars=dict(summary), price_usd_per_hour=price_usd_per_hour)
+
+
+THROUGHPUT_WINDOWS = 10
+
+
+def _windows(measured: Any, ok: Any, arrays: Mapping[str, np.ndarray], duration_s: float
+             ) -> dict[str, np.ndarray]:
+    """Per time window of the measured span: tokens, requests and good requests completed in it."""
+    if not len(ok) or duration_s <= 0:
+        return {}
+    start_ns = float(measured["sent_ns"].min())
+    done_s = (ok["end_ns"].to_numpy(dtype=float) - start_ns) / 1e9
+    edges = np.linspace(0.0, max(duration_s, float(np.nanmax(done_s))), THROUGHPUT_WINDOWS + 1)
+    which = np.clip(np.searchsorted(edges, done_s, side="right") - 1, 0, THROUGHPUT_WINDOWS - 1)
+
+    def per_window(weights: np.ndarray) -> np.ndarray:
+        return np.bincount(which, weights=weights, minlength=THROUGHPUT_WINDOWS).astype(float)
+
+    return {"window_output_tokens": per_window(arrays["output_tokens"]),
+            "window_total_tokens": per_window(arrays["total_tokens"]),
+            "window_requests": per_window(np.ones(len(ok))), "window_good": per_window(arrays["good"])}
+
+
+def _good_mask(ok: Any, slo_s: Mapping[str, float]) -> np.ndarray:
+    good = np.ones(len(ok), dtype=float)
+    if not len(ok):
+        return good
+    ttft = (ok["first_chunk_ns"] - ok["sent_ns"]).to_numpy(dtype=float) / 1e9
+    e2el = (ok["end_ns"] - ok["sent_ns"]).to_numpy(dtype=float) / 1e9
+    out = ok["output_tokens"].to_numpy(dtype=float)
+    if "ttft" in slo_s:
+        good *= np.nan_to_num(ttft, nan=np.inf) <= slo_s["ttft"]
+    if "e2el" in slo_s:
+        good *= e2el <= slo_s["e2el"]
+    if "tpot" in slo_s:
+        tpot = np.where(out > 1, (e2el - np.nan_to_num(ttft, nan=0)) / np.maximum(out - 1, 1), 0.0)
+        good *= tpot <= slo_s["tpot"]
+    return good
 
 
 def _stat(values: np.ndarray, stat: str) -> float | None:

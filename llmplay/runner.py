@@ -8,16 +8,15 @@ import platform
 import signal
 import socket
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
-import numpy as np
 import pandas as pd
 
 from llmplay import __version__
 from llmplay.archive import RunArchive
-from llmplay.decide import RECORD_METRICS, Decision, TrialSample, decide_step, evaluate_gates, pooled_summary
+from llmplay.decide import RECORD_METRICS, TrialSample, decide_step, evaluate_gates, pooled_summary, sample_from_records
 from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
 from llmplay.errors import EngineStartError, LlmplayError
@@ -26,7 +25,7 @@ from llmplay.results import (
     FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, ConfigRecord, GateResult, StepVerdict, TrialRecord, to_plain,
 )
 from llmplay.secrets import redact, resolve_env, secret_values
-from llmplay.spec import Playbook, Step, Trials
+from llmplay.spec import Playbook, Step
 
 EXIT_OK, EXIT_INFRA, EXIT_PLAYBOOK, EXIT_GATES, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -101,61 +100,6 @@ def apply_overrides(playbook: Playbook, options: RunOptions) -> Playbook:
     return replace(playbook, workload=workload, trials=trials, engine=engine, steps=steps)
 
 
-def sample_from_records(records: pd.DataFrame, duration_s: float, summary: Mapping[str, float],
-                        slo_s: Mapping[str, float], price_usd_per_hour: float) -> TrialSample:
-    from llmplay.metrics import per_request_arrays
-
-    measured = records[~records["is_warmup"].astype(bool)] if "is_warmup" in records else records
-    ok = measured[measured["error_kind"].isna()] if "error_kind" in measured else measured
-    arrays = {k: np.asarray(v, dtype=float) for k, v in per_request_arrays(measured).items()}
-    out_tokens = ok["output_tokens"].to_numpy(dtype=float)
-    in_tokens = ok["input_tokens"].to_numpy(dtype=float)
-    arrays["output_tokens"] = out_tokens
-    arrays["total_tokens"] = out_tokens + in_tokens
-    arrays["good"] = _good_mask(ok, slo_s)
-    arrays.update(_windows(measured, ok, arrays, duration_s))
-    return TrialSample(duration_s=duration_s, values=arrays, n_requests=len(measured),
-                       n_errors=len(measured) - len(ok), scalars=dict(summary), price_usd_per_hour=price_usd_per_hour)
-
-
-THROUGHPUT_WINDOWS = 10
-
-
-def _windows(measured: pd.DataFrame, ok: pd.DataFrame, arrays: Mapping[str, np.ndarray], duration_s: float
-             ) -> dict[str, np.ndarray]:
-    """Per time window of the measured span: tokens, requests and good requests completed in it."""
-    if not len(ok) or duration_s <= 0:
-        return {}
-    start_ns = float(measured["sent_ns"].min())
-    done_s = (ok["end_ns"].to_numpy(dtype=float) - start_ns) / 1e9
-    edges = np.linspace(0.0, max(duration_s, float(np.nanmax(done_s))), THROUGHPUT_WINDOWS + 1)
-    which = np.clip(np.searchsorted(edges, done_s, side="right") - 1, 0, THROUGHPUT_WINDOWS - 1)
-
-    def per_window(weights: np.ndarray) -> np.ndarray:
-        return np.bincount(which, weights=weights, minlength=THROUGHPUT_WINDOWS).astype(float)
-
-    return {"window_output_tokens": per_window(arrays["output_tokens"]),
-            "window_total_tokens": per_window(arrays["total_tokens"]),
-            "window_requests": per_window(np.ones(len(ok))), "window_good": per_window(arrays["good"])}
-
-
-def _good_mask(ok: pd.DataFrame, slo_s: Mapping[str, float]) -> np.ndarray:
-    good = np.ones(len(ok), dtype=float)
-    if not len(ok):
-        return good
-    ttft = (ok["first_chunk_ns"] - ok["sent_ns"]).to_numpy(dtype=float) / 1e9
-    e2el = (ok["end_ns"] - ok["sent_ns"]).to_numpy(dtype=float) / 1e9
-    out = ok["output_tokens"].to_numpy(dtype=float)
-    if "ttft" in slo_s:
-        good *= np.nan_to_num(ttft, nan=np.inf) <= slo_s["ttft"]
-    if "e2el" in slo_s:
-        good *= e2el <= slo_s["e2el"]
-    if "tpot" in slo_s:
-        tpot = np.where(out > 1, (e2el - np.nan_to_num(ttft, nan=0)) / np.maximum(out - 1, 1), 0.0)
-        good *= tpot <= slo_s["tpot"]
-    return good
-
-
 def price_per_hour(playbook: Playbook, config: Config) -> float:
     gpus = config.engine.gpus
     n_gpus = len(gpus) if isinstance(gpus, tuple) else int(gpus or 0)
@@ -207,7 +151,7 @@ class TuningRun:
     # ---------------------------------------------------------------- archive plumbing
     def _open_archive(self) -> RunArchive:
         if self.options.resume:
-            archive = RunArchive.open(self.options.resume)
+            archive = RunArchive.open(self.options.resume, secrets=self.secrets)
             for trial in archive.trials():
                 self.done[(trial.step or "", trial.role, trial.repeat)] = trial
                 self.trial_counter = max(self.trial_counter, int(trial.trial_id.lstrip("t") or 0))
@@ -401,11 +345,21 @@ def _trial_line(trial: TrialRecord) -> str:
             f"{s.get('tpot.p95', float('nan')) * 1000:.2f} ms, errors {s.get('errors.rate', 0):.1%}")
 
 
+def _docker_version(playbook: Playbook) -> str | None:
+    if playbook.runtime.kind != "docker":
+        return None
+    try:
+        from llmplay.runtime.docker import connect
+        return str(connect(playbook.runtime.docker_host, timeout_s=10).version().get("Version"))
+    except Exception:  # noqa: BLE001 - the header then says "Docker —"; the run itself reports real failures
+        return None
+
+
 def _environment(playbook: Playbook) -> dict[str, Any]:
     import sys
 
     gpu = gpu_inventory()
-    return {"host": socket.gethostname(), "user": getpass.getuser(), "llmplay_version": __version__,
+    return {"host": socket.gethostname(), "docker": _docker_version(playbook), "user": getpass.getuser(), "llmplay_version": __version__,
             "python": sys.version.split()[0], "platform": platform.platform(), "gpu": gpu,
             "seed": playbook.workload.seed, "started_utc": _utc_now()}
 

@@ -8,7 +8,9 @@ from typing import Any, Mapping
 from llmplay.errors import PlaybookError
 
 ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)", re.I)
+# A secret word as the name's last part (HF_TOKEN, OPENAI_API_KEY, db_password), not inside a word ("tokenizer").
+SECRET_NAME = re.compile(r"(^|[_.-])(TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|"
+                         r"SECRET[_-]?KEY|CREDENTIALS?|AUTH)$", re.I)
 URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@", re.I)
 REDACTED = "***"
 
