@@ -239,3 +239,51 @@ def test_open_loop_warmup_requests_outlast_warmup_seconds(srv):
     warm = [r for r in res.records if r.is_warmup]
     assert len(warm) == 10 and all(r.sent_ns < res.start_ns for r in warm)
     assert sum(1 for r in res.records if not r.is_warmup) == 10
+
+
+def test_transport_reassembles_a_byte_by_byte_chunked_body_and_retries_a_stale_connection():
+    import asyncio
+
+    import httpx
+
+    from llmplay.transport import StreamingTransport
+
+    body = b"4\r\nabcd\r\n3;ext=1\r\nefg\r\n0\r\nx-trailer: 1\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+
+    async def main():
+        served = 0
+        handlers_done: list[int] = []
+
+        async def handle(reader, writer):
+            nonlocal served
+            await reader.readuntil(b"\r\n\r\n")
+            served += 1
+            for i in range(len(head + body)):
+                writer.write((head + body)[i:i + 1])
+                await writer.drain()
+                await asyncio.sleep(0)
+            if served == 2:
+                await reader.read()  # keep the second connection open until the client closes it
+            writer.close()  # after the first: the client's idle keep-alive connection goes stale
+            await writer.wait_closed()
+            handlers_done.append(served)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/"
+        async with httpx.AsyncClient(transport=StreamingTransport()) as client:
+            async with client.stream("GET", url) as resp:
+                first = b"".join([piece async for piece in resp.aiter_raw()])
+            await asyncio.sleep(0.05)
+            resp = await client.send(client.build_request("GET", url), stream=True)  # reused, stale: retried
+            got = []
+            await resp.stream._stream.feed_into(lambda data, t_ns: got.append(data))
+            await resp.aclose()
+        while len(handlers_done) < 2:
+            await asyncio.sleep(0.01)
+        server.close()
+        await server.wait_closed()
+        return first, b"".join(got), served
+
+    first, second, served = asyncio.run(main())
+    assert first == second == b"abcdefg" and served == 2
