@@ -5,6 +5,7 @@ import datetime as dt
 import getpass
 import os
 import platform
+import re
 import signal
 import socket
 import time
@@ -407,6 +408,23 @@ def telemetry_sources(runtime: Any, endpoint: Any, engine: Engine, spec: Any) ->
     return sources
 
 
+_MEMORY_CAUSE = re.compile(r"out of memory|insufficient memory|failed to allocate|cannot allocate|bad_alloc|"
+                           r"\bOOM\b|OutOfMemory", re.I)
+_ERROR_LINE = re.compile(r"(^|\s)(E|ERROR|FATAL|CRITICAL)\s|error|exception|fatal", re.I)
+_LOG_STAMP = re.compile(r"^[\d.:T\-Z\[\]]+\s+")
+
+
+def start_failure_cause(exc: EngineStartError) -> str:
+    """One line for a trial that never became healthy: what happened plus the engine's own reason, taken from
+    its log (the first out-of-memory line, else the last error line), so the cause is in the tuning record."""
+    head = re.sub(r";?\s*last \d+ log lines:\s*$", "", str(exc).splitlines()[0])
+    lines = [line.strip() for line in (exc.log_tail or "").splitlines() if line.strip()]
+    cause = next((line for line in lines if _MEMORY_CAUSE.search(line)), None)
+    if cause is None:
+        cause = next((line for line in reversed(lines) if _ERROR_LINE.search(line)), None)
+    return f"{head}: {_LOG_STAMP.sub('', cause)[:300]}" if cause else head
+
+
 def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factory: Callable[..., Any], *,
               trial_id: str, step: str | None, role: str, repeat: int, run_id: str, progress: bool = False
               ) -> tuple[TrialRecord, pd.DataFrame | None, pd.DataFrame | None, str]:
@@ -443,7 +461,7 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
             log = runtime.logs()
     except EngineStartError as exc:
         return (TrialRecord(**base, status=TRIAL_FAILED, wall_s=time.perf_counter() - t0, summary={},
-                            error=str(exc).splitlines()[0], engine_describe={}), None, None,
+                            error=start_failure_cause(exc), engine_describe={}), None, None,
                 exc.log_tail or log)
     records = load.to_dataframe()
     summary = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()

@@ -1,0 +1,298 @@
+"""Reliability and safety guarantees, each proven with the real thing: real dockerd and llama.cpp containers,
+real signals and freezes, real sockets that reset, untrusted playbooks that try to escape.
+
+Each test that injects a fault or counts records appends one JSON line to the file named by
+LLMPLAY_RELIABILITY_FIGURES (when set); benchmarks/reliability.py adds those lines up for docs/RELIABILITY.md."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from llmplay.archive import verify
+from llmplay.load import ERROR_KINDS, run_load_sync
+from llmplay.playbook import load_playbook, load_workload
+from llmplay.runner import RunOptions, run_playbook
+from llmplay.tokenizer import WordRatioTokenizer
+from llmplay.workload import build_requests
+
+from fault_server import FAULTS, FaultServer
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data" / "reliability"
+
+
+# ------------------------------------------------------------------------------------------- helpers
+def figure(test: str, **values: Any) -> None:
+    """One line of figures for benchmarks/reliability.py: faults={kind: n}, requests_sent, records, leaked..."""
+    target = os.environ.get("LLMPLAY_RELIABILITY_FIGURES")
+    if target:
+        with open(target, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": test, **values}) + "\n")
+
+
+def tiny_playbook(tmp_path: Path, *, steps: list[dict], name: str, duration: str = "2s", repeats: int = 1,
+                  on_failure: str = "continue", engine: dict | None = None, runtime: Any = None,
+                  gates: list[str] | None = None, **workload: Any) -> Path:
+    """cpu-tiny with short trials; `engine` entries are merged into the engine mapping."""
+    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny.yaml").read_text())
+    doc["metadata"]["name"] = name
+    doc["steps"] = steps
+    doc["trials"] = {"repeats": repeats, "interleave": True, "bootstrap_samples": 200, "on_failure": on_failure}
+    doc["workload"].update({"duration": duration, "warmup": "0.5s", **workload})
+    if "num_requests" in workload:
+        doc["workload"].pop("duration")
+    doc["engine"]["health"]["timeout"] = "60s"
+    doc["engine"].update(engine or {})
+    if runtime is not None:
+        doc["runtime"] = runtime
+    if gates is not None:
+        doc["goals"]["gates"] = gates
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def containers_of(docker_client, *, pid: int | None = None, run_id: str | None = None) -> list:
+    """Containers of one llmplay process or run: other runs on the same machine are not this test's."""
+    label = f"llmplay.pid={pid}" if pid is not None else f"llmplay.run={run_id}"
+    return docker_client.containers.list(all=True, filters={"label": label})
+
+
+def cli(*args: str, env_extra: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    return subprocess.Popen([sys.executable, "-m", "llmplay.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_dir_of(archive: Path) -> Path | None:
+    found = sorted(archive.glob("*/*/manifest.json"))
+    return found[0].parent if found else None
+
+
+def manifest_of(archive: Path) -> dict:
+    return json.loads((run_dir_of(archive) / "manifest.json").read_text())
+
+
+def assert_every_record_accounted(records, sent: int) -> dict[str, int]:
+    """records == requests sent, one per planned index, each ok or a classified error kind."""
+    assert len(records) == sent
+    assert sorted(r.index for r in records) == list(range(sent))
+    kinds: dict[str, int] = {}
+    for r in records:
+        assert r.error_kind is None or r.error_kind in ERROR_KINDS, r
+        if r.error_kind is not None:
+            assert r.error_message, r
+        kinds[r.error_kind or "ok"] = kinds.get(r.error_kind or "ok", 0) + 1
+    return kinds
+
+
+class ManifestWatcher(threading.Thread):
+    """Reads manifest.json as fast as it can while a run writes it: a torn (non-atomic) write would not parse."""
+
+    def __init__(self, archive: Path):
+        super().__init__(daemon=True)
+        self.archive, self.reads, self.torn, self.stop = archive, 0, [], threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            run_dir = run_dir_of(self.archive)
+            if run_dir is None:
+                time.sleep(0.01)
+                continue
+            try:
+                text = (run_dir / "manifest.json").read_text()
+            except FileNotFoundError:
+                continue
+            try:
+                json.loads(text)
+            except json.JSONDecodeError as exc:
+                self.torn.append(f"{exc}: {len(text)} bytes")
+            self.reads += 1
+
+    def __enter__(self) -> "ManifestWatcher":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.join(5)
+
+
+# ------------------------------------------------------------------------ 2. client robustness under load
+def test_1024_streams_against_random_resets_every_request_accounted_for():
+    """1,024 concurrent streams, a server in another process resetting ~30% of requests at random:
+    records == requests sent, every one ok or a classified error, and the ok count is the server's."""
+    workload, _ = load_workload(DATA / "storm.yaml")
+    requests = build_requests(workload, WordRatioTokenizer(), "storm")
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fault_server.py"), "server", "--seed", "11",
+                               "--fault-rate", "0.3"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("LISTENING"), line
+        port = int(line.split()[1])
+        started = time.perf_counter()
+        result = run_load_sync(f"http://127.0.0.1:{port}", workload, requests)
+        elapsed_s = time.perf_counter() - started
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    stats = json.loads(out.strip().splitlines()[-1])
+    kinds = assert_every_record_accounted(result.records, len(requests))
+    assert elapsed_s < 60, elapsed_s
+    # Every stream the server finished arrived complete, and nothing else counted as ok.
+    assert kinds["ok"] == stats["ok"], (kinds, stats)
+    assert stats["peak_connections"] >= 1000, stats  # the streams really were concurrent
+    assert stats["faults_total"] > 0.2 * len(requests), stats
+    assert set(kinds) - {"ok"} <= {"connect", "truncated", "http_5xx"}, kinds
+    assert kinds.get("http_5xx", 0) == stats["faults"]["http_500"]
+    figure("storm", faults=stats["faults"], requests_sent=len(requests), records=len(result.records),
+           concurrency=workload.concurrency, elapsed_s=round(elapsed_s, 2), error_kinds=kinds)
+
+
+# ------------------------------------------------------------------------------- 1. engine faults, real engine
+# 2^26 tokens of f32 KV cache: 128 GiB for the tiny model, more than this machine (or the CI runner) can
+# allocate, and llama.cpp gives up within seconds ("failed to allocate buffer for kv cache").
+OOM_STEP = {"name": "kv-oom", "bundle": True, "description": "a KV cache no host can hold",
+            "set": {"ctx_size": 67108864, "kv_cache_dtype": "f32"}}
+
+
+@pytest.mark.docker
+def test_engine_oom_at_start_is_a_failed_trial_with_cause_and_log_and_the_run_goes_on(cpu_engine, docker_client,
+                                                                                     tmp_path):
+    path = tiny_playbook(tmp_path, name="oom-continue", steps=[OOM_STEP, {"name": "parallel-2", "set": {"parallel": 2}}])
+    archive = tmp_path / "reports"
+    lines: list[str] = []
+    with ManifestWatcher(archive) as watcher:
+        outcome = run_playbook(load_playbook(path), RunOptions(archive_root=archive), report=lines.append)
+    manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
+    trials = {t["trial_id"]: t for t in manifest["trials"]}
+    failed = [t for t in trials.values() if t["status"] == "failed"]
+    assert [t["config_id"] for t in failed] == ["kv-oom"], lines
+    assert "before becoming healthy" in failed[0]["error"] and "allocate" in failed[0]["error"], failed[0]
+    log = (outcome.run_dir / failed[0]["files"]["log"]).read_text()
+    assert "failed to allocate buffer for kv cache" in log
+    verdicts = {v["step"]: v["verdict"] for v in manifest["verdicts"]}
+    assert verdicts["kv-oom"] == "failed"  # not "rejected": the candidate was never measured
+    assert verdicts["parallel-2"] in ("kept", "rejected", "inconclusive")  # the run went on to the next step
+    assert outcome.status == "complete" and verify(outcome.run_dir) == []
+    assert containers_of(docker_client, run_id=manifest["run_id"]) == []
+    assert watcher.reads > 0 and watcher.torn == [], watcher.torn
+    figure("oom-continue", faults={"engine_oom_at_start": 1}, manifest_reads=watcher.reads,
+           torn_reads=len(watcher.torn), leaked=0)
+
+
+@pytest.mark.docker
+def test_engine_oom_with_on_failure_stop_stops_the_run_and_the_archive_verifies(cpu_engine, docker_client, tmp_path):
+    path = tiny_playbook(tmp_path, name="oom-stop", on_failure="stop",
+                         steps=[OOM_STEP, {"name": "parallel-2", "set": {"parallel": 2}}])
+    proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 1, out
+    assert "Traceback" not in out and "on_failure is stop" in out
+    manifest = manifest_of(tmp_path / "reports")
+    assert manifest["status"] == "failed"
+    assert [t["config_id"] for t in manifest["trials"]] == ["baseline", "kv-oom"]  # parallel-2 never started
+    assert verify(run_dir_of(tmp_path / "reports")) == []
+    assert containers_of(docker_client, pid=proc.pid) == []
+    figure("oom-stop", faults={"engine_oom_at_start": 1}, leaked=0)
+
+
+def _engine_serving(container) -> bool:
+    """The engine has answered at least one completion (its slots log each finished task)."""
+    return b"print_timing" in container.logs(tail=200) or b"release" in container.logs(tail=200)
+
+
+@pytest.mark.docker
+def test_engine_frozen_mid_trial_requests_time_out_never_dropped_and_container_removed(cpu_engine, docker_client,
+                                                                                     tmp_path):
+    """`docker pause` freezes llama-server for real (cgroup freezer): sockets accept, nothing answers."""
+    path = tiny_playbook(tmp_path, name="stall", steps=[], duration="5s", request_timeout="1.5s",
+                         gates=["errors.rate < 1%"])
+    archive = tmp_path / "reports"
+    proc = cli("run", str(path), "--archive", str(archive))
+    try:
+        container = wait_for(lambda: containers_of(docker_client, pid=proc.pid), 60, "the engine container")[0]
+        wait_for(lambda: _engine_serving(container), 60, "the engine answering requests")
+        time.sleep(1.0)
+        container.pause()
+        paused_at = time.monotonic()
+        out, _ = proc.communicate(timeout=120)
+        stop_s = time.monotonic() - paused_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for c in containers_of(docker_client, pid=proc.pid):  # only if the runner failed to: the asserts say so
+            c.reload()
+            if c.status == "paused":
+                c.unpause()
+    assert "Traceback" not in out
+    assert containers_of(docker_client, pid=proc.pid) == [], out
+    run_dir = run_dir_of(archive)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    trial = manifest["trials"][0]
+    from llmplay.archive import RunArchive
+    from llmplay.load import records_from_dataframe
+
+    records = records_from_dataframe(RunArchive.open(run_dir).load_records(trial["trial_id"]))
+    kinds = assert_every_record_accounted(records, len(records))  # every planned index, once
+    assert kinds.get("timeout", 0) >= 1, kinds
+    assert kinds.get("ok", 0) >= 1, kinds  # answered before the freeze
+    if trial["status"] == "ok":
+        assert trial["summary"]["errors.rate"] > 0
+        assert proc.returncode == 3, out  # the errors.rate gate fails
+    else:
+        assert proc.returncode == 1 and trial["error"], out
+    assert verify(run_dir) == []
+    figure("stall", faults={"engine_stall": 1}, requests_sent=len(records), records=len(records), error_kinds=kinds,
+           stop_after_pause_s=round(stop_s, 1), leaked=0)
+
+
+@pytest.mark.docker
+def test_5xx_bursts_and_resets_in_front_of_the_real_engine_every_request_accounted_and_gated(llama_endpoint,
+                                                                                            tmp_path):
+    with FaultServer("proxy", upstream=llama_endpoint.base_url, burst_every=10, burst_len=3) as proxy:
+        path = tiny_playbook(tmp_path, name="bursts", steps=[], num_requests=40, warmup=0, concurrency=2,
+                             input={"fixed": 16}, output={"fixed": 8}, prefix_tokens=0,
+                             runtime={"kind": "endpoint", "url": proxy.url}, gates=["errors.rate < 1%"])
+        outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "reports"),
+                               report=lambda line: None)
+        stats = proxy.stats.as_dict()
+    from llmplay.archive import RunArchive
+    from llmplay.load import records_from_dataframe
+
+    manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
+    trial = manifest["trials"][0]
+    records = records_from_dataframe(RunArchive.open(outcome.run_dir).load_records(trial["trial_id"]))
+    kinds = assert_every_record_accounted(records, 40)
+    assert stats["faults"]["http_500"] > 0 and stats["faults"]["reset_before"] > 0 and stats["faults"]["reset_mid"] > 0
+    assert kinds["http_5xx"] == stats["faults"]["http_500"]
+    assert kinds["ok"] == stats["ok"], (kinds, stats)
+    errors = sum(n for k, n in kinds.items() if k != "ok")
+    assert trial["summary"]["errors.rate"] == pytest.approx(errors / 40)
+    gate = next(g for g in outcome.gates if g.metric == "errors.rate")
+    assert gate.met is False and outcome.exit_code == 3
+    assert verify(outcome.run_dir) == []
+    figure("bursts", faults={"http_500": stats["faults"]["http_500"],
+                             "connection_reset": stats["faults"]["reset_before"] + stats["faults"]["reset_mid"],
+                             "connection_closed": stats["faults"]["close_before"]},
+           requests_sent=40, records=len(records), error_kinds=kinds)
