@@ -6,7 +6,7 @@ import collections
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Iterable, Iterator, Sequence
 
 import httpx
@@ -80,8 +80,10 @@ def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:
     """One row per request; chunk_ns as a list column (Parquet keeps it), plus derived seconds."""
     import pandas as pd
 
-    df = pd.DataFrame([asdict(r) for r in records], columns=list(RECORD_COLUMNS))
-    df["chunk_ns"] = [list(r.chunk_ns) for r in records]
+    # Column by column: asdict() per record deep-copies every chunk tuple.
+    columns: dict[str, list] = {name: [getattr(r, name) for r in records] for name in RECORD_COLUMNS}
+    columns["chunk_ns"] = [list(r.chunk_ns) for r in records]
+    df = pd.DataFrame(columns, columns=list(RECORD_COLUMNS))
     for col in ("first_chunk_ns", "first_content_ns", "end_ns", "http_status"):
         df[col] = df[col].astype("Int64")
     sent = df["sent_ns"].astype("Int64")
@@ -256,19 +258,15 @@ class _Run:
                         raw = await response.aread()
                         kind = "http_4xx" if status < 500 else "http_5xx"
                         message = f"HTTP {status}: {raw[:300].decode('utf-8', 'replace')}"
-                    elif planned.stream and type(response.stream) is BodyStream:
-                        # Parsed as each read lands, inside the transport's protocol callback.
-                        await response.stream.feed_into(state.feed)
-                        if state.error is not None:
-                            kind, message = "protocol", f"error event in stream: {state.error}"
-                        elif not state.done:
-                            kind = "truncated"
-                            message = f"stream ended without [DONE] after {len(state.chunk_ns)} text chunks"
                     elif planned.stream:
-                        feed = state.feed
-                        async for data in response.aiter_raw():
-                            # Stamped on arrival (by the transport, or here), before any parsing.
-                            feed(data, data.t_ns if type(data) is StampedBytes else _now())
+                        if type(response.stream) is BodyStream:
+                            # Parsed as each read lands, inside the transport's protocol callback.
+                            await response.stream.feed_into(state.feed)
+                        else:
+                            feed = state.feed
+                            async for data in response.aiter_raw():
+                                # Stamped on arrival (by the transport, or here), before any parsing.
+                                feed(data, data.t_ns if type(data) is StampedBytes else _now())
                         if state.error is not None:
                             kind, message = "protocol", f"error event in stream: {state.error}"
                         elif not state.done:
