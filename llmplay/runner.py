@@ -20,7 +20,7 @@ from llmplay.archive import RunArchive
 from llmplay.decide import RECORD_METRICS, TrialSample, decide_step, evaluate_gates, pooled_summary, sample_from_records
 from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
-from llmplay.errors import EngineStartError, LlmplayError
+from llmplay.errors import EngineStartError, InfrastructureError, LlmplayError
 from llmplay.plan import Config, apply_step, docker_run_argv, format_argv
 from llmplay.results import (
     FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, ConfigRecord, GateResult, StepVerdict, TrialRecord, to_plain,
@@ -443,18 +443,25 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
     log = ""
     try:
         with runtime.start(spec, engine, labels) as endpoint:
-            sources = telemetry_sources(runtime, endpoint, engine, spec)
-            with TelemetrySampler(sources) as sampler:
-                sampler_origin_ns = time.perf_counter_ns() - int(sampler.elapsed_s() * 1e9)
-                tokenizer = make_tokenizer("auto", endpoint.base_url)
-                try:
-                    requests = iter_requests(config.workload, tokenizer, endpoint.model)
-                    if config.workload.num_requests is not None:
-                        requests = tuple(requests)  # bounded: every prompt built before the clock starts
-                    load = run_load_sync(endpoint.base_url, config.workload, requests, progress=progress,
-                                         tokenizer=tokenizer)
-                finally:
-                    getattr(tokenizer, "close", lambda: None)()
+            try:
+                sources = telemetry_sources(runtime, endpoint, engine, spec)
+                with TelemetrySampler(sources) as sampler:
+                    sampler_origin_ns = time.perf_counter_ns() - int(sampler.elapsed_s() * 1e9)
+                    tokenizer = make_tokenizer("auto", endpoint.base_url)
+                    try:
+                        requests = iter_requests(config.workload, tokenizer, endpoint.model)
+                        if config.workload.num_requests is not None:
+                            requests = tuple(requests)  # bounded: every prompt built before the clock starts
+                        load = run_load_sync(endpoint.base_url, config.workload, requests, progress=progress,
+                                             tokenizer=tokenizer)
+                    finally:
+                        getattr(tokenizer, "close", lambda: None)()
+            except InfrastructureError as exc:
+                # The engine was healthy, then failed us (e.g. froze while its tokenizer was asked): this
+                # trial failed, the run goes on. Not EngineStartError's path: the container is still ours here.
+                return (TrialRecord(**base, status=TRIAL_FAILED, wall_s=time.perf_counter() - t0, summary={},
+                                    error=f"the engine failed during the trial: {str(exc).splitlines()[0]}",
+                                    engine_describe=dict(runtime.describe())), None, None, runtime.logs())
             telemetry = sampler.result()
             describe = dict(runtime.describe())
             alive = getattr(runtime, "alive", lambda: True)()
