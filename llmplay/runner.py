@@ -25,7 +25,7 @@ from llmplay.plan import Config, apply_step, docker_run_argv, format_argv
 from llmplay.results import (
     FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, ConfigRecord, GateResult, StepVerdict, TrialRecord, to_plain,
 )
-from llmplay.secrets import redact, resolve_env, secret_values
+from llmplay.secrets import redact, redact_text, referenced_values, resolve_env, secret_values
 from llmplay.spec import Playbook, Step
 
 EXIT_OK, EXIT_INFRA, EXIT_PLAYBOOK, EXIT_GATES, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -138,12 +138,15 @@ class TuningRun:
         self.playbook = apply_overrides(playbook, options)
         self.options = options
         self.engine: Engine = get_engine(self.playbook.engine.kind)
-        self.report = report
+        self.secrets = secret_values(_try_resolve(self.playbook.engine.env)) + referenced_values(
+            [self.playbook.text, dict(self.playbook.engine.env),
+             [str(change.value) for step in self.playbook.steps for change in step.changes]])
+        # Console lines carry engine errors (a log line may echo an env value): redacted like the archive.
+        self.report = lambda line: report(redact_text(line, self.secrets))
         if runtime_factory is None:
             from llmplay.runtime import make_runtime
             runtime_factory = make_runtime
         self.runtime_factory = runtime_factory
-        self.secrets = secret_values(_try_resolve(self.playbook.engine.env))
         self.archive: RunArchive | None = None
         self.done: dict[tuple[str, str, int], TrialRecord] = {}
         self.trial_counter = 0
@@ -257,6 +260,7 @@ class TuningRun:
         self.archive.write_config(self._config_record(best.config))
         record_rows: list[dict[str, Any]] = []
         status, exit_code = "complete", EXIT_OK
+        crash: Exception | None = None
         final = best
         try:
             with _Signals(stop_all):
@@ -300,6 +304,9 @@ class TuningRun:
         except LlmplayError as exc:
             status, exit_code = "failed", exc.exit_code
             self.report(f"error: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a bug anywhere: engines are already stopped (their finally);
+            # the archive must still say "failed", then the CLI prints its one line (traceback with --debug).
+            status, exit_code, crash = "failed", EXIT_INFRA, exc
         final_summary = pooled_summary(final.samples)
         findings, diagnosis = _diagnose(pb, final, final_summary)
         kv_share = diagnosis.get("memory", {}).get("kv_share")
@@ -310,6 +317,8 @@ class TuningRun:
             exit_code = EXIT_OK if all(g.met for g in gates) else EXIT_GATES
         self.archive.finish(status=status, exit_code=exit_code, final_config_id=final.config.label, gates=gates,
                             findings=findings, diagnosis=diagnosis, tuning_record=record_rows)
+        if crash is not None:
+            raise crash
         return RunOutcome(self.archive.run_dir, exit_code, status, final.config.label, tuple(gates),
                           tuple(self.verdicts), tuple(record_rows))
 

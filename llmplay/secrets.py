@@ -38,6 +38,26 @@ def secret_values(env: Mapping[str, str]) -> list[str]:
     return out
 
 
+def referenced_values(values: Any, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The values of every `${env:NAME}` found in `values` (strings, nested mappings/sequences): whatever
+    a playbook pulls from the environment is secret, whatever the key it lands under is called."""
+    source = os.environ if environ is None else environ
+    names: set[str] = set()
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, str):
+            names.update(ENV_REF.findall(obj))
+        elif isinstance(obj, Mapping):
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v)
+
+    walk(values)
+    return [source[n] for n in sorted(names) if len(source.get(n, "")) >= 4]
+
+
 def redact_text(text: str, secrets: list[str] = ()) -> str:  # type: ignore[assignment]
     for value in sorted(set(secrets), key=len, reverse=True):
         text = text.replace(value, REDACTED)

@@ -307,3 +307,135 @@ def test_5xx_bursts_and_resets_in_front_of_the_real_engine_every_request_account
                              "connection_reset": stats["faults"]["reset_before"] + stats["faults"]["reset_mid"],
                              "connection_closed": stats["faults"]["close_before"]},
            requests_sent=40, records=len(records), error_kinds=kinds)
+
+
+# --------------------------------------------------------------------------- 3. shared playbooks are untrusted
+BASE_DOC = ("apiVersion: llmplay/v1\nkind: Playbook\nmetadata: {name: p}\n"
+            "engine: {kind: llamacpp, model: /models/tiny.gguf}\nworkload: {concurrency: 1, num_requests: 2}\n")
+
+
+@pytest.mark.parametrize("tag", [
+    "!!python/object/apply:os.system [touch {marker}]",
+    "!!python/object/apply:subprocess.check_call [[touch, {marker}]]",
+    "!!python/object/new:builtins.open [{marker}, w]",
+    "!!python/name:os.system",
+])
+def test_python_tags_are_refused_and_run_nothing(tmp_path, tag):
+    from llmplay.errors import PlaybookError
+
+    marker = tmp_path / "pwned"
+    for where in ("metadata: {{name: p, description: {tag}}}\n", "x-extra: {tag}\n"):
+        path = tmp_path / "p.yaml"
+        path.write_text(BASE_DOC + where.format(tag=tag.format(marker=marker)))
+        with pytest.raises(PlaybookError) as info:
+            load_playbook(path)
+        assert "\n" not in str(info.value) and "p.yaml" in str(info.value)
+        assert not marker.exists()
+    # through extends: as well
+    (tmp_path / "base.yaml").write_text(BASE_DOC + "x-extra: " + tag.format(marker=marker) + "\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\n" + BASE_DOC)
+    with pytest.raises(PlaybookError):
+        load_playbook(tmp_path / "child.yaml")
+    assert not marker.exists()
+    figure("python-tags", inputs=3)
+
+
+@pytest.mark.parametrize("engine_extra", [
+    "privileged: true", "pid: host", "pid_mode: host", "volumes: ['/:/host']", "mounts: ['/etc:/etc']",
+    "cap_add: [SYS_ADMIN]", "devices: ['/dev/mem']", "security_opt: ['seccomp=unconfined']", "user: root",
+    "binds: ['/:/host:rw']", "runtime: nvidia",
+])
+def test_docker_options_outside_the_schema_are_unknown_keys(tmp_path, engine_extra):
+    from llmplay.errors import PlaybookError
+
+    path = tmp_path / "p.yaml"
+    path.write_text(BASE_DOC.replace("model: /models/tiny.gguf}", f"model: /models/tiny.gguf, {engine_extra}}}"))
+    with pytest.raises(PlaybookError, match="unknown key|not allowed|additional") as info:
+        load_playbook(path)
+    assert engine_extra.split(":")[0] in str(info.value)
+
+
+@pytest.mark.docker
+def test_the_real_container_gets_only_the_model_dir_read_only_and_no_host_namespaces(cpu_engine, docker_client,
+                                                                                     tmp_path):
+    from llmplay.engines import get_engine
+    from llmplay.runtime.docker import DockerRuntime
+    from llmplay.spec import EngineSpec, frozen_map
+
+    engine = get_engine("llamacpp")
+    model_dir = cpu_engine.model_path.parent
+    spec = EngineSpec(kind="llamacpp", model=f"{engine.model_path_in_container}/{cpu_engine.model_path.name}",
+                      image=cpu_engine.image, model_dir=str(model_dir), health_timeout_s=60.0,
+                      args=frozen_map({"threads": 1, "ctx_size": 512, "parallel": 1}))
+    runtime = DockerRuntime(docker_client)
+    with runtime.start(spec, engine, {"llmplay.run": f"untrusted-{secrets.token_hex(4)}", "llmplay.trial": "t"}):
+        attrs = docker_client.api.inspect_container(runtime.container.id)
+    host = attrs["HostConfig"]
+    assert host["Privileged"] is False
+    assert host["PidMode"] in ("", None)
+    assert host["NetworkMode"] != "host" and host["IpcMode"] != "host" and host.get("UsernsMode") in ("", None)
+    assert not host.get("CapAdd") and not host.get("Devices") and not host.get("SecurityOpt")
+    assert not host.get("Mounts") and not host.get("VolumesFrom")
+    assert host["Binds"] == [f"{model_dir}:{engine.model_path_in_container}:ro"]
+    mounts = [m for m in attrs["Mounts"] if m["Type"] == "bind"]
+    assert [(m["Source"], m["Destination"], m["RW"]) for m in mounts] == \
+        [(str(model_dir), engine.model_path_in_container, False)]
+    assert all(m["Type"] != "volume" or not m.get("RW", True) for m in attrs["Mounts"])
+    assert all(b.get("HostIp") == "127.0.0.1" for p in (host.get("PortBindings") or {}).values() for b in p)
+
+
+@pytest.mark.docker
+def test_secrets_by_reference_never_reach_archive_report_logs_or_console(cpu_engine, docker_client, tmp_path):
+    """HF_TOKEN by reference; another secret referenced under a name that does not look secret and echoed by
+    the engine itself in its log as it fails; a URL with credentials in an env value. None of them may appear
+    in any archived byte or on the console."""
+    token, echoed, url_password = (f"hf_{secrets.token_hex(12)}", f"ek{secrets.token_hex(10)}",
+                                   f"pw{secrets.token_hex(10)}")
+    env = {"HF_TOKEN": "${env:HF_TOKEN}", "MODEL_MIRROR": f"https://bob:{url_password}@127.0.0.1:9/models"}
+    # llama-server reads LLAMA_ARG_* and, for a bad cache type, prints the value it got and exits.
+    leaky = {"name": "leaky-env", "set": {"env.LLAMA_ARG_CACHE_TYPE_K": "${env:RELIABILITY_ECHOED}"}}
+    path = tiny_playbook(tmp_path, name="secrets", steps=[leaky], engine={"env": env})
+    archive = tmp_path / "reports"
+    proc = cli("run", str(path), "--archive", str(archive),
+               env_extra={"HF_TOKEN": token, "RELIABILITY_ECHOED": echoed})
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode in (0, 1, 3), out
+    run_dir = run_dir_of(archive)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    failed = [t for t in manifest["trials"] if t["status"] == "failed"]
+    assert failed, out
+    log = (run_dir / failed[0]["files"]["log"]).read_text()
+    assert "LLAMA_ARG_CACHE_TYPE_K" in log and "***" in log  # the engine did echo it, and it was blanked
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert {"manifest.json", "report.html", "playbook.yaml", "engine.log"} <= {p.name for p in files}
+    assert any(p.suffix in (".parquet", ".csv") for p in files)
+    for secret in (token, echoed, url_password):
+        assert secret not in out, "console"
+        for p in files:
+            assert secret.encode() not in p.read_bytes(), p
+    assert containers_of(docker_client, pid=proc.pid) == []
+    figure("secrets", files_scanned=len(files), secrets=3, leaked_secrets=0, leaked=0)
+
+
+# ---------------------------------------------------------------------- 4. no orphans on an exception anywhere
+@pytest.mark.docker
+def test_an_exception_inside_a_trial_leaves_no_container_and_a_failed_archive(cpu_engine, docker_client, tmp_path):
+    """A dataset row whose output_tokens is not a number: the load path raises (ValueError) with the engine
+    up. The container goes, the archive says failed, the CLI prints one line and exits 1."""
+    (tmp_path / "bad.jsonl").write_text((DATA / "bad-dataset.jsonl").read_text())
+    path = tiny_playbook(tmp_path, name="exception", steps=[], num_requests=4, dataset="bad.jsonl")
+    proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
+    seen = []
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen = seen or containers_of(docker_client, pid=proc.pid)
+        time.sleep(0.1)
+    out, _ = proc.communicate(timeout=60)
+    assert seen, "the engine container never started: the exception must come from inside the trial"
+    assert proc.returncode == 1, out
+    assert "Traceback" not in out
+    assert containers_of(docker_client, pid=proc.pid) == []
+    manifest = manifest_of(tmp_path / "reports")
+    assert manifest["status"] == "failed", manifest["status"]
+    assert verify(run_dir_of(tmp_path / "reports")) == []
+    figure("exception", faults={"exception_in_trial": 1}, leaked=0)
