@@ -176,6 +176,3 @@ def main() -> None:
         _echo_err(f"internal error: {type(exc).__name__}: {exc} (re-run with --debug for the traceback)")
         sys.exit(EXIT_INFRA)
 
-
-if __name__ == "__main__":
-    main()

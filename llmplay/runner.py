@@ -108,17 +108,37 @@ def price_per_hour(playbook: Playbook, config: Config) -> float:
 
 
 class _Signals:
-    """First SIGINT/SIGTERM unwinds (engines stop in their finally); a second forces it."""
+    """First SIGINT/SIGTERM unwinds (engines stop in their finally); a second forces it.
+
+    The first signal's KeyboardInterrupt lands wherever the main thread happens to be; should a library
+    swallow it there, a watchdog stops every engine and exits anyway, so a signal can never leave an
+    engine holding GPUs.
+    """
+
+    FORCE_AFTER_S = 30.0
 
     def __init__(self, stop_all: Callable[[], None]):
         self.stop_all, self.count, self.previous = stop_all, 0, {}
 
+    def _force(self) -> None:
+        self.stop_all()
+        os._exit(EXIT_INTERRUPTED)
+
     def _handle(self, signum, frame):  # noqa: ARG002
         self.count += 1
         if self.count == 1:
+            import threading
+
+            watchdog = threading.Timer(self.FORCE_AFTER_S, self._force)
+            watchdog.daemon = True
+            watchdog.start()
             raise KeyboardInterrupt(f"signal {signum}")
-        self.stop_all()
-        os._exit(EXIT_INTERRUPTED)
+        self._force()
+
+    def check(self) -> None:
+        """Between trials: an interrupt that was swallowed somewhere still ends the run here."""
+        if self.count:
+            raise KeyboardInterrupt("signal received earlier")
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -151,6 +171,7 @@ class TuningRun:
         self.done: dict[tuple[str, str, int], TrialRecord] = {}
         self.trial_counter = 0
         self.verdicts: list[StepVerdict] = []
+        self._signals: _Signals | None = None
 
     # ---------------------------------------------------------------- archive plumbing
     def _open_archive(self) -> RunArchive:
@@ -180,6 +201,8 @@ class TuningRun:
         if key in self.done:
             trial = self.done[key]
             return trial, self._sample_of(trial, config)
+        if self._signals is not None:
+            self._signals.check()
         self.trial_counter += 1
         trial_id = f"t{self.trial_counter:03d}"
         trial, records, telemetry, log = run_trial(self.playbook, config, self.engine, self.runtime_factory,
@@ -263,7 +286,7 @@ class TuningRun:
         crash: Exception | None = None
         final = best
         try:
-            with _Signals(stop_all):
+            with _Signals(stop_all) as self._signals:
                 if not pb.steps:
                     self._baseline_only(best)
                     record_rows.append(_record_row(best, None))

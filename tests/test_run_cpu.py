@@ -80,10 +80,26 @@ def _run_dir(archive: Path) -> Path | None:
     return found[0].parent if found else None
 
 
+_SPAWNED: list[subprocess.Popen] = []
+
+
 def _cli(*args: str, env_extra: dict | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "-m", "llmplay.cli", *args], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "llmplay", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _SPAWNED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _reap_cli_processes():
+    """A failed assertion must not leave a tuning run going: the next test would share the machine with it."""
+    yield
+    while _SPAWNED:
+        proc = _SPAWNED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
