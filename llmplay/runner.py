@@ -141,6 +141,10 @@ class _Signals:
             raise KeyboardInterrupt("signal received earlier")
 
     def __enter__(self):
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self  # only the main thread may install handlers; the embedding program owns signals then
         for sig in (signal.SIGINT, signal.SIGTERM):
             self.previous[sig] = signal.signal(sig, self._handle)
         return self
