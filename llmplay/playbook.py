@@ -263,6 +263,17 @@ def _schema() -> dict:
     return json.loads(resources.files("llmplay").joinpath("schemas/playbook.v1.json").read_text())
 
 
+def _is_strict_integer(checker: object, instance: object) -> bool:  # noqa: ARG001
+    # JSON Schema counts 4.0 as an integer; a playbook that writes `concurrency: 4.0` meant something else.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_StrictValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_strict_integer),
+)
+
+
 def _known_properties(schema: dict, root: dict) -> list[str]:
     if "$ref" in schema:
         return _known_properties(_deref(schema["$ref"], root), root)
@@ -291,7 +302,7 @@ def _describe_expected(schema: dict, root: dict) -> str:
         return repr(schema["const"])
     if "type" in schema:
         kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        return " or ".join({"object": "a mapping", "array": "a list"}.get(k, f"a {k}") for k in kinds)
+        return " or ".join({"object": "a mapping", "array": "a list", "integer": "an integer"}.get(k, f"a {k}") for k in kinds)
     return "a value matching the schema"
 
 
@@ -302,7 +313,7 @@ def _hint(word: str, choices: Iterable[str]) -> str:
 
 def _schema_problems(doc: dict, problems: Problems) -> None:
     root = _schema()
-    validator = jsonschema.Draft202012Validator(root)
+    validator = _StrictValidator(root)
     for err in sorted(validator.iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
         path: YamlPath = tuple(err.absolute_path)
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):

@@ -99,7 +99,7 @@ class LlamaCppTokenizer:
 
     exact = True
 
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0, client: httpx.Client | None = None):
+    def __init__(self, base_url: str, *, timeout_s: float = 10.0, client: httpx.Client | None = None):
         self.base_url = base_url.rstrip("/")
         self.name = f"llama.cpp /tokenize at {self.base_url}"
         self._client = client or httpx.Client(timeout=timeout_s, trust_env=False)
@@ -160,6 +160,56 @@ class LlamaCppTokenizer:
         return text
 
 
+class FallbackTokenizer:
+    """The engine's tokenizer while it answers; a word-ratio estimate calibrated against it once it stops.
+
+    An engine that freezes mid-trial must not take the load generator down with it: the requests it can
+    no longer serve still have to be sent and recorded (as timeouts), so prompts keep coming.
+    """
+
+    def __init__(self, primary: Tokenizer):
+        self.primary = primary
+        self.fallback: WordRatioTokenizer | None = None
+        self.failure: str | None = None
+        try:
+            self._ratio = WordRatioTokenizer.calibrated(primary, _random_words(200, np.random.default_rng(1)))
+        except InfrastructureError:
+            self._ratio = WordRatioTokenizer()
+
+    @property
+    def exact(self) -> bool:
+        return self.fallback is None and self.primary.exact
+
+    @property
+    def name(self) -> str:
+        if self.fallback is None:
+            return self.primary.name
+        return f"{self.primary.name}, then {self.fallback.name} after it failed ({self.failure})"
+
+    def _fail(self, exc: InfrastructureError) -> WordRatioTokenizer:
+        self.failure, self.fallback = str(exc).split(";")[0], self._ratio
+        return self._ratio
+
+    def count(self, text: str) -> int:
+        if self.fallback is None:
+            try:
+                return self.primary.count(text)
+            except InfrastructureError as exc:
+                self._fail(exc)
+        return self._ratio.count(text)
+
+    def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str:
+        if self.fallback is None:
+            try:
+                return self.primary.make_text(n_tokens, rng)
+            except InfrastructureError as exc:
+                self._fail(exc)
+        return self._ratio.make_text(n_tokens, rng)
+
+    def close(self) -> None:
+        getattr(self.primary, "close", lambda: None)()
+
+
 def probe_llamacpp(base_url: str, timeout_s: float = 5.0) -> bool:
     """True when base_url answers llama.cpp's /tokenize."""
     try:
@@ -180,5 +230,5 @@ def make_tokenizer(kind: str = "auto", base_url: str | None = None) -> Tokenizer
     if kind != "auto":
         raise InfrastructureError(f"unknown tokenizer {kind!r}; expected auto, llamacpp or word")
     if base_url is not None and probe_llamacpp(base_url):
-        return LlamaCppTokenizer(base_url)
+        return FallbackTokenizer(LlamaCppTokenizer(base_url))
     return WordRatioTokenizer()
