@@ -267,12 +267,13 @@ def test_engine_frozen_mid_trial_is_recorded_requests_never_dropped_container_re
 
         records = records_from_dataframe(RunArchive.open(run_dir).load_records(trial["trial_id"]))
         kinds = assert_every_record_accounted(records, len(records))  # every planned index, exactly once
-    if moment == "serving" and kinds:
-        assert kinds.get("timeout", 0) >= 1 and kinds.get("ok", 0) >= 1, kinds
+    if moment == "serving":
+        # The requests sent before and during the freeze are all on disk: ok ones, then timeouts.
+        assert kinds.get("timeout", 0) >= 1 and kinds.get("ok", 0) >= 1, (kinds, trial)
         assert trial["status"] == "failed" or trial["summary"]["errors.rate"] > 0, trial
         assert proc.returncode in (1, 3), out  # a failed trial, or the errors.rate gate fails
     else:
-        # startup, or a freeze that caught the engine's tokenizer/telemetry on a busy machine: a failed trial
+        # startup: the health wait or the tokenizer probe hangs; a failed trial with its cause
         assert trial["status"] == "failed" and trial["error"], trial
     assert verify(run_dir) == []
     figure(f"stall-{moment}", faults={"engine_stall": 1}, requests_sent=sum(kinds.values()),
