@@ -483,7 +483,7 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
                 sources = telemetry_sources(runtime, endpoint, engine, spec)
                 with TelemetrySampler(sources) as sampler:
                     sampler_origin_ns = time.perf_counter_ns() - int(sampler.elapsed_s() * 1e9)
-                    tokenizer = make_tokenizer("auto", endpoint.base_url)
+                    tokenizer = make_tokenizer("auto", endpoint.base_url, model_dir=spec.model_dir)
                     try:
                         requests = iter_requests(config.workload, tokenizer, endpoint.model)
                         if config.workload.num_requests is not None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import httpx
@@ -160,6 +161,56 @@ class LlamaCppTokenizer:
         return text
 
 
+class HfTokenizer:
+    """Exact counts from a Hugging Face `tokenizer.json` on disk (the `tokenizers` library), for engines
+    without a tokenize endpoint: vLLM, SGLang, TGI and TensorRT-LLM read the same file from model_dir."""
+
+    exact = True
+
+    def __init__(self, path: str | Path):
+        try:
+            from tokenizers import Tokenizer as _HfTokenizer
+        except ImportError as exc:
+            raise InfrastructureError("reading tokenizer.json needs the `tokenizers` package; expected "
+                                      "`pip install 'llmplay[hf]'`") from exc
+        self.path = Path(path)
+        self._tok = _HfTokenizer.from_file(str(self.path))
+        self.name = f"tokenizer.json at {self.path}"
+        self._corpus: list[int] = []
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def count(self, text: str) -> int:
+        return len(self._encode(text))
+
+    def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str:
+        """A random window of model tokens, decoded, nudged until it re-encodes to exactly n tokens."""
+        if n_tokens <= 0:
+            return ""
+        gen = _rng(rng)
+        if len(self._corpus) < 4 * n_tokens + 64:
+            self._corpus = self._encode(_random_words(max(4 * n_tokens + 64, 2048), np.random.default_rng(0)))
+        start = int(gen.integers(0, max(1, len(self._corpus) - n_tokens)))
+        want, text = n_tokens, ""
+        for _ in range(8):
+            text = self._tok.decode(self._corpus[start:start + want]).strip()
+            got = self.count(text)
+            if got == n_tokens:
+                return text
+            want = max(1, want + (n_tokens - got))
+            if start + want > len(self._corpus):
+                start = max(0, len(self._corpus) - want)
+        return text
+
+
+def find_tokenizer_json(model_dir: str | None) -> Path | None:
+    if not model_dir:
+        return None
+    candidate = Path(model_dir) / "tokenizer.json"
+    return candidate if candidate.is_file() else None
+
+
 class FallbackTokenizer:
     """The engine's tokenizer while it answers; a word-ratio estimate calibrated against it once it stops.
 
@@ -219,8 +270,14 @@ def probe_llamacpp(base_url: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def make_tokenizer(kind: str = "auto", base_url: str | None = None) -> Tokenizer:
-    """kind: auto (llama.cpp /tokenize if the endpoint has it, else word ratio) | llamacpp | word."""
+def make_tokenizer(kind: str = "auto", base_url: str | None = None, model_dir: str | None = None) -> Tokenizer:
+    """kind: auto (llama.cpp /tokenize if the endpoint has it, else model_dir/tokenizer.json, else word
+    ratio) | llamacpp | hf | word."""
+    if kind == "hf":
+        path = find_tokenizer_json(model_dir)
+        if path is None:
+            raise InfrastructureError(f"no tokenizer.json in {model_dir}; expected the model's Hugging Face files")
+        return HfTokenizer(path)
     if kind == "word":
         return WordRatioTokenizer()
     if kind == "llamacpp":
@@ -228,7 +285,13 @@ def make_tokenizer(kind: str = "auto", base_url: str | None = None) -> Tokenizer
             raise InfrastructureError("tokenizer 'llamacpp' needs the endpoint URL; expected --url")
         return LlamaCppTokenizer(base_url)
     if kind != "auto":
-        raise InfrastructureError(f"unknown tokenizer {kind!r}; expected auto, llamacpp or word")
+        raise InfrastructureError(f"unknown tokenizer {kind!r}; expected auto, llamacpp, hf or word")
     if base_url is not None and probe_llamacpp(base_url):
         return FallbackTokenizer(LlamaCppTokenizer(base_url))
+    path = find_tokenizer_json(model_dir)
+    if path is not None:
+        try:
+            return HfTokenizer(path)
+        except InfrastructureError:
+            pass  # no `tokenizers` installed: the word ratio is the honest fallback, and its name says so
     return WordRatioTokenizer()

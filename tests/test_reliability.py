@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from llmplay.archive import verify
 from llmplay.load import ERROR_KINDS, run_load_sync
@@ -25,69 +24,25 @@ from llmplay.runner import RunOptions, run_playbook
 from llmplay.tokenizer import WordRatioTokenizer
 from llmplay.workload import build_requests
 
-from fault_server import FAULTS, FaultServer
+from cpu_runs import ROOT, cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
+from fault_server import FaultServer
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "reliability"
 
 
 # ------------------------------------------------------------------------------------------- helpers
+@pytest.fixture(autouse=True)
+def _reap():
+    yield
+    reap_cli_processes()
+
+
 def figure(test: str, **values: Any) -> None:
     """One line of figures for benchmarks/reliability.py: faults={kind: n}, requests_sent, records, leaked..."""
     target = os.environ.get("LLMPLAY_RELIABILITY_FIGURES")
     if target:
         with open(target, "a", encoding="utf-8") as f:
             f.write(json.dumps({"test": test, **values}) + "\n")
-
-
-def tiny_playbook(tmp_path: Path, *, steps: list[dict], name: str, duration: str = "2s", repeats: int = 1,
-                  on_failure: str = "continue", engine: dict | None = None, runtime: Any = None,
-                  gates: list[str] | None = None, **workload: Any) -> Path:
-    """cpu-tiny with short trials; `engine` entries are merged into the engine mapping."""
-    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny.yaml").read_text())
-    doc["metadata"]["name"] = name
-    doc["steps"] = steps
-    doc["trials"] = {"repeats": repeats, "interleave": True, "bootstrap_samples": 200, "on_failure": on_failure}
-    doc["workload"].update({"duration": duration, "warmup": "0.5s", **workload})
-    if "num_requests" in workload:
-        doc["workload"].pop("duration")
-    doc["engine"]["health"]["timeout"] = "60s"
-    doc["engine"].update(engine or {})
-    if runtime is not None:
-        doc["runtime"] = runtime
-    if gates is not None:
-        doc["goals"]["gates"] = gates
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def containers_of(docker_client, *, pid: int | None = None, run_id: str | None = None) -> list:
-    """Containers of one llmplay process or run: other runs on the same machine are not this test's."""
-    label = f"llmplay.pid={pid}" if pid is not None else f"llmplay.run={run_id}"
-    return docker_client.containers.list(all=True, filters={"label": label})
-
-
-def cli(*args: str, env_extra: dict | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    # The console script's own entry point (what `llmplay` runs), not `-m`: the CLI module is imported once.
-    return subprocess.Popen([sys.executable, "-c", "from llmplay.cli import main; main()", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def run_dir_of(archive: Path) -> Path | None:
-    found = sorted(archive.glob("*/*/manifest.json"))
-    return found[0].parent if found else None
 
 
 def manifest_of(archive: Path) -> dict:

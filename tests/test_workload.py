@@ -107,3 +107,21 @@ def test_llamacpp_tokenizer_makes_exact_lengths():
             assert tok.count(text) == n
         assert tok.make_text(17, 5) == tok.make_text(17, 5)
         tok.close()
+
+
+def test_tokenizer_json_on_disk_gives_exact_prompt_lengths(tmp_path):
+    """vLLM-style engines have no /tokenize: the model's own tokenizer.json builds exact prompts."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from llmplay.tokenizer import HfTokenizer, _random_words, make_tokenizer
+
+    hf = Tokenizer(models.BPE(unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    corpus = [_random_words(50, np.random.default_rng(i)) for i in range(200)]
+    hf.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"]))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = make_tokenizer("auto", None, model_dir=str(tmp_path))
+    assert isinstance(tok, HfTokenizer) and tok.exact
+    for n in (1, 17, 128):
+        assert tok.count(tok.make_text(n, 7)) == n
+    assert make_tokenizer("auto", None, model_dir=str(tmp_path / "nowhere")).exact is False
