@@ -1,6 +1,7 @@
 """The tuning run: baseline and steps, interleaved fresh-engine trials, verdicts, gates, all archived as it goes."""
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import getpass
 import os
@@ -125,15 +126,25 @@ class _Signals:
         os._exit(EXIT_INTERRUPTED)
 
     def _handle(self, signum, frame):  # noqa: ARG002
-        self.count += 1
-        if self.count == 1:
-            import threading
+        import asyncio
+        import threading
 
-            watchdog = threading.Timer(self.FORCE_AFTER_S, self._force)
-            watchdog.daemon = True
-            watchdog.start()
+        self.count += 1
+        if self.count > 1:
+            self._force()
+        watchdog = threading.Timer(self.FORCE_AFTER_S, self._force)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
             raise KeyboardInterrupt(f"signal {signum}")
-        self._force()
+        # Inside the load generator's event loop an exception raised here would land in some protocol
+        # callback, which the loop logs and swallows; cancelling its tasks unwinds it the asyncio way.
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
 
     def check(self) -> None:
         """Between trials: an interrupt that was swallowed somewhere still ends the run here."""
@@ -322,7 +333,7 @@ class TuningRun:
                     record_rows.append(_record_row(cand, verdict))
                     best = cand if carried else reference
                 final = best
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, asyncio.CancelledError):
             status, exit_code = "interrupted", EXIT_INTERRUPTED
             self.report("interrupted: engines stopped; archive kept, continue with --resume")
         except _StopRun as exc:
