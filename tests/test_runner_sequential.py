@@ -1,0 +1,82 @@
+"""The run's orchestration on synthetic trials: interleaving order, sequential stopping, carry-forward.
+
+Only the measuring of one trial is replaced (by samples with known effects); the plan, decisions,
+archive and report are the real ones.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from llmplay.archive import verify
+from llmplay.decide import TrialSample
+from llmplay.playbook import load_playbook
+from llmplay.results import TRIAL_OK, TrialRecord
+from llmplay.runner import RunOptions, TuningRun
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class SyntheticRun(TuningRun):
+    """TTFT p95 of a configuration is 200 ms, halved by parallel 4; `env.NOOP` changes nothing."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.order: list[tuple[str, str]] = []
+        self.rng = np.random.default_rng(0)
+
+    def _trial(self, config, step, role, repeat):
+        self.order.append((step, role))
+        self.trial_counter += 1
+        ttft_s = 0.2 * (0.5 if config.engine.args.get("parallel") == 4 else 1.0) * (1 + self.rng.normal(0, 0.05))
+        ttft = self.rng.lognormal(np.log(ttft_s), 0.2, 300)
+        out = np.full(300, 32.0)
+        sample = TrialSample(10.0, {"ttft": ttft, "tpot": ttft / 20, "e2el": ttft * 3, "itl": ttft / 20,
+                                    "output_tokens": out, "total_tokens": out * 4, "good": np.ones(300),
+                                    "window_output_tokens": self.rng.normal(960, 50, 10)}, 300, 0)
+        summary = {"ttft.p95": float(np.percentile(ttft, 95)), "throughput.output_tok_s": 960.0, "errors.rate": 0.0,
+                   "duration_s": 10.0}
+        trial = TrialRecord(trial_id=f"t{self.trial_counter:03d}", config_id=config.label, step=step, role=role,
+                            repeat=repeat, status=TRIAL_OK, started_utc="2026-12-02T00:00:00Z", wall_s=0.0,
+                            summary=summary)
+        self.archive.write_trial(trial, None, None, "")
+        return trial, sample
+
+
+def synthetic_playbook(tmp_path: Path, **trials) -> Path:
+    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny.yaml").read_text())
+    doc["runtime"] = "process"
+    doc["trials"] = {"repeats": 2, "bootstrap_samples": 300, **trials}
+    doc["steps"] = [{"name": "parallel-4", "set": {"parallel": 4}}, {"name": "noop", "set": {"env.NOOP": "1"}}]
+    path = tmp_path / "synthetic.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_interleaved_trials_and_carry_forward(tmp_path):
+    run = SyntheticRun(load_playbook(synthetic_playbook(tmp_path)), RunOptions(archive_root=tmp_path / "r"),
+                       report=lambda line: None)
+    outcome = run.execute()
+    assert [role for _, role in run.order[:4]] == ["baseline", "candidate", "baseline", "candidate"]
+    verdicts = {v.step: v for v in outcome.verdicts}
+    assert verdicts["parallel-4"].verdict == "kept" and verdicts["parallel-4"].carried
+    # the kept step is the reference of the next one, re-measured beside it
+    assert verdicts["noop"].baseline_config == "parallel-4"
+    assert verdicts["noop"].verdict != "kept"
+    assert outcome.final_config_id == "parallel-4"
+    assert verify(outcome.run_dir) == []
+
+
+def test_sequential_mode_stops_as_soon_as_decided(tmp_path):
+    run = SyntheticRun(load_playbook(synthetic_playbook(tmp_path, sequential=True, max_repeats=5)),
+                       RunOptions(archive_root=tmp_path / "r"), report=lambda line: None)
+    outcome = run.execute()
+    verdicts = {v.step: v for v in outcome.verdicts}
+    # a halved TTFT is decided by the first two pairs; the null step either settles or runs to max_repeats
+    assert len(verdicts["parallel-4"].trials_candidate) == 2
+    noop_trials = len(verdicts["noop"].trials_candidate)
+    assert 2 <= noop_trials <= 5
+    if verdicts["noop"].verdict == "inconclusive":
+        assert noop_trials == 5
