@@ -23,8 +23,15 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from llmplay.errors import ArchiveError
+from llmplay.hashing import sha256_file
 from llmplay.results import (
-    ConfigRecord, Finding, GateResult, MetricDelta, StepVerdict, TrialRecord, to_plain,
+    ConfigRecord,
+    Finding,
+    GateResult,
+    MetricDelta,
+    StepVerdict,
+    TrialRecord,
+    to_plain,
 )
 from llmplay.secrets import ENV_REF, REDACTED, redact, redact_text
 
@@ -51,14 +58,6 @@ def _have_pyarrow() -> bool:
     except ImportError:
         return False
     return True
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:

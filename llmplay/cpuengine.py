@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmplay.errors import InfrastructureError
+from llmplay.hashing import sha256_file
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
@@ -56,14 +57,6 @@ class CpuEngine:
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("LLMPLAY_CACHE", "~/.cache/llmplay")).expanduser()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _key(*parts: Any) -> str:
@@ -262,7 +255,7 @@ def build_image(client: Any, binary: Path, model: Path, cache: Path, force: bool
     import docker
 
     libs = shared_libraries(binary)
-    content = _key([_sha256(binary), _sha256(model)] + [(str(lib), _sha256(lib)) for lib in libs], MODEL_IN_IMAGE)
+    content = _key([sha256_file(binary), sha256_file(model)] + [(str(lib), sha256_file(lib)) for lib in libs], MODEL_IN_IMAGE)
     if not force:
         try:
             image = client.images.get(IMAGE_TAG)

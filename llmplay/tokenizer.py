@@ -91,14 +91,49 @@ class WordRatioTokenizer:
         return cls(reference.count(sample_text) / words if words else 1.0)
 
 
-class LlamaCppTokenizer:
+class _VocabularyTokenizer:
+    """Exact prompts from a model's own vocabulary: a random window of its tokens, decoded, then nudged until
+    the text re-encodes to exactly n tokens. Subclasses say how to encode and decode."""
+
+    exact = True
+    _corpus: list[int]
+
+    def tokenize(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def detokenize(self, tokens: list[int]) -> str:
+        raise NotImplementedError
+
+    def count(self, text: str) -> int:
+        return len(self.tokenize(text))
+
+    def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str:
+        if n_tokens <= 0:
+            return ""
+        gen = _rng(rng)
+        if len(self._corpus) < 4 * n_tokens + 64:
+            # One encode builds a corpus every later prompt slices from.
+            self._corpus = self.tokenize(_random_words(max(4 * n_tokens + 64, 2048), np.random.default_rng(0)))
+        start = int(gen.integers(0, max(1, len(self._corpus) - n_tokens)))
+        want, text = n_tokens, ""
+        for _ in range(8):
+            text = self.detokenize(self._corpus[start:start + want]).strip()
+            got = self.count(text)
+            if got == n_tokens:
+                return text
+            # Merges across the window edges change the count by a token or two; nudge and retry.
+            want = max(1, want + (n_tokens - got))
+            if start + want > len(self._corpus):
+                start = max(0, len(self._corpus) - want)
+        return text
+
+
+class LlamaCppTokenizer(_VocabularyTokenizer):
     """Exact counts through a llama.cpp server's /tokenize and /detokenize (the model's own vocabulary).
 
     Counts exclude the BOS token the server adds to a prompt, so usage.prompt_tokens is
     typically count(prompt) + 1.
     """
-
-    exact = True
 
     def __init__(self, base_url: str, *, timeout_s: float = 10.0, client: httpx.Client | None = None):
         self.base_url = base_url.rstrip("/")
@@ -136,36 +171,10 @@ class LlamaCppTokenizer:
             raise InfrastructureError(f"tokenizer at {self.base_url}/detokenize failed: {exc}; "
                                       "expected a llama.cpp server") from exc
 
-    def count(self, text: str) -> int:
-        return len(self.tokenize(text))
 
-    def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str:
-        """A random window of model tokens, detokenized, then trimmed/extended until it re-tokenizes to n."""
-        if n_tokens <= 0:
-            return ""
-        gen = _rng(rng)
-        if len(self._corpus) < 4 * n_tokens + 64:
-            # One tokenize call builds a corpus every later prompt slices from.
-            self._corpus = self.tokenize(_random_words(max(4 * n_tokens + 64, 2048), np.random.default_rng(0)))
-        start = int(gen.integers(0, len(self._corpus) - n_tokens))
-        want = n_tokens
-        for _ in range(8):
-            text = self.detokenize(self._corpus[start:start + want]).strip()
-            got = self.count(text)
-            if got == n_tokens:
-                return text
-            # Merges across the window edges change the count by a token or two; nudge and retry.
-            want = max(1, want + (n_tokens - got))
-            if start + want > len(self._corpus):
-                start = max(0, len(self._corpus) - want)
-        return text
-
-
-class HfTokenizer:
+class HfTokenizer(_VocabularyTokenizer):
     """Exact counts from a Hugging Face `tokenizer.json` on disk (the `tokenizers` library), for engines
     without a tokenize endpoint: vLLM, SGLang, TGI and TensorRT-LLM read the same file from model_dir."""
-
-    exact = True
 
     def __init__(self, path: str | Path):
         try:
@@ -178,30 +187,11 @@ class HfTokenizer:
         self.name = f"tokenizer.json at {self.path}"
         self._corpus: list[int] = []
 
-    def _encode(self, text: str) -> list[int]:
+    def tokenize(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def count(self, text: str) -> int:
-        return len(self._encode(text))
-
-    def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str:
-        """A random window of model tokens, decoded, nudged until it re-encodes to exactly n tokens."""
-        if n_tokens <= 0:
-            return ""
-        gen = _rng(rng)
-        if len(self._corpus) < 4 * n_tokens + 64:
-            self._corpus = self._encode(_random_words(max(4 * n_tokens + 64, 2048), np.random.default_rng(0)))
-        start = int(gen.integers(0, max(1, len(self._corpus) - n_tokens)))
-        want, text = n_tokens, ""
-        for _ in range(8):
-            text = self._tok.decode(self._corpus[start:start + want]).strip()
-            got = self.count(text)
-            if got == n_tokens:
-                return text
-            want = max(1, want + (n_tokens - got))
-            if start + want > len(self._corpus):
-                start = max(0, len(self._corpus) - want)
-        return text
+    def detokenize(self, tokens: list[int]) -> str:
+        return str(self._tok.decode(tokens))
 
 
 def find_tokenizer_json(model_dir: str | None) -> Path | None:

@@ -31,8 +31,11 @@ def test_short_bench_gives_sane_numbers(llama_url, tmp_path, api):
     s = result.summary
     assert result.model == discover_model(llama_url)
     assert s["errors.count"] == 0 and s["requests.completed"] == 6
-    assert s["ttft.p50"] is not None and s["ttft.p50"] > 0 and s["e2el.p50"] > s["ttft.p50"]
+    assert s["ttft.p50"] is not None and s["ttft.p50"] > 0
     measured = result.load.measured()
+    # p50s of TTFT (streamed only) and E2EL (all) describe different requests; per request, the last
+    # token comes after the first.
+    assert all(r.end_ns > r.first_chunk_ns > r.sent_ns for r in measured if r.stream)
     # ignore_eos: every request generates exactly max_tokens, counted by the server's usage.
     assert all(r.output_tokens == 8 and r.output_tokens_source == "usage" for r in measured)
     assert s["throughput.output_tok_s"] > 0
