@@ -113,7 +113,7 @@ def bench(url: str, workload_file: Path, model: str | None, json_path: str | Non
     workload, goals = load_workload(workload_file)
     results = run_sweep(url, workload, model=model, json_path=json_path, slo_s=goals.slo_s,
                         progress=sys.stderr.isatty())
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and CI logs: wide enough for the table
     for result in results:
         console.print(format_summary_table(result.summary))
 
