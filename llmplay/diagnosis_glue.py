@@ -99,7 +99,9 @@ def diagnose_run(playbook: Playbook, config: Config, samples: Sequence[TrialSamp
     scheduler = {"continuous_batching": bool(config.engine.args.get("cont_batching", True)),
                  "max_batch": config.engine.args.get("max_num_seqs") or config.engine.args.get("parallel"),
                  "concurrency": config.workload.concurrency, "rate": config.workload.rate,
-                 "prefix_caching": bool(config.engine.args.get("prefix_caching") or config.engine.args.get("cache_reuse")),
+                 # Every adapted engine caches prefixes by default now (vLLM V1, SGLang radix, TGI 3, llama.cpp
+                 # cache_prompt); only an explicit `prefix_caching: false` turns it off.
+                 "prefix_caching": config.engine.args.get("prefix_caching") is not False,
                  "shared_prefix_tokens": config.workload.prefix_tokens}
     if config.engine.kind in ("vllm", "sglang", "trtllm"):
         # These engines reserve the KV pool up front, so a ~90% peak is by design, not pressure.

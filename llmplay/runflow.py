@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -88,8 +88,37 @@ def print_outcome(console: Console, outcome: RunOutcome) -> None:
                       f"{verdict.reason}", markup=False)
     console.print(f"final configuration: {outcome.final_config_id}", markup=False)
     print_gates(console, outcome.gates)
+    print_diagnosis(console, outcome.diagnosis, outcome.findings)
     console.print(f"status {outcome.status}, exit {outcome.exit_code}; archive {outcome.run_dir}", markup=False)
     console.print(f"report: {outcome.run_dir / 'report.html'}", markup=False)
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "not measured"
+    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
+
+
+def print_diagnosis(console: Console, diagnosis: Mapping[str, Any], findings: Sequence[Mapping[str, Any]]) -> None:
+    """The checklist's memory breakdown, decode roofline and findings for the final configuration."""
+    memory = diagnosis.get("memory")
+    if memory:
+        share = f"{memory['kv_share']:.0%}" if memory.get("kv_share") is not None else "not measured"
+        console.print(f"memory ({memory.get('device', 'gpu')}): weights {_bytes(memory['weights_bytes'])}, "
+                      f"KV cache {_bytes(memory['kv_bytes'])} ({memory['tokens_in_flight']:.0f} tokens in flight x "
+                      f"{memory['kv_bytes_per_token']:.0f} B), other {_bytes(memory.get('other_bytes'))}, "
+                      f"peak {_bytes(memory.get('peak_bytes'))}, KV share {share}", markup=False)
+    roofline = diagnosis.get("roofline")
+    if roofline and roofline.get("achieved_over_floor") is not None:
+        console.print(f"decode roofline: floor {roofline['floor_s'] * 1000:.2f} ms/token ({roofline['bandwidth_source']}), "
+                      f"achieved {roofline['achieved_tpot_s'] * 1000:.2f} ms = {roofline['achieved_over_floor']:.1f}x the floor",
+                      markup=False)
+    for note in diagnosis.get("notes", []):
+        console.print(f"note: {note}", markup=False)
+    for finding in findings:
+        suggestion = f" -> {finding['suggestion']}" if finding.get("suggestion") else ""
+        console.print(f"finding [{finding['severity']}] {finding['checklist_ref']} {finding['title']}: "
+                      f"{finding['evidence']}{suggestion}", markup=False)
 
 
 def print_gates(console: Console, gates: Sequence[GateResult]) -> None:

@@ -60,6 +60,8 @@ class RunOutcome:
     gates: tuple[GateResult, ...]
     verdicts: tuple[StepVerdict, ...]
     tuning_record: tuple[Mapping[str, Any], ...]
+    findings: tuple[Mapping[str, Any], ...] = ()
+    diagnosis: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -358,7 +360,7 @@ class TuningRun:
         if crash is not None:
             raise crash
         return RunOutcome(self.archive.run_dir, exit_code, status, final.config.label, tuple(gates),
-                          tuple(self.verdicts), tuple(record_rows))
+                          tuple(self.verdicts), tuple(record_rows), tuple(findings), diagnosis)
 
 
 class _StopRun(Exception):
