@@ -21,7 +21,7 @@ from llmplay.archive import RunArchive
 from llmplay.decide import RECORD_METRICS, TrialSample, decide_step, evaluate_gates, pooled_summary, sample_from_records
 from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
-from llmplay.errors import EngineStartError, InfrastructureError, LlmplayError
+from llmplay.errors import EngineStartError, InfrastructureError, LlmplayError, PlaybookError
 from llmplay.plan import Config, apply_step, docker_run_argv, format_argv
 from llmplay.results import (
     FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, ConfigRecord, GateResult, StepVerdict, TrialRecord, to_plain,
@@ -97,7 +97,6 @@ def apply_overrides(playbook: Playbook, options: RunOptions) -> Playbook:
     if options.only:
         unknown = set(options.only) - {s.name for s in steps}
         if unknown:
-            from llmplay.errors import PlaybookError
             raise PlaybookError(f"--only {', '.join(sorted(unknown))}: no such step; expected one of: "
                                 f"{', '.join(s.name for s in steps)}")
         steps = tuple(s for s in steps if s.name in options.only)
