@@ -426,6 +426,16 @@ async def _progress_loop(run: _Run, total: int | None, duration_s: float | None,
             bar.update(task, completed=done if total else min(el, duration_s or el), stats=stats)
 
 
+class LoadInterrupted(BaseException):
+    """The load was cancelled (a signal): `partial` holds every request that had finished by then.
+
+    A BaseException, like the cancellation it replaces, so nothing between here and the runner swallows it."""
+
+    def __init__(self, partial: LoadResult):
+        super().__init__("load interrupted")
+        self.partial = partial
+
+
 async def run_load(client: httpx.AsyncClient, base_url: str, workload: Workload,
                    requests: Iterable[PlannedRequest], *, progress: bool = False,
                    tokenizer: Tokenizer | None = None) -> LoadResult:
@@ -440,8 +450,9 @@ async def run_load(client: httpx.AsyncClient, base_url: str, workload: Workload,
     arrival_rng = np.random.default_rng([workload.seed, 7])
     show = progress and sys.stderr.isatty()
     bar: asyncio.Task | None = None
+    t_warm = start_ns = _now()
+    interrupted = False
     try:
-        t_warm = _now()
         if workload.warmup_requests or workload.warmup_s:
             until = t_warm + int(workload.warmup_s * 1e9) if workload.warmup_s else None
             if mode == "closed":
@@ -457,17 +468,23 @@ async def run_load(client: httpx.AsyncClient, base_url: str, workload: Workload,
         else:
             await _open_phase(run, feed, arrival_rng, warmup=False, until_ns=until)
         end_wall = _now()
+    except asyncio.CancelledError:
+        interrupted, end_wall = True, _now()
     finally:
         if bar is not None:
             bar.cancel()
             await asyncio.gather(bar, return_exceptions=True)
-        await feed.aclose()
-    records = _count_missing_tokens(run.records, run.texts, tokenizer)
+        try:
+            await feed.aclose()
+        except asyncio.CancelledError:
+            interrupted = True
+    # Interrupted: no more calls to the engine (its tokenizer may be the reason we stop); keep what finished.
+    records = list(run.records) if interrupted else _count_missing_tokens(run.records, run.texts, tokenizer)
     measured = [r for r in records if not r.is_warmup]
     ends = [r.end_ns for r in measured if r.end_ns is not None]
     end_ns = max(ends) if ends else end_wall
     lag = np.array([(r.sent_ns - r.scheduled_ns) / 1e9 for r in measured]) if mode == "open" else np.array([])
-    return LoadResult(
+    result = LoadResult(
         records=tuple(sorted(records, key=lambda r: r.index)), mode=mode, start_ns=start_ns, end_ns=end_ns,
         duration_s=max(end_ns - start_ns, 0) / 1e9, warmup_duration_s=(start_ns - t_warm) / 1e9,
         schedule_lag_p50_s=float(np.percentile(lag, 50)) if lag.size else None,
@@ -476,6 +493,9 @@ async def run_load(client: httpx.AsyncClient, base_url: str, workload: Workload,
         tokenizer=tokenizer.name if tokenizer is not None else "none",
         counted_tokens=any(r.output_tokens_source == "counted" and r.ok for r in measured),
     )
+    if interrupted:
+        raise LoadInterrupted(result)
+    return result
 
 
 def _count_missing_tokens(records: list[RequestRecord], texts: dict[int, str],

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-TRIAL_OK, TRIAL_FAILED = "ok", "failed"
+TRIAL_OK, TRIAL_FAILED, TRIAL_INTERRUPTED = "ok", "failed", "interrupted"
 KEPT, REJECTED, INCONCLUSIVE, FAILED = "kept", "rejected", "inconclusive", "failed"
 
 
@@ -30,7 +30,7 @@ class TrialRecord:
     step: str | None  # the step this trial was measured for (None: baseline-only run)
     role: str  # "baseline" | "candidate"
     repeat: int  # 0-based repeat within its role for this step
-    status: str  # ok | failed
+    status: str  # ok | failed | interrupted (a signal; finished requests kept, resume re-runs it)
     started_utc: str
     wall_s: float
     summary: Mapping[str, float]  # flat metric paths -> value (load + telemetry + cost); absent = not measured

@@ -24,7 +24,7 @@ from llmplay.engines.base import Engine
 from llmplay.errors import EngineStartError, InfrastructureError, LlmplayError, PlaybookError
 from llmplay.plan import Config, apply_step, docker_run_argv, format_argv
 from llmplay.results import (
-    FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, ConfigRecord, GateResult, StepVerdict, TrialRecord, to_plain,
+    FAILED, KEPT, TRIAL_FAILED, TRIAL_INTERRUPTED, TRIAL_OK, ConfigRecord, GateResult, StepVerdict, TrialRecord, to_plain,
 )
 from llmplay.secrets import redact, redact_text, referenced_values, resolve_env, secret_values
 from llmplay.spec import Playbook, Step
@@ -194,7 +194,8 @@ class TuningRun:
         if self.options.resume:
             archive = RunArchive.open(self.options.resume, secrets=self.secrets)
             for trial in archive.trials():
-                self.done[(trial.step or "", trial.role, trial.repeat)] = trial
+                if trial.status != TRIAL_INTERRUPTED:  # an interrupted trial is measured again
+                    self.done[(trial.step or "", trial.role, trial.repeat)] = trial
                 self.trial_counter = max(self.trial_counter, int(trial.trial_id.lstrip("t") or 0))
             self.report(f"resuming {archive.run_dir}: {len(self.done)} trial(s) already archived")
             return archive
@@ -221,9 +222,13 @@ class TuningRun:
             self._signals.check()
         self.trial_counter += 1
         trial_id = f"t{self.trial_counter:03d}"
-        trial, records, telemetry, log = run_trial(self.playbook, config, self.engine, self.runtime_factory,
-                                                   trial_id=trial_id, step=step, role=role, repeat=repeat,
-                                                   run_id=self.archive.run_id, progress=self.options.progress)
+        try:
+            trial, records, telemetry, log = run_trial(self.playbook, config, self.engine, self.runtime_factory,
+                                                       trial_id=trial_id, step=step, role=role, repeat=repeat,
+                                                       run_id=self.archive.run_id, progress=self.options.progress)
+        except TrialInterrupted as stopped:
+            self.archive.write_trial(stopped.trial, stopped.records, None, stopped.log)
+            raise KeyboardInterrupt("interrupted mid-trial") from None
         self.archive.write_trial(trial, records, telemetry, log)
         self.report(_trial_line(trial))
         if self.playbook.trials.cooldown_s:
@@ -366,6 +371,14 @@ class _StopRun(Exception):
     pass
 
 
+class TrialInterrupted(BaseException):
+    """Carries a trial cut short by a signal out of the engine's context (which stops the engine) to the archive."""
+
+    def __init__(self, trial: TrialRecord, records: pd.DataFrame | None, log: str):
+        super().__init__(trial.error)
+        self.trial, self.records, self.log = trial, records, log
+
+
 def _try_resolve(env: Mapping[str, str]) -> dict[str, str]:
     try:
         return resolve_env(env)
@@ -477,7 +490,7 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
               trial_id: str, step: str | None, role: str, repeat: int, run_id: str, progress: bool = False
               ) -> tuple[TrialRecord, pd.DataFrame | None, pd.DataFrame | None, str]:
     """One fresh engine start, warm-up, measured load, telemetry; failures become a failed TrialRecord."""
-    from llmplay.load import run_load_sync
+    from llmplay.load import LoadInterrupted, run_load_sync
     from llmplay.metrics import summarize
     from llmplay.telemetry.sampler import TelemetrySampler
     from llmplay.tokenizer import make_tokenizer
@@ -504,6 +517,17 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
                                              tokenizer=tokenizer)
                     finally:
                         getattr(tokenizer, "close", lambda: None)()
+            except LoadInterrupted as exc:
+                # A signal mid-load: keep what finished (and the engine's log, while the container exists),
+                # then let the interrupt go on unwinding; --resume runs this trial again.
+                partial = exc.partial
+                measured = partial.measured()
+                summary = dict(summarize(partial.records, partial.duration_s, playbook.goals.slo_s).as_dict())
+                trial = TrialRecord(**base, status=TRIAL_INTERRUPTED, wall_s=time.perf_counter() - t0,
+                                    summary=summary, engine_describe=dict(runtime.describe()),
+                                    error=f"interrupted by a signal; {sum(r.ok for r in measured)} finished "
+                                          "request(s) kept, requests in flight were not recorded")
+                raise TrialInterrupted(trial, partial.to_dataframe(), runtime.logs()) from None
             except InfrastructureError as exc:
                 # The engine was healthy, then failed us (e.g. froze while its tokenizer was asked): this
                 # trial failed, the run goes on. Not EngineStartError's path: the container is still ours here.

@@ -64,8 +64,14 @@ def test_signal_mid_trial_leaves_no_container(cpu_engine, docker_client, tmp_pat
     assert proc.returncode == 130, out
     assert "Traceback" not in out
     assert llmplay_containers(docker_client, pid=proc.pid) == []
-    manifest = json.loads((run_dir_of(tmp_path / "reports") / "manifest.json").read_text())
+    run_dir = run_dir_of(tmp_path / "reports")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
+    # what the cut-short trial had measured is kept, marked interrupted so --resume measures it again
+    (trial,) = manifest["trials"]
+    assert trial["status"] == "interrupted" and "finished request(s) kept" in trial["error"]
+    assert trial["summary"]["requests.completed"] > 0 and trial["files"]["records"]
+    assert verify(run_dir) == []
 
 
 def test_kill9_then_resume_completes_and_verifies(cpu_engine, docker_client, tmp_path):
@@ -117,3 +123,22 @@ def test_engine_killed_mid_trial_is_a_failed_trial_and_the_run_goes_on(cpu_engin
     assert manifest["verdicts"][0]["verdict"] == "failed"
     assert trials[0]["files"]["log"].endswith("engine.log")  # the engine's own last words are archived
     assert llmplay_containers(docker_client, pid=proc.pid) == []
+
+
+def test_sigint_then_resume_measures_the_interrupted_trial_again(cpu_engine, docker_client, tmp_path):
+    path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="3s", repeats=2)
+    archive = tmp_path / "reports"
+    proc = cli("run", str(path), "--archive", str(archive))
+    wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the engine container")
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    run_dir = run_dir_of(archive)
+    resumed = cli("run", "--resume", str(run_dir), str(path))
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode in (0, 3), out
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    statuses = [t["status"] for t in manifest["trials"]]
+    assert statuses.count("ok") == 4 and statuses.count("interrupted") <= 1, statuses
+    assert manifest["status"] == "complete" and verify(run_dir) == []
