@@ -44,7 +44,7 @@ class TrialSample:
 
 def sample_from_records(records: Any, duration_s: float, summary: Mapping[str, float],
                         slo_s: Mapping[str, float], price_usd_per_hour: float) -> TrialSample:
-    from llmplay.metrics import per_request_arrays
+    from llmplay.metrics import good_mask, per_request_arrays
 
     measured = records[~records["is_warmup"].astype(bool)] if "is_warmup" in records else records
     ok = measured[measured["error_kind"].isna()] if "error_kind" in measured else measured
@@ -53,7 +53,7 @@ def sample_from_records(records: Any, duration_s: float, summary: Mapping[str, f
     in_tokens = ok["input_tokens"].to_numpy(dtype=float)
     arrays["output_tokens"] = out_tokens
     arrays["total_tokens"] = out_tokens + in_tokens
-    arrays["good"] = _good_mask(ok, slo_s)
+    arrays["good"] = good_mask(ok, slo_s)  # the same rule as the summary's goodput
     arrays.update(_windows(measured, ok, arrays, duration_s))
     return TrialSample(duration_s=duration_s, values=arrays, n_requests=len(measured),
                        n_errors=len(measured) - len(ok), scalars=dict(summary), price_usd_per_hour=price_usd_per_hour)
@@ -78,23 +78,6 @@ def _windows(measured: Any, ok: Any, arrays: Mapping[str, np.ndarray], duration_
     return {"window_output_tokens": per_window(arrays["output_tokens"]),
             "window_total_tokens": per_window(arrays["total_tokens"]),
             "window_requests": per_window(np.ones(len(ok))), "window_good": per_window(arrays["good"])}
-
-
-def _good_mask(ok: Any, slo_s: Mapping[str, float]) -> np.ndarray:
-    good = np.ones(len(ok), dtype=float)
-    if not len(ok):
-        return good
-    ttft = (ok["first_chunk_ns"] - ok["sent_ns"]).to_numpy(dtype=float) / 1e9
-    e2el = (ok["end_ns"] - ok["sent_ns"]).to_numpy(dtype=float) / 1e9
-    out = ok["output_tokens"].to_numpy(dtype=float)
-    if "ttft" in slo_s:
-        good *= np.nan_to_num(ttft, nan=np.inf) <= slo_s["ttft"]
-    if "e2el" in slo_s:
-        good *= e2el <= slo_s["e2el"]
-    if "tpot" in slo_s:
-        tpot = np.where(out > 1, (e2el - np.nan_to_num(ttft, nan=0)) / np.maximum(out - 1, 1), 0.0)
-        good *= tpot <= slo_s["tpot"]
-    return good
 
 
 def _stat(values: np.ndarray, stat: str) -> float | None:

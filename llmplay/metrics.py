@@ -75,7 +75,7 @@ def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
     }
 
 
-def _meets_slo(r: RequestRecord, slo_s: Mapping[str, float]) -> bool:
+def meets_slo(r: RequestRecord, slo_s: Mapping[str, float]) -> bool:
     e2el = (r.end_ns - r.sent_ns) / 1e9  # type: ignore[operator]
     ttft = (r.first_chunk_ns - r.sent_ns) / 1e9 if r.stream else e2el  # type: ignore[operator]
     values = {"ttft": ttft, "e2el": e2el}
@@ -83,6 +83,12 @@ def _meets_slo(r: RequestRecord, slo_s: Mapping[str, float]) -> bool:
         values["tpot"] = (e2el - ttft) / (r.output_tokens - 1)
     # A metric undefined for this request (TPOT of a one-token reply) cannot violate its SLO.
     return all(values.get(k) is None or values[k] <= limit for k, limit in slo_s.items() if k in SLO_KEYS)
+
+
+def good_mask(records: Any, slo_s: Mapping[str, float]) -> np.ndarray:
+    """1.0 per record that completed with text and met every SLO (goodput's numerator), else 0.0."""
+    return np.asarray([float(r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None
+                             and meets_slo(r, slo_s)) for r in _as_records(records)], dtype=float)
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,7 @@ def summarize(records: Any, duration_s: float, slo_s: Mapping[str, float] | None
     dur = duration_s if duration_s > 0 else None
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.input_tokens for r in ok)
-    good = sum(1 for r in ok if _meets_slo(r, slo)) if slo else len(ok)
+    good = sum(1 for r in ok if meets_slo(r, slo)) if slo else len(ok)
     values["throughput.req_s"] = len(ok) / dur if dur else None
     values["throughput.output_tok_s"] = out_tokens / dur if dur else None
     values["throughput.total_tok_s"] = (in_tokens + out_tokens) / dur if dur else None

@@ -129,3 +129,26 @@ def test_one_trial_per_side_never_decides():
     rng = np.random.default_rng(10)
     d = decide_step([trial(rng)], [trial(rng, tok_s=3000)], goals(), TRIALS)
     assert d.verdict == INCONCLUSIVE and "a single run misleads" in d.reason
+
+
+def test_decision_goodput_follows_the_summary_definition():
+    """Non-streamed requests: TTFT is their E2EL and TPOT is undefined, in the summary and the decision alike."""
+    from llmplay.decide import sample_from_records
+    from llmplay.load import RequestRecord, records_to_dataframe
+    from llmplay.metrics import summarize
+
+    def rec(i, stream, ttft_ms, e2el_ms, out=10):
+        sent = 1_000_000_000 + i * 1_000_000
+        first = sent + int(ttft_ms * 1e6)
+        return RequestRecord(index=i, is_warmup=False, stream=stream, scheduled_ns=sent, sent_ns=sent,
+                             first_chunk_ns=first, first_content_ns=first, chunk_ns=(first,),
+                             end_ns=sent + int(e2el_ms * 1e6), input_tokens=5, output_tokens=out,
+                             output_tokens_source="usage", finish_reason="length", http_status=200,
+                             error_kind=None, error_message=None, queue_wait_s=0.0)
+
+    # non-streamed: first text after 50 ms but the whole body after 400 ms -> its TTFT is 400 ms
+    records = [rec(0, True, 50, 100), rec(1, False, 50, 400), rec(2, True, 50, 3000), rec(3, False, 50, 150)]
+    slo = {"ttft": 0.2, "tpot": 0.1}
+    summary = summarize(records, 10.0, slo).as_dict()
+    sample = sample_from_records(records_to_dataframe(records), 10.0, summary, slo, 0.0)
+    assert metric_value([sample], "goodput.req_s") == pytest.approx(summary["goodput.req_s"]) == pytest.approx(0.2)
