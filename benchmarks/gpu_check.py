@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from llmplay.gpus import lookup_gpu  # noqa: E402  (pure, no third-party imports)
+from llmplay.tuning.diagnose.gpus import lookup_gpu  # noqa: E402  (pure, no third-party imports)
 from llmplay.telemetry.nvml import NvmlSource  # noqa: E402
 from llmplay.telemetry.sampler import TelemetrySampler  # noqa: E402
 

@@ -27,12 +27,12 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from instrument import InstrumentServer  # noqa: E402
+from llmplay_testing.instrument import InstrumentServer  # noqa: E402
 
-from llmplay.load import run_load_sync  # noqa: E402
+from llmplay.loadgen.send import run_load_sync  # noqa: E402
 from llmplay.spec import LengthDist, Workload  # noqa: E402
-from llmplay.tokenizer import WordRatioTokenizer  # noqa: E402
-from llmplay.workload import build_requests  # noqa: E402
+from llmplay.loadgen.tokenizer import WordRatioTokenizer  # noqa: E402
+from llmplay.loadgen.workload import build_requests  # noqa: E402
 
 PEERS_VENV = Path("/tmp/peers-venv")
 
@@ -108,7 +108,7 @@ fast.save_pretrained(sys.argv[1])
 def peer_tokenizer() -> Path:
     """A word-level tokenizer.json made here (peers insist on a HF tokenizer; none can be downloaded)."""
     if not (TOKENIZER_DIR / "tokenizer.json").exists():
-        from llmplay.tokenizer import WORDS
+        from llmplay.loadgen.tokenizer import WORDS
 
         subprocess.run([str(PEERS_VENV / "bin" / "python"), "-c", _MAKE_TOKENIZER, str(TOKENIZER_DIR),
                         ",".join(sorted(set(WORDS)))], check=True, capture_output=True)

@@ -44,7 +44,7 @@ KIND_LABELS = {
 def orphans() -> list[str]:
     """llmplay containers on this host whose llmplay process is gone: what a leak looks like."""
     try:
-        from llmplay import dockerd
+        from llmplay.runtime import dockerd
     except ImportError:
         return []
     client = dockerd.client()

@@ -46,7 +46,7 @@ def cli(debug: bool) -> None:
 @click.option("--allow-outside-extends", is_flag=True, help="Allow extends: to leave the playbook's directory.")
 def validate(files: tuple[Path, ...], allow_outside_extends: bool) -> None:
     """Check playbooks against the llmplay/v1 schema and the engine's knobs."""
-    from llmplay.playbook import load_playbook
+    from llmplay.playbook.load import load_playbook
 
     failed = 0
     for file in files:
@@ -67,9 +67,9 @@ def validate(files: tuple[Path, ...], allow_outside_extends: bool) -> None:
 @handles_errors
 def plan(file: Path, allow_outside_extends: bool) -> None:
     """Print the baseline, each step's configuration and command line, and the gates; starts nothing."""
-    from llmplay.playbook import load_playbook
+    from llmplay.playbook.load import load_playbook
     from llmplay.plan import build_plan
-    from llmplay.planview import render_plan
+    from llmplay.commands.plan import render_plan
 
     click.echo(render_plan(build_plan(load_playbook(file, allow_outside_extends=allow_outside_extends))))
 
@@ -92,7 +92,7 @@ def run(file: Path | None, archive_dir: str | None, resume: Path | None, dry_run
     Exit 0: the final configuration meets every gate; 3: a gate fails; 2: playbook error;
     1: infrastructure failure; 130: interrupted (resume with --resume).
     """
-    from llmplay.runflow import run_command
+    from llmplay.commands.run import run_command
 
     sys.exit(run_command(file, archive_dir=archive_dir, resume=resume, dry_run=dry_run, only=only, repeats=repeats,
                          duration=duration, warmup=warmup, allow_outside_extends=allow_outside_extends))
@@ -107,8 +107,8 @@ def bench(url: str, workload_file: Path, model: str | None, json_path: str | Non
     """Run one workload against an already running endpoint and print the summary."""
     from rich.console import Console
 
-    from llmplay.bench import format_summary_table, run_sweep
-    from llmplay.playbook import load_workload
+    from llmplay.tuning.sweep import format_summary_table, run_sweep
+    from llmplay.playbook.load import load_workload
 
     workload, goals = load_workload(workload_file)
     results = run_sweep(url, workload, model=model, json_path=json_path, slo_s=goals.slo_s,
@@ -138,7 +138,7 @@ def engine() -> None:
 @handles_errors
 def build_cpu(force: bool) -> None:
     """Build the embedded CPU engine image (llama.cpp + tiny model), cached under ~/.cache/llmplay."""
-    from llmplay.cpuengine import build_cpu_engine
+    from llmplay.runtime.cpu_image import build_cpu_engine
 
     result = build_cpu_engine(force=force)
     click.echo(f"CPU engine ready: {result}")
@@ -153,13 +153,13 @@ def build_cpu(force: bool) -> None:
 def retest(run_dir: Path, image: str | None, archive_dir: str | None, repeats: int | None, duration: str | None,
            html: Path | None) -> None:
     """Re-run an archived run's final configuration and compare; exit 4 on regression."""
-    from llmplay.runflow import retest_command
+    from llmplay.commands.run import retest_command
 
     sys.exit(retest_command(run_dir, image=image, archive_dir=archive_dir, repeats=repeats, duration=duration, html=html))
 
 
 def _register_archive_commands() -> None:
-    from llmplay.cli_archive import register
+    from llmplay.commands.archive import register
 
     register(cli)
 

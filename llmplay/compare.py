@@ -13,10 +13,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from llmplay.archive import RESOLVED_FILE, RunArchive, gate_from
+from llmplay.archive.store import RESOLVED_FILE, RunArchive, gate_from
 from llmplay.catalog import metric_info
 from llmplay.errors import LlmplayError
-from llmplay.results import TRIAL_OK, GateResult, TrialRecord
+from llmplay.archive.model import TRIAL_OK, GateResult, TrialRecord
 
 COMPARED_METRICS = ("ttft.p50", "ttft.p95", "ttft.p99", "tpot.p50", "tpot.p95", "itl.p50", "itl.p99", "e2el.p50",
                     "e2el.p95", "throughput.output_tok_s", "throughput.total_tok_s", "throughput.req_s",
@@ -87,7 +87,7 @@ class Comparison:
 # ---------------------------------------------------------------------------------------------- inputs
 def _goals_of(archive: RunArchive) -> tuple[Any | None, str | None]:
     """Run A's goals from its archived playbook (resolved first, as written next, the original file last)."""
-    from llmplay.playbook import load_playbook
+    from llmplay.playbook.load import load_playbook
 
     manifest = archive.manifest()
     candidates = [archive.run_dir / RESOLVED_FILE, archive.run_dir / (manifest["playbook"].get("file") or ""),
@@ -113,7 +113,7 @@ def _final_trials(archive: RunArchive) -> tuple[str, list[TrialRecord]]:
 
 def _sample(archive: RunArchive, trial: TrialRecord, slo_s: Mapping[str, float]) -> Any:
     """One archived trial as decide.TrialSample, built exactly as the runner built it."""
-    from llmplay.decide import sample_from_records
+    from llmplay.tuning.decide import sample_from_records
 
     records = archive.load_records(trial.trial_id)
     if not len(records):
@@ -125,7 +125,7 @@ def _sample(archive: RunArchive, trial: TrialRecord, slo_s: Mapping[str, float])
 
 
 def _side(archive: RunArchive, config_id: str, trials: Sequence[TrialRecord]) -> RunSide:
-    from llmplay.archive import _engine_of
+    from llmplay.archive.store import _engine_of
 
     m = archive.manifest()
     return RunSide(str(archive.run_dir), m["run_id"], m["playbook"]["name"], config_id,
@@ -163,7 +163,7 @@ def _pct(x: float | None) -> str:
 
 def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> Comparison:
     """Compare the final configuration of run B against run A's, with A's playbook deciding regressions."""
-    from llmplay.decide import compare_metric
+    from llmplay.tuning.decide import compare_metric
 
     archive_a, archive_b = RunArchive.open(Path(run_a)), RunArchive.open(Path(run_b))
     goals, note = _goals_of(archive_a)
@@ -268,7 +268,7 @@ def format_comparison_table(comparison: Comparison) -> str:
 
 def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
     """One self-contained HTML page (inline CSS and SVG, no script, no network)."""
-    from llmplay.archive import atomic_write_text
+    from llmplay.archive.store import atomic_write_text
     from llmplay.report import charts
     from llmplay.report.render import render_html
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from llmplay.load import ERROR_KINDS, RequestRecord, records_from_dataframe
+from llmplay.loadgen.send import ERROR_KINDS, RequestRecord, records_from_dataframe
 
 PERCENTILES = (50, 90, 95, 99)
 STAT_NAMES = ("mean", "std", "p50", "p90", "p95", "p99")

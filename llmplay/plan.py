@@ -2,32 +2,11 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
-from llmplay.errors import PlaybookError
-from llmplay.spec import Change, EngineSpec, Playbook, Step, Workload, frozen_map
-
-
-@dataclass(frozen=True)
-class Config:
-    """One thing to measure: an engine configuration under a workload."""
-
-    label: str  # "baseline" or the step name that produced it
-    engine: EngineSpec
-    workload: Workload
-
-
-@dataclass(frozen=True)
-class ChangeEffect:
-    target: str
-    old: Any
-    new: Any
-
-    def describe(self) -> str:
-        return f"{self.target}: {_show(self.old)} -> {_show(self.new)}"
+from llmplay.spec import ChangeEffect, Config, EngineSpec, Playbook, Step, apply_step
 
 
 @dataclass(frozen=True)
@@ -45,87 +24,6 @@ class Plan:
     engine: Engine
     baseline: Config
     steps: tuple[PlannedStep, ...]
-
-
-def _show(value: Any) -> str:
-    return "(engine default)" if value is None else repr(value)
-
-
-def current_value(config: Config, target: str) -> Any:
-    if target.startswith("args."):
-        return config.engine.args.get(target[5:])
-    if target.startswith("env."):
-        return config.engine.env.get(target[4:])
-    if target.startswith("workload."):
-        return getattr(config.workload, target[9:])
-    return getattr(config.engine, target)
-
-
-def apply_change(config: Config, change: Change) -> Config:
-    engine, workload, target = config.engine, config.workload, change.target
-    if target.startswith("args."):
-        engine = engine.with_knob(target[5:], change.value)
-    elif target.startswith("env."):
-        env = dict(engine.env)
-        env[target[4:]] = str(change.value)
-        engine = replace(engine, env=frozen_map(env))
-    elif target.startswith("workload."):
-        workload = replace(workload, **{target[9:]: change.value})
-    elif target == "gpus":
-        engine = replace(engine, gpus=tuple(map(str, change.value)) if isinstance(change.value, list) else change.value)
-    elif target == "extra_args":
-        engine = replace(engine, extra_args=tuple(map(str, change.value)))
-    else:
-        engine = replace(engine, **{target: change.value})
-    return Config(config.label, engine, workload)
-
-
-def apply_step(config: Config, step: Step) -> tuple[Config, tuple[ChangeEffect, ...]]:
-    """A new configuration; `config` is left as it was."""
-    effects = []
-    for change in step.changes:
-        effects.append(ChangeEffect(change.target, current_value(config, change.target), change.value))
-        config = apply_change(config, change)
-    return Config(step.name, config.engine, config.workload), tuple(effects)
-
-
-def check_playbook_knobs(playbook: Playbook, sources: Any = None) -> None:
-    """Knob names are checked against the engine adapter; messages carry the step's line."""
-    from llmplay.playbook import Problems, SourceMap, _hint, _display
-
-    problems = Problems(sources or SourceMap(), _display(playbook.path))
-    try:
-        engine = get_engine(playbook.engine.kind)
-    except PlaybookError as exc:
-        problems.add(("engine", "kind"), str(exc))
-        problems.raise_if_any()
-        raise
-    known = engine.known_knobs()
-    for knob in playbook.engine.args:
-        if knob not in engine.knobs:
-            problems.add(("engine", "args", knob), f"engine '{engine.kind}' has no knob '{knob}'{_hint(knob, known)}; "
-                                                   f"known knobs: {', '.join(known)}")
-    for i, step in enumerate(playbook.steps):
-        for change in step.changes:
-            key = change.target[5:] if change.target.startswith("args.") else None
-            if key is not None and key not in engine.knobs:
-                written = key if ("steps", i, "set", key) in problems.sources.entries else change.target
-                problems.add(("steps", i, "set", written),
-                             f"engine '{engine.kind}' has no knob '{key}'{_hint(key, known)}; known knobs: {', '.join(known)}")
-            if playbook.runtime.kind == "endpoint" and not change.target.startswith("workload."):
-                problems.add(("steps", i, "set"), f"step '{step.name}' changes {change.target}, but runtime endpoint "
-                                                  "cannot restart the engine; expected only workload.* steps, or runtime docker/process")
-    problems.raise_if_any()
-    # A step that sets what is already in effect measures nothing.
-    config = Config("baseline", playbook.engine, playbook.workload)
-    for i, step in enumerate(playbook.steps):
-        new_config, effects = apply_step(config, step)
-        for effect in effects:
-            if effect.old == effect.new:
-                problems.add(("steps", i, "set"), f"step '{step.name}' sets {effect.target} to {_show(effect.new)}, "
-                                                  "which is already in effect; expected a change")
-        config = new_config
-    problems.raise_if_any()
 
 
 def build_plan(playbook: Playbook) -> Plan:

@@ -2,7 +2,8 @@
 
 Units crossing module boundaries are SI and named: seconds (`_s`), tokens,
 requests per second, US dollars. Nothing here parses or validates; that is
-`playbook.py`'s job at the edge.
+the playbook package's job at the edge. A step applied to a configuration is a pure function of
+these values, so it lives here too: the loader checks steps with it and the plan builds with it.
 """
 from __future__ import annotations
 
@@ -197,3 +198,64 @@ class Playbook:
     cost: Cost
     runtime: RuntimeSpec
     resolved: Mapping[str, Any]  # the merged document after `extends:`, for the archive
+
+
+@dataclass(frozen=True)
+class Config:
+    """One thing to measure: an engine configuration under a workload."""
+
+    label: str  # "baseline" or the step name that produced it
+    engine: EngineSpec
+    workload: Workload
+
+
+@dataclass(frozen=True)
+class ChangeEffect:
+    target: str
+    old: Any
+    new: Any
+
+    def describe(self) -> str:
+        return f"{self.target}: {show_value(self.old)} -> {show_value(self.new)}"
+
+
+def show_value(value: Any) -> str:
+    return "(engine default)" if value is None else repr(value)
+
+
+def current_value(config: Config, target: str) -> Any:
+    if target.startswith("args."):
+        return config.engine.args.get(target[5:])
+    if target.startswith("env."):
+        return config.engine.env.get(target[4:])
+    if target.startswith("workload."):
+        return getattr(config.workload, target[9:])
+    return getattr(config.engine, target)
+
+
+def apply_change(config: Config, change: Change) -> Config:
+    engine, workload, target = config.engine, config.workload, change.target
+    if target.startswith("args."):
+        engine = engine.with_knob(target[5:], change.value)
+    elif target.startswith("env."):
+        env = dict(engine.env)
+        env[target[4:]] = str(change.value)
+        engine = replace(engine, env=frozen_map(env))
+    elif target.startswith("workload."):
+        workload = replace(workload, **{target[9:]: change.value})
+    elif target == "gpus":
+        engine = replace(engine, gpus=tuple(map(str, change.value)) if isinstance(change.value, list) else change.value)
+    elif target == "extra_args":
+        engine = replace(engine, extra_args=tuple(map(str, change.value)))
+    else:
+        engine = replace(engine, **{target: change.value})
+    return Config(config.label, engine, workload)
+
+
+def apply_step(config: Config, step: Step) -> tuple[Config, tuple[ChangeEffect, ...]]:
+    """A new configuration; `config` is left as it was."""
+    effects = []
+    for change in step.changes:
+        effects.append(ChangeEffect(change.target, current_value(config, change.target), change.value))
+        config = apply_change(config, change)
+    return Config(step.name, config.engine, config.workload), tuple(effects)

@@ -30,7 +30,7 @@ def _quiet(message: str) -> None:
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[Any]:
     """A docker SDK client; starts dockerd in the background first when none answers (root only)."""
-    from llmplay import dockerd
+    from llmplay.runtime import dockerd
     from llmplay.errors import InfrastructureError
 
     try:
@@ -45,7 +45,7 @@ def docker_client() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def cpu_binary() -> Any:
     """llama-server and the tiny model on the host (no Docker needed): a CpuEngine without image."""
-    from llmplay.cpuengine import build_cpu_engine
+    from llmplay.runtime.cpu_image import build_cpu_engine
     from llmplay.errors import InfrastructureError
 
     try:
@@ -57,7 +57,7 @@ def cpu_binary() -> Any:
 @pytest.fixture(scope="session")
 def cpu_engine(docker_client: Any) -> Any:
     """The CPU engine with its local image: `.image` (tag), `.model_path` (host), `.binary` (host)."""
-    from llmplay.cpuengine import build_cpu_engine
+    from llmplay.runtime.cpu_image import build_cpu_engine
     from llmplay.errors import InfrastructureError
 
     try:

@@ -8,13 +8,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from make_archive import SECRETS, shared_archive
+from llmplay_testing.make_archive import SECRETS, shared_archive
 
-from llmplay.archive import (
+from llmplay.archive.store import (
     MANIFEST, RunArchive, archive_root, list_runs, redact_yaml_text, schema_problems, verify,
 )
 from llmplay.cli import cli
-from llmplay.cli_archive import register
+from llmplay.commands.archive import register
 from llmplay.errors import ArchiveError
 
 register(cli)
@@ -109,9 +109,9 @@ def test_secrets_never_reach_any_file(run_dir):
 
 def test_archived_playbook_is_the_playbook_as_run(run_dir):
     import yaml
-    from make_archive import PLAYBOOK_TEXT
+    from llmplay_testing.make_archive import PLAYBOOK_TEXT
 
-    from llmplay.playbook import load_playbook
+    from llmplay.playbook.load import load_playbook
 
     assert (run_dir / "playbook.yaml").read_text() == PLAYBOOK_TEXT  # nothing secret in it: byte for byte
     for name in ("playbook.yaml", "playbook.resolved.yaml"):
@@ -161,7 +161,7 @@ def test_open_rejects_non_archives(tmp_path):
 
 
 def test_resume_appends_and_keeps_verifying(run_dir):
-    from llmplay.results import TrialRecord
+    from llmplay.archive.model import TrialRecord
 
     archive = RunArchive.open(run_dir, secrets=["late-secret-value"])
     archive.write_trial(TrialRecord("t013", "kv-cache-q8", "kv-cache-q8", "candidate", 2, "failed",
@@ -173,7 +173,7 @@ def test_resume_appends_and_keeps_verifying(run_dir):
 
 
 def test_csv_fallback_without_pyarrow(tmp_path, monkeypatch, run_dir):
-    import llmplay.archive as archive_mod
+    import llmplay.archive.store as archive_mod
 
     archive = RunArchive.open(run_dir)
     records = archive.load_records("t002")

@@ -3,9 +3,9 @@ from dataclasses import replace
 
 import pytest
 
-from llmplay.bench import discover_model, format_summary_table, run_bench
+from llmplay.tuning.sweep import discover_model, format_summary_table, run_bench
 from llmplay.spec import LengthDist, Workload
-from llmplay.tokenizer import LlamaCppTokenizer
+from llmplay.loadgen.tokenizer import LlamaCppTokenizer
 
 pytestmark = pytest.mark.docker
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from make_archive import shared_archive
+from llmplay_testing.make_archive import shared_archive
 from test_report import assert_self_contained
 
-from llmplay.archive import MANIFEST, RunArchive
+from llmplay.archive.store import MANIFEST, RunArchive
 from llmplay.cli import cli
-from llmplay.cli_archive import register
+from llmplay.commands.archive import register
 from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
 
 register(cli)

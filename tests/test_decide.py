@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmplay.decide import TrialSample, compare_metric, decide_step, evaluate_gates, metric_value
-from llmplay.results import INCONCLUSIVE, KEPT, REJECTED
+from llmplay.tuning.decide import TrialSample, compare_metric, decide_step, evaluate_gates, metric_value
+from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED
 from llmplay.spec import Gate, Goals, Guard, Objective, Trials
 
 TRIALS = Trials(repeats=3, bootstrap_samples=400)
@@ -133,8 +133,8 @@ def test_one_trial_per_side_never_decides():
 
 def test_decision_goodput_follows_the_summary_definition():
     """Non-streamed requests: TTFT is their E2EL and TPOT is undefined, in the summary and the decision alike."""
-    from llmplay.decide import sample_from_records
-    from llmplay.load import RequestRecord, records_to_dataframe
+    from llmplay.tuning.decide import sample_from_records
+    from llmplay.loadgen.send import RequestRecord, records_to_dataframe
     from llmplay.metrics import summarize
 
     def rec(i, stream, ttft_ms, e2el_ms, out=10):

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmplay.diagnose import (
+from llmplay.tuning.diagnose.rules import (
     Finding,
     MemoryBreakdown,
     ModelFacts,
@@ -21,7 +21,7 @@ from llmplay.diagnose import (
     prefill_mfu,
     targets_from_gates,
 )
-from llmplay.gpus import lookup_gpu
+from llmplay.tuning.diagnose.gpus import lookup_gpu
 from llmplay.spec import Gate
 
 GiB = 2**30

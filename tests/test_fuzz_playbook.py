@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmplay.errors import PlaybookError
-from llmplay.playbook import load_playbook
+from llmplay.playbook.load import load_playbook
 
 VALID = {
     "apiVersion": "llmplay/v1", "kind": "Playbook", "metadata": {"name": "fuzz"},

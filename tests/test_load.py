@@ -3,14 +3,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from instrument import InstrumentServer
+from llmplay_testing.instrument import InstrumentServer
 from scipy import stats
 
-from llmplay.load import records_from_dataframe, run_load_sync
+from llmplay.loadgen.send import records_from_dataframe, run_load_sync
 from llmplay.metrics import summarize
 from llmplay.spec import LengthDist, Workload
-from llmplay.tokenizer import LlamaCppTokenizer, WordRatioTokenizer
-from llmplay.workload import build_requests, iter_requests
+from llmplay.loadgen.tokenizer import LlamaCppTokenizer, WordRatioTokenizer
+from llmplay.loadgen.workload import build_requests, iter_requests
 
 TOK = WordRatioTokenizer()
 BASE = Workload(concurrency=4, num_requests=8, input=LengthDist("fixed", value=6),
@@ -222,7 +222,7 @@ def test_run_load_with_a_caller_supplied_client(srv):
 
     import httpx
 
-    from llmplay.load import run_load
+    from llmplay.loadgen.send import run_load
 
     async def main():
         async with httpx.AsyncClient() as client:
@@ -246,7 +246,7 @@ def test_transport_reassembles_a_byte_by_byte_chunked_body_and_retries_a_stale_c
 
     import httpx
 
-    from llmplay.transport import StreamingTransport
+    from llmplay.loadgen.transport import StreamingTransport
 
     body = b"4\r\nabcd\r\n3;ext=1\r\nefg\r\n0\r\nx-trailer: 1\r\n\r\n"
     head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"

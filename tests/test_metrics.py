@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from llmplay.load import RequestRecord, records_from_dataframe, records_to_dataframe
+from llmplay.loadgen.send import RequestRecord, records_from_dataframe, records_to_dataframe
 from llmplay.metrics import per_request_arrays, summarize
 
 MS = 1_000_000

@@ -8,7 +8,8 @@ import pytest
 
 from llmplay import units
 from llmplay.errors import PlaybookError
-from llmplay.playbook import deep_merge, load_playbook, load_workload
+from llmplay.playbook.extends import deep_merge
+from llmplay.playbook.load import load_playbook, load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOKS = sorted((ROOT / "playbooks").glob("*.yaml"))

@@ -17,15 +17,16 @@ from typing import Any
 
 import pytest
 
-from llmplay.archive import verify
-from llmplay.load import ERROR_KINDS, run_load_sync
-from llmplay.playbook import load_playbook, load_workload
-from llmplay.runner import RunOptions, run_playbook
-from llmplay.tokenizer import WordRatioTokenizer
-from llmplay.workload import build_requests
+from llmplay.archive.store import verify
+from llmplay.loadgen.send import ERROR_KINDS, run_load_sync
+from llmplay.playbook.load import load_playbook, load_workload
+from llmplay.report import publish_report
+from llmplay.tuning.run import RunOptions, run_playbook
+from llmplay.loadgen.tokenizer import WordRatioTokenizer
+from llmplay.loadgen.workload import build_requests
 
-from cpu_runs import ROOT, cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
-from fault_server import FaultServer
+from llmplay_testing.cpu_runs import ROOT, cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
+from llmplay_testing.fault_server import FaultServer
 
 DATA = Path(__file__).resolve().parent / "data" / "reliability"
 
@@ -139,7 +140,7 @@ def test_engine_oom_at_start_is_a_failed_trial_with_cause_and_log_and_the_run_go
     archive = tmp_path / "reports"
     lines: list[str] = []
     with ManifestWatcher(archive) as watcher:
-        outcome = run_playbook(load_playbook(path), RunOptions(archive_root=archive), report=lines.append)
+        outcome = run_playbook(load_playbook(path), RunOptions(archive_root=archive), publish=publish_report, report=lines.append)
     manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
     trials = {t["trial_id"]: t for t in manifest["trials"]}
     failed = [t for t in trials.values() if t["status"] == "failed"]
@@ -217,8 +218,8 @@ def test_engine_frozen_mid_trial_is_recorded_requests_never_dropped_container_re
     trial = manifest["trials"][0]
     kinds: dict[str, int] = {}
     if trial["files"].get("records"):
-        from llmplay.archive import RunArchive
-        from llmplay.load import records_from_dataframe
+        from llmplay.archive.store import RunArchive
+        from llmplay.loadgen.send import records_from_dataframe
 
         records = records_from_dataframe(RunArchive.open(run_dir).load_records(trial["trial_id"]))
         kinds = assert_every_record_accounted(records, len(records))  # every planned index, exactly once
@@ -242,11 +243,11 @@ def test_5xx_bursts_and_resets_in_front_of_the_real_engine_every_request_account
         path = tiny_playbook(tmp_path, name="bursts", steps=[], num_requests=40, warmup=0, concurrency=2,
                              input={"fixed": 16}, output={"fixed": 8}, prefix_tokens=0,
                              runtime={"kind": "endpoint", "url": proxy.url}, gates=["errors.rate < 1%"])
-        outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "reports"),
+        outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "reports"), publish=publish_report,
                                report=lambda line: None)
         stats = proxy.stats.as_dict()
-    from llmplay.archive import RunArchive
-    from llmplay.load import records_from_dataframe
+    from llmplay.archive.store import RunArchive
+    from llmplay.loadgen.send import records_from_dataframe
 
     manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
     trial = manifest["trials"][0]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from make_archive import SECRETS, shared_archive
+from llmplay_testing.make_archive import SECRETS, shared_archive
 
-from llmplay.archive import MANIFEST, RunArchive, verify
+from llmplay.archive.store import MANIFEST, RunArchive, verify
 from llmplay.cli import cli
-from llmplay.cli_archive import register
+from llmplay.commands.archive import register
 from llmplay.report.render import fmt_value, render_report, request_arrays
 
 register(cli)
@@ -163,8 +163,9 @@ def test_report_from_a_real_cpu_run(cpu_engine, tmp_path):
     import yaml
 
     from llmplay.compare import compare_runs
-    from llmplay.playbook import load_playbook
-    from llmplay.runner import RunOptions, run_playbook
+    from llmplay.playbook.load import load_playbook
+    from llmplay.report import publish_report
+    from llmplay.tuning.run import RunOptions, run_playbook
 
     root = Path(__file__).resolve().parents[1]
     doc = yaml.safe_load((root / "playbooks" / "cpu-tiny.yaml").read_text())
@@ -174,7 +175,7 @@ def test_report_from_a_real_cpu_run(cpu_engine, tmp_path):
     doc["workload"].update({"duration": "3s", "warmup": "1s"})
     path = tmp_path / "cpu-report.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "reports"), report=lambda _: None)
+    outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "reports"), publish=publish_report, report=lambda _: None)
     assert outcome.status == "complete"
     assert verify(outcome.run_dir) == []
     html = (outcome.run_dir / "report.html").read_text()

@@ -7,12 +7,13 @@ import time
 
 import pytest
 
-from llmplay.archive import verify
-from llmplay.playbook import load_playbook
-from llmplay.results import KEPT
-from llmplay.runner import RunOptions, run_playbook
+from llmplay.archive.store import verify
+from llmplay.playbook.load import load_playbook
+from llmplay.archive.model import KEPT
+from llmplay.report import publish_report
+from llmplay.tuning.run import RunOptions, run_playbook
 
-from cpu_runs import cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
+from llmplay_testing.cpu_runs import cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -27,7 +28,7 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
         {"name": "useless-env", "description": "changes nothing the engine reads", "set": {"env.LLMPLAY_NOOP": "1"}},
     ]))
     lines: list[str] = []
-    outcome = run_playbook(playbook, RunOptions(archive_root=tmp_path / "reports"), report=lines.append)
+    outcome = run_playbook(playbook, RunOptions(archive_root=tmp_path / "reports"), publish=publish_report, report=lines.append)
     assert outcome.status == "complete", lines
     by_step = {v.step: v for v in outcome.verdicts}
     parallel = by_step["parallel-4"]

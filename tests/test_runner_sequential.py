@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from llmplay.archive import verify
-from llmplay.decide import TrialSample
-from llmplay.playbook import load_playbook
-from llmplay.results import TRIAL_OK, TrialRecord
-from llmplay.runner import RunOptions, TuningRun
+from llmplay.archive.store import verify
+from llmplay.tuning.decide import TrialSample
+from llmplay.playbook.load import load_playbook
+from llmplay.archive.model import TRIAL_OK, TrialRecord
+from llmplay.tuning.run import RunOptions, TuningRun
 
 ROOT = Path(__file__).resolve().parents[1]
 

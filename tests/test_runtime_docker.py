@@ -200,7 +200,7 @@ def test_endpoint_runtime_unreachable_is_an_engine_start_error() -> None:
 def test_cpu_engine_second_build_is_cached(cpu_engine: Any) -> None:
     import time
 
-    from llmplay.cpuengine import build_cpu_engine
+    from llmplay.runtime.cpu_image import build_cpu_engine
 
     t0 = time.perf_counter()
     again = build_cpu_engine(log=lambda m: pytest.fail(f"rebuilt: {m}"))

@@ -1,5 +1,5 @@
 """SSE parsing with byte fixtures: what is timestamped, what is skipped, where the stream ends."""
-from llmplay.sse import DONE, ERROR, ROLE, TEXT, USAGE, SSEDecoder, StreamState, parse_event
+from llmplay.loadgen.sse import DONE, ERROR, ROLE, TEXT, USAGE, SSEDecoder, StreamState, parse_event
 
 COMPLETION = (b'data: {"choices":[{"index":0,"text":" Hello","finish_reason":null}]}\n\n'
               b'data: {"choices":[{"index":0,"text":" world","finish_reason":"length"}]}\n\n'

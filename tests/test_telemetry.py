@@ -22,7 +22,7 @@ from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.prom import PrometheusSource, parse_metrics
 from llmplay.telemetry.proc import ProcessSource, docker_memory_bytes
 from llmplay.telemetry.sampler import Reading, Sample, TelemetrySampler, TelemetrySeries, counter_delta, summarize
-from fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
+from llmplay_testing.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
 
 GiB = 2**30
 
@@ -433,7 +433,7 @@ def test_docker_stats_source_real_container() -> None:
 
 def _run_stats_container(client) -> None:
     """The CPU engine image llmplay builds (llama-server and the tiny model inside) as the measured container."""
-    from llmplay.cpuengine import IMAGE_TAG, MODEL_IN_IMAGE
+    from llmplay.runtime.cpu_image import IMAGE_TAG, MODEL_IN_IMAGE
     from llmplay.telemetry.proc import DockerStatsSource
 
     if not client.images.list(name=IMAGE_TAG):
@@ -457,13 +457,13 @@ _VENDOR = Path("/tmp/bg/llama_cpp_python-0.3.36/vendor/llama.cpp")  # where this
 
 
 def _cpu_cache() -> Path:
-    from llmplay.cpuengine import default_cache_dir
+    from llmplay.runtime.cpu_image import default_cache_dir
 
     return default_cache_dir()
 
 
 def _llama_server_binary() -> str | None:
-    from llmplay.cpuengine import binary_path
+    from llmplay.runtime.cpu_image import binary_path
 
     for cand in (os.environ.get("LLMPLAY_LLAMA_SERVER"), str(binary_path(_cpu_cache())), shutil.which("llama-server"),
                  "/tmp/bg/build/bin/llama-server"):
@@ -536,7 +536,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def tiny_llama_server(tmp_path_factory):
-    from llmplay.cpuengine import model_path
+    from llmplay.runtime.cpu_image import model_path
 
     binary, vocab, cached = _llama_server_binary(), _vocab_gguf(), model_path(_cpu_cache())
     if binary is None or (vocab is None and not cached.is_file()):
@@ -592,7 +592,7 @@ def test_real_llama_server_metrics_and_process(tiny_llama_server) -> None:
 
 
 def test_real_llama_server_cpu_diagnosis(tiny_llama_server) -> None:
-    from llmplay.diagnose import diagnose, memory_breakdown, model_facts_from_gguf
+    from llmplay.tuning.diagnose.rules import diagnose, memory_breakdown, model_facts_from_gguf
 
     url, proc, model = tiny_llama_server
     f = model_facts_from_gguf(model)

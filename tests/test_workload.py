@@ -3,11 +3,11 @@ import json
 
 import numpy as np
 import pytest
-from instrument import InstrumentServer
+from llmplay_testing.instrument import InstrumentServer
 
 from llmplay.spec import LengthDist, Workload
-from llmplay.tokenizer import LlamaCppTokenizer, WordRatioTokenizer, make_tokenizer
-from llmplay.workload import WorkloadError, build_requests, draw_length, iter_requests
+from llmplay.loadgen.tokenizer import LlamaCppTokenizer, WordRatioTokenizer, make_tokenizer
+from llmplay.loadgen.workload import WorkloadError, build_requests, draw_length, iter_requests
 
 TOK = WordRatioTokenizer()
 
@@ -113,7 +113,7 @@ def test_tokenizer_json_on_disk_gives_exact_prompt_lengths(tmp_path):
     """vLLM-style engines have no /tokenize: the model's own tokenizer.json builds exact prompts."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from llmplay.tokenizer import HfTokenizer, _random_words, make_tokenizer
+    from llmplay.loadgen.tokenizer import HfTokenizer, _random_words, make_tokenizer
 
     hf = Tokenizer(models.BPE(unk_token="[UNK]"))
     hf.pre_tokenizer = pre_tokenizers.Whitespace()

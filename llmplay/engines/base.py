@@ -59,6 +59,11 @@ class Engine:
         if knob not in self.knobs:
             raise UnknownKnob(self.kind, knob, self.known_knobs())
 
+    def check_value(self, knob: str, value: Scalar) -> None:
+        """Raises BadKnobValue when the adapter cannot render `value`, so the loader refuses it up front."""
+        self.check_knob(knob)
+        self.knobs[knob](value)
+
     def server_args(self, spec: EngineSpec, port: int | None = None) -> list[str]:
         """The server's flags: model/port/host, then each knob in playbook order, then extra_args."""
         argv = self.base_command(spec, port or spec.port or self.default_port)
@@ -83,7 +88,7 @@ class Engine:
 
 class BadKnobValue(ValueError):
     def __init__(self, engine: str, knob: str, value: Scalar, expected: str):
-        self.engine, self.knob, self.value = engine, knob, value
+        self.engine, self.knob, self.value, self.expected = engine, knob, value, expected
         super().__init__(f"engine '{engine}' knob '{knob}': found {value!r}, expected {expected}")
 
 

@@ -4,16 +4,18 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from llmplay.archive import REPORT_FILE, RESOLVED_FILE, RunArchive, atomic_write_text, gpu_label
+from llmplay.archive.store import REPORT_FILE, RESOLVED_FILE, RunArchive, atomic_write_text, gpu_label
 from llmplay.catalog import metric_info
+from llmplay.errors import ArchiveError
 from llmplay.report import charts
-from llmplay.results import TRIAL_OK, StepVerdict, TrialRecord
+from llmplay.archive.model import TRIAL_OK, StepVerdict, TrialRecord
 
 LOG_TAIL_LINES = 60
 _URL = re.compile(r"https?://[^\s,;]+")
@@ -625,4 +627,20 @@ def render_report(run_dir: Path) -> Path:
     html = render_html("report.html.j2", build_context(archive))
     path = archive.run_dir / REPORT_FILE
     atomic_write_text(path, html)
+    return path
+
+
+def publish_report(run_dir: Path) -> Path:
+    """(Re-)write report.html and record its hash in the archive; a rendering bug never loses the run."""
+    archive = RunArchive.open(Path(run_dir))
+    try:
+        path = render_report(archive.run_dir)
+    except ArchiveError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the measurements are safe on disk; say how to retry
+        archive.record_report_error(f"{type(exc).__name__}: {exc}")
+        sys.stderr.write(f"warning: report.html not written ({type(exc).__name__}: {exc}); the archive is "
+                         f"complete, re-render with `llmplay report {archive.run_dir}`\n")
+        return archive.run_dir / REPORT_FILE
+    archive.record_report(REPORT_FILE)
     return path

@@ -30,7 +30,7 @@ CPU_IMAGE_HINT = "build it: `llmplay engine build-cpu` (or scripts/cpu-engine.sh
 
 def connect(docker_host: str | None = None, timeout_s: float = 120.0) -> Any:
     """A client for a daemon that answers, or an InfrastructureError saying how to start one."""
-    from llmplay import dockerd
+    from llmplay.runtime import dockerd
 
     if docker_host:
         try:

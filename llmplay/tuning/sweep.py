@@ -10,11 +10,11 @@ from typing import Any, Mapping
 import httpx
 
 from llmplay.errors import InfrastructureError
-from llmplay.load import LoadResult, run_load_sync
+from llmplay.loadgen.send import LoadResult, run_load_sync
 from llmplay.metrics import Summary, summarize
 from llmplay.spec import Workload
-from llmplay.tokenizer import Tokenizer, make_tokenizer
-from llmplay.workload import iter_requests
+from llmplay.loadgen.tokenizer import Tokenizer, make_tokenizer
+from llmplay.loadgen.workload import iter_requests
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import getpass
 import os
-import platform
 import re
 import signal
-import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,18 +13,18 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
-from llmplay import __version__
-from llmplay.archive import RunArchive
-from llmplay.decide import RECORD_METRICS, TrialSample, decide_step, evaluate_gates, pooled_summary, sample_from_records
+from llmplay.archive.store import RunArchive
+from llmplay.tuning.environment import describe_environment
+from llmplay.tuning.decide import RECORD_METRICS, TrialSample, decide_step, evaluate_gates, pooled_summary, sample_from_records
 from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
 from llmplay.errors import EngineStartError, InfrastructureError, LlmplayError, PlaybookError
-from llmplay.plan import Config, apply_step, docker_run_argv, format_argv
-from llmplay.results import (
+from llmplay.plan import docker_run_argv, format_argv
+from llmplay.archive.model import (
     FAILED, KEPT, TRIAL_FAILED, TRIAL_INTERRUPTED, TRIAL_OK, ConfigRecord, GateResult, StepVerdict, TrialRecord, to_plain,
 )
-from llmplay.secrets import redact, redact_text, referenced_values, resolve_env, secret_values
-from llmplay.spec import Playbook, Step
+from llmplay.redaction import redact, redact_text, referenced_values, resolve_env, secret_values
+from llmplay.spec import Config, Playbook, Step, apply_step
 
 EXIT_OK, EXIT_INFRA, EXIT_PLAYBOOK, EXIT_GATES, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -199,7 +196,7 @@ class TuningRun:
                 self.trial_counter = max(self.trial_counter, int(trial.trial_id.lstrip("t") or 0))
             self.report(f"resuming {archive.run_dir}: {len(self.done)} trial(s) already archived")
             return archive
-        env = _environment(self.playbook)
+        env = describe_environment(self.playbook, started_utc=_utc_now())
         archive = RunArchive.create(self.options.archive_root, self.playbook, overrides=self.options.overrides(),
                                     environment=env, secrets=self.secrets)
         self.report(f"archive: {archive.run_dir}")
@@ -407,48 +404,6 @@ def _trial_line(trial: TrialRecord) -> str:
             f"{s.get('tpot.p95', float('nan')) * 1000:.2f} ms, errors {s.get('errors.rate', 0):.1%}")
 
 
-def _docker_version(playbook: Playbook) -> str | None:
-    if playbook.runtime.kind != "docker":
-        return None
-    try:
-        from llmplay.runtime.docker import connect
-        return str(connect(playbook.runtime.docker_host, timeout_s=10).version().get("Version"))
-    except Exception:  # noqa: BLE001 - the header then says "Docker —"; the run itself reports real failures
-        return None
-
-
-def _environment(playbook: Playbook) -> dict[str, Any]:
-    import sys
-
-    gpu = gpu_inventory()
-    return {"host": socket.gethostname(), "docker": _docker_version(playbook), "user": getpass.getuser(), "llmplay_version": __version__,
-            "python": sys.version.split()[0], "platform": platform.platform(), "gpu": gpu,
-            "seed": playbook.workload.seed, "started_utc": _utc_now()}
-
-
-def gpu_inventory(nvml: Any = None) -> dict[str, Any] | None:
-    """GPU model, driver and CUDA version for the archive header; None on a machine without NVML."""
-    try:
-        if nvml is None:
-            import pynvml as nvml
-        nvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver/library is the normal CPU case; the report says "CPU only"
-        return None
-    try:
-        count = nvml.nvmlDeviceGetCount()
-        names = [str(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
-        cuda = nvml.nvmlSystemGetCudaDriverVersion()
-        return {"name": names[0] if names else None, "names": names, "count": count,
-                "driver": str(nvml.nvmlSystemGetDriverVersion()), "cuda": f"{cuda // 1000}.{cuda % 1000 // 10}"}
-    except Exception as exc:  # noqa: BLE001
-        return {"error": f"NVML query failed: {exc}"}
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
-
-
 def telemetry_sources(runtime: Any, endpoint: Any, engine: Engine, spec: Any) -> list[Any]:
     """What can be sampled for this engine: its /metrics, its container or process, and its GPUs."""
     from llmplay.telemetry.nvml import NvmlSource
@@ -490,11 +445,11 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
               trial_id: str, step: str | None, role: str, repeat: int, run_id: str, progress: bool = False
               ) -> tuple[TrialRecord, pd.DataFrame | None, pd.DataFrame | None, str]:
     """One fresh engine start, warm-up, measured load, telemetry; failures become a failed TrialRecord."""
-    from llmplay.load import LoadInterrupted, run_load_sync
+    from llmplay.loadgen.send import LoadInterrupted, run_load_sync
     from llmplay.metrics import summarize
     from llmplay.telemetry.sampler import TelemetrySampler
-    from llmplay.tokenizer import make_tokenizer
-    from llmplay.workload import iter_requests
+    from llmplay.loadgen.tokenizer import make_tokenizer
+    from llmplay.loadgen.workload import iter_requests
 
     started, t0 = _utc_now(), time.perf_counter()
     labels = {"llmplay.run": run_id, "llmplay.trial": trial_id, "llmplay.config": config.label}
@@ -564,11 +519,16 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
 
 def _diagnose(playbook: Playbook, final: _Measured, summary: Mapping[str, float]) -> tuple[list, dict]:
     try:
-        from llmplay.diagnosis_glue import diagnose_run
+        from llmplay.tuning.diagnose.from_trials import diagnose_run
     except ImportError:
         return [], {}
     return diagnose_run(playbook, final.config, final.samples, summary)
 
 
-def run_playbook(playbook: Playbook, options: RunOptions, **kwargs: Any) -> RunOutcome:
-    return TuningRun(playbook, options, **kwargs).execute()
+def run_playbook(playbook: Playbook, options: RunOptions, *, publish: Callable[[Path], Any] | None = None,
+                 **kwargs: Any) -> RunOutcome:
+    """Run the playbook; `publish` (the report renderer, passed in by the command) runs on the finished archive."""
+    outcome = TuningRun(playbook, options, **kwargs).execute()
+    if publish is not None:
+        publish(outcome.run_dir)
+    return outcome

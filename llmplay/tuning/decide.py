@@ -14,7 +14,7 @@ import numpy as np
 from scipy import stats
 
 from llmplay.catalog import METRICS, metric_info
-from llmplay.results import FAILED, INCONCLUSIVE, KEPT, REJECTED, GateResult, MetricDelta
+from llmplay.archive.model import FAILED, INCONCLUSIVE, KEPT, REJECTED, GateResult, MetricDelta
 from llmplay.spec import Gate, Goals, Trials
 
 PER_REQUEST = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "queue_wait")

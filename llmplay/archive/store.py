@@ -15,7 +15,6 @@ import math
 import os
 import re
 import secrets as _secrets
-import sys
 import tempfile
 from dataclasses import replace
 from importlib import resources
@@ -24,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from llmplay.errors import ArchiveError
 from llmplay.hashing import sha256_file
-from llmplay.results import (
+from llmplay.archive.model import (
     ConfigRecord,
     Finding,
     GateResult,
@@ -33,7 +32,7 @@ from llmplay.results import (
     TrialRecord,
     to_plain,
 )
-from llmplay.secrets import ENV_REF, REDACTED, redact, redact_text
+from llmplay.redaction import ENV_REF, REDACTED, redact, redact_text
 
 SCHEMA_ID = "llmplay/manifest.v1"
 MANIFEST = "manifest.json"
@@ -336,26 +335,16 @@ class RunArchive:
                  diagnosis=self._redact(dict(diagnosis)), tuning_record=self._redact(list(tuning_record)),
                  finished_utc=_utc_stamp()[1])
         self._save()
-        self.render_report()
 
-    def render_report(self) -> Path:
-        """(Re-)write report.html from the archive and record its hash; a rendering bug never loses the run."""
-        from llmplay.report import render_report
-
-        try:
-            path = render_report(self.run_dir)
-        except ArchiveError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the measurements are safe on disk; say how to retry
-            self._manifest["report_error"] = f"{type(exc).__name__}: {exc}"
-            self._save()
-            sys.stderr.write(f"warning: report.html not written ({type(exc).__name__}: {exc}); the archive is "
-                             f"complete, re-render with `llmplay report {self.run_dir}`\n")
-            return self.run_dir / REPORT_FILE
+    def record_report(self, relpath: str) -> None:
+        """The report renderer wrote `relpath`: hash it into the manifest and clear any earlier rendering error."""
         self._manifest.pop("report_error", None)
-        self._manifest["files"][REPORT_FILE] = sha256_file(path)
+        self.record_file(relpath)
+
+    def record_report_error(self, error: str) -> None:
+        """Rendering failed; the measurements are safe on disk and the manifest says why there is no report."""
+        self._manifest["report_error"] = error
         self._save()
-        return path
 
     def record_file(self, relpath: str) -> None:
         """Hash a file written by someone else (e.g. the report renderer) into the manifest."""

@@ -13,10 +13,10 @@ import httpx
 import numpy as np
 
 from llmplay.spec import Workload
-from llmplay.sse import StreamState
-from llmplay.tokenizer import Tokenizer, WordRatioTokenizer
-from llmplay.transport import StampedBytes, StreamingTransport, BodyStream
-from llmplay.workload import PlannedRequest
+from llmplay.loadgen.sse import StreamState
+from llmplay.loadgen.tokenizer import Tokenizer, WordRatioTokenizer
+from llmplay.loadgen.transport import StampedBytes, StreamingTransport, BodyStream
+from llmplay.loadgen.workload import PlannedRequest
 
 ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "truncated", "protocol")
 _now = time.perf_counter_ns  # the one clock

@@ -12,7 +12,7 @@ import numpy as np
 
 from llmplay.errors import LlmplayError
 from llmplay.spec import LengthDist, Workload
-from llmplay.tokenizer import Tokenizer
+from llmplay.loadgen.tokenizer import Tokenizer
 
 
 class WorkloadError(LlmplayError):

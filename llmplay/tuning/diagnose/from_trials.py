@@ -6,9 +6,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from llmplay.decide import TrialSample
-from llmplay.results import to_plain
-from llmplay.plan import Config
+from llmplay.tuning.decide import TrialSample
+from llmplay.archive.model import to_plain
+from llmplay.spec import Config
 from llmplay.spec import Playbook
 
 # bytes per KV element by dtype name as engines spell them (llama.cpp block formats include their scales)
@@ -27,7 +27,7 @@ def model_file(config: Config) -> Path | None:
                 return candidate
     if spec.kind == "llamacpp":
         try:
-            from llmplay import cpuengine
+            from llmplay.runtime import cpu_image as cpuengine
             path = cpuengine.model_path(cpuengine.default_cache_dir())
         except Exception:  # noqa: BLE001 - no cached CPU model: diagnosis says the breakdown is unavailable
             return None
@@ -55,12 +55,12 @@ def diagnose_run(playbook: Playbook, config: Config, samples: Sequence[TrialSamp
                  summary: Mapping[str, float]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import psutil
 
-    from llmplay.diagnose import (
+    from llmplay.tuning.diagnose.rules import (
         ModelFactsError, decode_roofline, diagnose, memory_breakdown, model_facts_from_gguf,
         model_facts_from_hf_config, targets_from_gates,
     )
-    from llmplay.gpus import lookup_gpu
-    from llmplay.runner import gpu_inventory
+    from llmplay.tuning.diagnose.gpus import lookup_gpu
+    from llmplay.tuning.environment import gpu_inventory
 
     telemetry = {k: v for s in samples for k, v in s.scalars.items()
                  if k.startswith(("gpu.", "engine.", "proc.", "memory."))}

@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from llmplay.archive import RunArchive
-from llmplay.decide import evaluate_gates
-from llmplay.load import RequestRecord, records_to_dataframe
+from llmplay.archive.store import RunArchive
+from llmplay.tuning.decide import evaluate_gates
+from llmplay.loadgen.send import RequestRecord, records_to_dataframe
 from llmplay.metrics import summarize
-from llmplay.playbook import load_playbook
-from llmplay.results import (
+from llmplay.playbook.load import load_playbook
+from llmplay.report import publish_report
+from llmplay.archive.model import (
     ConfigRecord, GateResult, MetricDelta, StepVerdict, TrialRecord,
 )
 
@@ -290,6 +291,7 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
     }
     archive.finish(status="complete", exit_code=0 if all(g.met for g in gates) else 3, final_config_id=best,
                    gates=gates, findings=findings, diagnosis=diagnosis, tuning_record=rows)
+    publish_report(archive.run_dir)
     return archive.run_dir
 
 

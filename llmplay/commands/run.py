@@ -11,8 +11,9 @@ from rich.table import Table
 
 from llmplay.catalog import metric_info
 from llmplay.errors import ArchiveError, PlaybookError
-from llmplay.results import GateResult
-from llmplay.runner import RunOptions, RunOutcome, run_playbook
+from llmplay.archive.model import GateResult
+from llmplay.report import publish_report
+from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
 from llmplay.units import UnitError, parse_duration_s
 
 RECORD_COLUMNS = ("ttft.p50", "ttft.p95", "tpot.p95", "itl.p99", "e2el.p95", "throughput.output_tok_s",
@@ -45,10 +46,10 @@ def _playbook_path_of(run_dir: Path) -> Path:
 def run_command(file: Path | None, *, archive_dir: str | None, resume: Path | None, dry_run: bool,
                 only: Sequence[str], repeats: int | None, duration: str | None, warmup: str | None,
                 allow_outside_extends: bool = False, image: str | None = None) -> int:
-    from llmplay.archive import archive_root
-    from llmplay.playbook import load_playbook
+    from llmplay.archive.store import archive_root
+    from llmplay.playbook.load import load_playbook
     from llmplay.plan import build_plan
-    from llmplay.planview import render_plan
+    from llmplay.commands.plan import render_plan
 
     if file is None:
         if resume is None:
@@ -62,7 +63,7 @@ def run_command(file: Path | None, *, archive_dir: str | None, resume: Path | No
     options = RunOptions(archive_root=archive_root(archive_dir), repeats=repeats,
                          duration_s=_duration_option("duration", duration), warmup_s=_duration_option("warmup", warmup),
                          only=tuple(only), resume=resume, progress=sys.stderr.isatty(), image=image)
-    outcome = run_playbook(playbook, options, report=lambda line: console.print(line, markup=False))
+    outcome = run_playbook(playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False))
     print_outcome(console, outcome)
     return outcome.exit_code
 
@@ -135,8 +136,8 @@ def final_playbook_of(run_dir: Path, playbook_file: Path | None = None):
     """The archived run's final configuration as a step-less playbook: the baseline with every carried step applied."""
     from dataclasses import replace
 
-    from llmplay.playbook import load_playbook
-    from llmplay.plan import Config, apply_step
+    from llmplay.playbook.load import load_playbook
+    from llmplay.spec import Config, apply_step
 
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.is_file():
@@ -157,7 +158,7 @@ def final_playbook_of(run_dir: Path, playbook_file: Path | None = None):
 def retest_command(run_dir: Path, *, image: str | None, archive_dir: str | None, repeats: int | None,
                    duration: str | None, html: Path | None = None) -> int:
     """Re-run the archived final configuration (optionally on a new image) and compare; 4 on regression."""
-    from llmplay.archive import archive_root
+    from llmplay.archive.store import archive_root
     from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
 
     playbook, manifest = final_playbook_of(run_dir)
@@ -167,7 +168,7 @@ def retest_command(run_dir: Path, *, image: str | None, archive_dir: str | None,
     repeats = repeats or int(manifest.get("overrides", {}).get("repeats") or playbook.trials.repeats)
     options = RunOptions(archive_root=archive_root(archive_dir), repeats=repeats,
                          duration_s=_duration_option("duration", duration), image=image, progress=sys.stderr.isatty())
-    outcome = run_playbook(playbook, options, report=lambda line: console.print(line, markup=False))
+    outcome = run_playbook(playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False))
     print_gates(console, outcome.gates)
     if outcome.status != "complete":
         console.print(f"re-test did not complete ({outcome.status}); archive {outcome.run_dir}", markup=False)

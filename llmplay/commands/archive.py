@@ -16,9 +16,9 @@ _RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 @handles_errors
 def report(run_dir: Path) -> None:
     """Re-render RUN_DIR/report.html from the archive alone and print its path."""
-    from llmplay.archive import RunArchive
+    from llmplay.report import publish_report
 
-    click.echo(str(RunArchive.open(run_dir).render_report()))
+    click.echo(str(publish_report(run_dir)))
 
 
 @click.command()
@@ -44,7 +44,7 @@ def compare(run_a: Path, run_b: Path, html: Path | None, n_boot: int) -> None:
 @handles_errors
 def verify(run_dir: Path) -> None:
     """Recompute the sha256 of every archived file and check the manifest; exit 1 listing each problem."""
-    from llmplay.archive import verify as verify_archive
+    from llmplay.archive.store import verify as verify_archive
 
     problems = verify_archive(run_dir)
     for problem in problems:
@@ -64,7 +64,7 @@ def ls(archive_dir: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from llmplay.archive import archive_root, list_runs
+    from llmplay.archive.store import archive_root, list_runs
 
     root = archive_root(archive_dir)
     rows = list_runs(root)

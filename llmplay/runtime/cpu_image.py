@@ -286,7 +286,7 @@ def build_cpu_engine(cache_dir: Path | str | None = None, force: bool = False, *
     model = write_tiny_model(cache, force, log)
     if not with_image:
         return CpuEngine("", "", binary, model, MODEL_IN_IMAGE, "")
-    from llmplay import dockerd
+    from llmplay.runtime import dockerd
 
     if dockerd.ping() is not None and shutil.which("dockerd") is None:
         _apt_install(["docker.io"], cache / "build.log", log)

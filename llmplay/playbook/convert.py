@@ -1,0 +1,253 @@
+"""Checked YAML -> frozen spec values: gates, lengths, durations, workload, engine, steps, goals, trials."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from llmplay import units
+from llmplay.catalog import METRICS, metric_info
+from llmplay.playbook.problems import Problems, did_you_mean
+from llmplay.playbook.source import YamlPath, display_path
+from llmplay.redaction import ENV_REF, SECRET_NAME
+from llmplay.spec import (
+    Change, Cost, EngineSpec, Gate, Goals, Guard, LengthDist, Objective, RuntimeSpec, Step, Trials, Workload,
+    frozen_map,
+)
+
+ENGINE_FIELDS_SETTABLE = {"image", "gpus", "extra_args"}
+
+
+def parse_gate(raw: Any, path: YamlPath, problems: Problems) -> Gate | None:
+    if isinstance(raw, str):
+        m = re.match(r"^\s*([a-z_0-9]+\.[a-z_0-9]+)\s*(<=|>=|<|>)\s*(\S+)\s*$", raw)
+        if not m:
+            problems.add(path, f"found {raw!r}; expected 'metric op value' like 'ttft.p95 < 500ms'")
+            return None
+        metric, op, value_text = m.groups()
+        text = raw.strip()
+    else:
+        metric, op, value_text = raw["metric"], raw["op"], raw["value"]
+        text = f"{metric} {op} {value_text}"
+    info = metric_info(metric)
+    if info is None:
+        problems.add(path, f"unknown metric '{metric}'{did_you_mean(metric, METRICS)}; expected one of: "
+                           "ttft.p95, tpot.p95, itl.p99, e2el.p95, throughput.output_tok_s, throughput.req_s, "
+                           "goodput.req_s, cost.usd_per_1m_tokens, memory.peak_frac, errors.rate (and other stats)")
+        return None
+    try:
+        value = info.parse_value(value_text)
+    except units.UnitError as exc:
+        problems.add(path, f"{metric}: found {exc.found!r}, expected {exc.expected}")
+        return None
+    return Gate(metric, op, value, text)
+
+
+def parse_length(raw: Any, path: YamlPath, problems: Problems) -> LengthDist:
+    if isinstance(raw, int):
+        return LengthDist("fixed", value=raw)
+    (kind, params), = raw.items()
+    if kind == "fixed":
+        return LengthDist("fixed", value=params)
+    if kind == "choice":
+        values, weights = tuple(params["values"]), tuple(params.get("weights", ()))
+        if weights and len(weights) != len(values):
+            problems.add(path + ("choice", "weights"),
+                         f"found {len(weights)} weights for {len(values)} values; expected one weight per value")
+        if weights and sum(weights) <= 0:
+            problems.add(path + ("choice", "weights"), "weights sum to 0; expected a positive sum")
+        return LengthDist("choice", values=values, weights=weights)
+    lo, hi = params.get("min"), params.get("max")
+    if lo is not None and hi is not None and lo > hi:
+        problems.add(path + (kind, "min"), f"min {lo} is greater than max {hi}; expected min <= max")
+    return LengthDist(kind, min=lo, max=hi, mean=params.get("mean"),
+                      std=params.get("std", params.get("sigma")))
+
+
+def parse_duration(section: Mapping, key: str, path: YamlPath, problems: Problems, default: float | None) -> float | None:
+    if key not in section:
+        return default
+    try:
+        return units.parse_duration_s(section[key])
+    except units.UnitError as exc:
+        problems.add(path + (key,), str(exc))
+        return default
+
+
+def parse_workload(raw: Mapping, base_dir: Path, path: YamlPath, problems: Problems) -> Workload:
+    if raw.get("concurrency") is not None and raw.get("rate") is not None:
+        problems.add(path + ("rate",), "both concurrency and rate are set; expected one: concurrency (closed loop) "
+                                       "or rate (open loop, req/s)")
+    if raw.get("concurrency") is None and raw.get("rate") is None:
+        problems.add(path, "no load given; expected concurrency: N (closed loop) or rate: R req/s (open loop)")
+    if raw.get("duration") is None and raw.get("num_requests") is None:
+        problems.add(path, "no length given; expected duration: 60s or num_requests: N")
+    if "arrival" in raw and raw.get("rate") is None:
+        problems.add(path + ("arrival",), "arrival applies to open-loop load; expected rate: R alongside it")
+    dataset = raw.get("dataset")
+    if dataset is not None:
+        resolved = (base_dir / dataset).resolve()
+        if not resolved.is_file():
+            problems.add(path + ("dataset",), f"dataset '{dataset}' not found (looked for {display_path(str(resolved))}); "
+                                              "expected a JSONL file")
+        dataset = str(resolved)
+    defaults = Workload()
+    return Workload(
+        api=raw.get("api", defaults.api),
+        input=parse_length(raw["input"], path + ("input",), problems) if "input" in raw else defaults.input,
+        output=parse_length(raw["output"], path + ("output",), problems) if "output" in raw else defaults.output,
+        dataset=dataset,
+        prefix_tokens=raw.get("prefix_tokens", 0),
+        prefix_groups=raw.get("prefix_groups", 1),
+        turns=raw.get("turns", 1),
+        concurrency=raw.get("concurrency"),
+        rate=raw.get("rate"),
+        arrival=raw.get("arrival", "poisson"),
+        burst=raw.get("burst", 1),
+        sweep=tuple(raw.get("sweep", ())),
+        streaming_fraction=raw.get("streaming_fraction", 1.0),
+        max_tokens=raw.get("max_tokens"),
+        ignore_eos=raw.get("ignore_eos", True),
+        temperature=raw.get("temperature", 0.0),
+        seed=raw.get("seed", 0),
+        warmup_s=parse_duration(raw, "warmup", path, problems, 0.0) or 0.0,
+        warmup_requests=raw.get("warmup_requests", 0),
+        duration_s=parse_duration(raw, "duration", path, problems, None),
+        num_requests=raw.get("num_requests"),
+        request_timeout_s=parse_duration(raw, "request_timeout", path, problems, 120.0) or 120.0,
+    )
+
+
+def parse_engine(raw: Mapping, base_dir: Path, path: YamlPath, problems: Problems) -> EngineSpec:
+    env = {str(k): str(v) if not isinstance(v, bool) else str(v).lower() for k, v in raw.get("env", {}).items()}
+    for name, value in env.items():
+        if SECRET_NAME.search(name) and not ENV_REF.fullmatch(value):
+            problems.add(path + ("env", name), f"'{name}' looks like a secret written in the playbook; expected a "
+                                               f"reference like ${{env:{name}}} so the value never enters the file")
+    gpus_raw = raw.get("gpus", 0)
+    gpus: int | tuple[str, ...] = tuple(str(g) for g in gpus_raw) if isinstance(gpus_raw, list) else gpus_raw
+    health = raw.get("health", {})
+    model_dir = raw.get("model_dir")
+    if model_dir is not None:
+        model_dir = str((base_dir / os.path.expanduser(model_dir)).resolve())
+    return EngineSpec(
+        kind=raw["kind"], model=raw["model"], image=raw.get("image"), model_dir=model_dir,
+        served_model_name=raw.get("served_model_name"), gpus=gpus,
+        args=frozen_map(raw.get("args", {})), extra_args=tuple(raw.get("extra_args", ())),
+        env=frozen_map(env), port=raw.get("port"), health_path=health.get("path"),
+        health_timeout_s=parse_duration(health, "timeout", path + ("health",), problems, 600.0) or 600.0,
+        shm_size=raw.get("shm_size"), ipc_mode=raw.get("ipc"),
+        network_mode=raw.get("network") if raw.get("network") == "host" else None,
+        executable=raw.get("executable"),
+    )
+
+
+WORKLOAD_FIELDS = {"concurrency", "rate", "max_tokens", "streaming_fraction", "prefix_tokens", "prefix_groups",
+                   "turns", "arrival", "burst", "temperature", "api"}
+
+
+def parse_steps(raw: list, path: YamlPath, problems: Problems) -> tuple[Step, ...]:
+    steps, names = [], set()
+    for i, item in enumerate(raw):
+        spath = path + (i,)
+        if item["name"] in names:
+            problems.add(spath + ("name",), f"step name '{item['name']}' is used twice; expected unique names")
+        names.add(item["name"])
+        changes = []
+        for key, value in item["set"].items():
+            key = str(key)
+            if key in ENGINE_FIELDS_SETTABLE or key.startswith("env."):
+                target = key
+            elif key.startswith("workload."):
+                field_name = key.split(".", 1)[1]
+                if field_name not in WORKLOAD_FIELDS:
+                    problems.add(spath + ("set", key), f"workload field '{field_name}' cannot be a step"
+                                 f"{did_you_mean(field_name, WORKLOAD_FIELDS)}; expected one of: {', '.join(sorted(WORKLOAD_FIELDS))}")
+                target = key
+            elif key.startswith("args."):
+                target = key
+            else:
+                target = f"args.{key}"
+            changes.append(Change(target, value))
+        if not changes:
+            problems.add(spath + ("set",), "the step changes nothing; expected exactly one knob, e.g. set: {prefix_caching: true}")
+        elif len(changes) > 1 and not item.get("bundle", False):
+            problems.add(spath + ("set",), f"the step changes {len(changes)} knobs ({', '.join(c.target for c in changes)}); "
+                                           "expected one variable per step, or bundle: true to declare a bundle")
+        steps.append(Step(name=item["name"], changes=tuple(changes), bundle=item.get("bundle", False),
+                          carry=item.get("carry", "if_kept"), description=item.get("description", ""),
+                          line=problems.sources.locate(spath).line))
+    return tuple(steps)
+
+
+def parse_goals(raw: Mapping, problems: Problems) -> Goals:
+    path: YamlPath = ("goals",)
+    gates = tuple(g for i, r in enumerate(raw.get("gates", ())) if (g := parse_gate(r, path + ("gates", i), problems)))
+    obj_raw = raw.get("objective", {"minimize": "ttft.p95"})
+    directions = [d for d in ("minimize", "maximize") if d in obj_raw]
+    if len(directions) != 1:
+        problems.add(path + ("objective",), f"found {len(directions)} directions; expected exactly one of minimize or maximize")
+        directions = directions or ["minimize"]
+    direction = directions[0]
+    metric = obj_raw.get(direction, "ttft.p95")
+    min_effect = 0.02
+    if "min_effect" in obj_raw:
+        try:
+            min_effect = units.parse_fraction(obj_raw["min_effect"])
+        except units.UnitError as exc:
+            problems.add(path + ("objective", "min_effect"), str(exc))
+    info = metric_info(metric)
+    if info and (direction == "minimize") != info.lower_is_better:
+        problems.add(path + ("objective", direction), f"{direction} {metric} optimizes the wrong way; expected "
+                     f"{'minimize' if info.lower_is_better else 'maximize'} for {metric}")
+    guards = []
+    for i, g in enumerate(raw.get("guards", ())):
+        ginfo = metric_info(g["metric"])
+        tol = 0.05
+        if "tolerance" in g:
+            try:
+                tol = units.parse_fraction(g["tolerance"])
+            except units.UnitError as exc:
+                problems.add(path + ("guards", i, "tolerance"), str(exc))
+        guards.append(Guard(g["metric"], tol, "minimize" if (ginfo is None or ginfo.lower_is_better) else "maximize"))
+    slo = {}
+    for key, value in raw.get("slo", {}).items():
+        slo[key] = units.parse_duration_s(value)
+    return Goals(gates=gates, objective=Objective(direction, metric, min_effect), guards=tuple(guards),
+                 slo_s=frozen_map(slo))
+
+
+def parse_trials(raw: Mapping, problems: Problems) -> Trials:
+    d = Trials()
+    t = Trials(
+        repeats=raw.get("repeats", d.repeats), interleave=raw.get("interleave", d.interleave),
+        sequential=raw.get("sequential", d.sequential), max_repeats=raw.get("max_repeats", d.max_repeats),
+        confidence=raw.get("confidence", d.confidence), bootstrap_samples=raw.get("bootstrap_samples", d.bootstrap_samples),
+        on_failure=raw.get("on_failure", d.on_failure),
+        cooldown_s=parse_duration(raw, "cooldown", ("trials",), problems, 0.0) or 0.0,
+    )
+    if t.max_repeats < t.repeats:
+        problems.add(("trials", "max_repeats"), f"max_repeats {t.max_repeats} < repeats {t.repeats}; expected max_repeats >= repeats")
+    return t
+
+
+def parse_cost(raw: Mapping, problems: Problems) -> Cost:
+    values = {}
+    for key in ("gpu_usd_per_hour", "host_usd_per_hour"):
+        if key in raw:
+            try:
+                values[key] = units.parse_money_usd(raw[key])
+            except units.UnitError as exc:
+                problems.add(("cost", key), str(exc))
+    return Cost(**values)
+
+
+def parse_runtime(raw: Any, problems: Problems) -> RuntimeSpec:
+    if raw is None:
+        return RuntimeSpec()
+    if isinstance(raw, str):
+        raw = {"kind": raw}
+    if raw["kind"] == "endpoint" and not raw.get("url"):
+        problems.add(("runtime",), "runtime endpoint needs url: http://HOST:PORT of the running engine")
+    return RuntimeSpec(kind=raw["kind"], url=raw.get("url"), docker_host=raw.get("docker_host"))

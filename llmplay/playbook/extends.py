@@ -1,0 +1,51 @@
+"""`extends:`: a playbook merged over its base, key by key, inside the playbook's directory tree."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from llmplay.playbook.source import SourceMap, display_path, located_error, read_yaml
+
+MAX_EXTENDS_DEPTH = 16
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    """Mappings merge key by key; anything else in the override replaces the base."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for key, value in override.items():
+            out[key] = deep_merge(base[key], value) if key in base else copy.deepcopy(value)
+        return out
+    return copy.deepcopy(override)
+
+
+def resolve_extends(path: Path, root_dir: Path, allow_outside: bool, chain: tuple[Path, ...]
+                     ) -> tuple[dict, SourceMap]:
+    data, sources, _ = read_yaml(path)
+    if not isinstance(data, dict):
+        raise located_error(str(path), 1, f"found a {type(data).__name__}; expected a mapping with "
+                                  f"apiVersion, kind, metadata, engine, workload")
+    parent = data.get("extends")
+    if parent is None:
+        return data, sources
+    where = sources.locate(("extends",))
+    if not isinstance(parent, str) or not parent:
+        raise located_error(str(path), where.line, f"extends: found {parent!r}; expected a relative path to a base playbook")
+    target = (path.parent / parent).resolve()
+    if not allow_outside and not target.is_relative_to(root_dir):
+        raise located_error(str(path), where.line,
+                    f"extends: '{parent}' points outside {display_path(str(root_dir))}; expected a base inside the "
+                    "playbook's directory tree (pass --allow-outside-extends to permit it)")
+    if target in chain:
+        cycle = " -> ".join(display_path(str(p)) for p in chain + (target,))
+        raise located_error(str(path), where.line, f"extends: cycle {cycle}; expected a chain that ends in a base")
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise located_error(str(path), where.line, f"extends: chain longer than {MAX_EXTENDS_DEPTH}")
+    if not target.is_file():
+        raise located_error(str(path), where.line, f"extends: '{parent}' does not exist (looked for {display_path(str(target))})")
+    base, base_sources = resolve_extends(target, root_dir, allow_outside, chain + (target,))
+    base.pop("extends", None)
+    merged = deep_merge(base, {k: v for k, v in data.items() if k != "extends"})
+    merged["extends"] = parent
+    return merged, base_sources.overlay(sources)

@@ -1,0 +1,82 @@
+"""The one entry to the playbook stage: a path becomes a checked, frozen Playbook.
+
+Every problem becomes a `PlaybookError` whose lines read
+`FILE:LINE: YAML.PATH: found X, expected Y (did you mean Z?)`; knob names and values are checked here,
+against the engine adapter, so `validate` catches everything `plan` and `run` would.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from llmplay.playbook.convert import (
+    parse_cost, parse_engine, parse_goals, parse_runtime, parse_steps, parse_trials, parse_workload,
+)
+from llmplay.playbook.extends import resolve_extends
+from llmplay.playbook.knobs import check_knobs
+from llmplay.playbook.problems import Problems
+from llmplay.playbook.schema import schema_problems
+from llmplay.playbook.source import API_VERSION, display_path, located_error, read_yaml
+from llmplay.spec import Goals, Metadata, Playbook, Workload, frozen_map
+
+
+def _check_api_version(doc: dict, problems: Problems) -> None:
+    found = doc.get("apiVersion")
+    if found != API_VERSION:
+        hint = (" — this llmplay reads llmplay/v1 only; upgrade llmplay for newer formats"
+                if isinstance(found, str) and found.startswith("llmplay/") else
+                f" — add 'apiVersion: {API_VERSION}' as the first line")
+        problems.add(("apiVersion",), f"found {found!r}; expected '{API_VERSION}'{hint}")
+        problems.raise_if_any()
+
+
+def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = False) -> Playbook:
+    """The one loader: CLI, runner, retest and tests all come through here."""
+    file = Path(path).absolute()
+    root_dir = file.parent.resolve()
+    doc, sources = resolve_extends(file, root_dir, allow_outside_extends, (file.resolve(),))
+    text = file.read_text(encoding="utf-8")
+    problems = Problems(sources, display_path(str(file)))
+    _check_api_version(doc, problems)
+    schema_problems(doc, problems)
+    problems.raise_if_any()
+    base_dir = file.parent
+    metadata = doc["metadata"]
+    playbook = Playbook(
+        path=str(file), text=text, sha256=hashlib.sha256(text.encode()).hexdigest(), api_version=doc["apiVersion"],
+        metadata=Metadata(name=metadata["name"], version=str(metadata.get("version", "0")),
+                          owner=metadata.get("owner", ""), description=metadata.get("description", ""),
+                          tags=tuple(metadata.get("tags", ()))),
+        goals=parse_goals(doc.get("goals", {}), problems),
+        workload=parse_workload(doc["workload"], base_dir, ("workload",), problems),
+        engine=parse_engine(doc["engine"], base_dir, ("engine",), problems),
+        steps=parse_steps(doc.get("steps", []), ("steps",), problems),
+        trials=parse_trials(doc.get("trials", {}), problems),
+        cost=parse_cost(doc.get("cost", {}), problems),
+        runtime=parse_runtime(doc.get("runtime"), problems),
+        resolved=frozen_map(doc),
+    )
+    problems.raise_if_any()
+    check_knobs(playbook, sources)
+    return playbook
+
+
+def load_workload(path: str | os.PathLike) -> tuple[Workload, Goals]:
+    """`llmplay bench --workload FILE`: a whole playbook, or a file holding just a workload mapping."""
+    file = Path(path).absolute()
+    data, sources, _ = read_yaml(file)
+    if isinstance(data, dict) and "apiVersion" in data:
+        pb = load_playbook(file)
+        return pb.workload, pb.goals
+    problems = Problems(sources, display_path(str(file)))
+    if not isinstance(data, dict):
+        raise located_error(str(file), 1, f"found {type(data).__name__}; expected a playbook or a workload mapping")
+    doc = data.get("workload", data)
+    wrapper = {"apiVersion": API_VERSION, "kind": "Playbook", "metadata": {"name": "bench"},
+               "engine": {"kind": "vllm", "model": "x"}, "workload": doc}
+    schema_problems(wrapper, problems)
+    problems.raise_if_any()
+    workload = parse_workload(doc, file.parent, ("workload",) if "workload" in data else (), problems)
+    problems.raise_if_any()
+    return workload, Goals()

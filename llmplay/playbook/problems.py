@@ -1,0 +1,34 @@
+"""Problem collection: every problem in a playbook, each as `FILE:LINE: YAML.PATH: found X, expected Y`."""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable
+
+from llmplay.errors import PlaybookError
+from llmplay.playbook.source import SourceMap, YamlPath, display_path, format_path, one_line
+
+
+class Problems:
+    """Collects every problem found so the user fixes them in one pass, not one per run."""
+
+    def __init__(self, sources: SourceMap, display_file: str):
+        self.sources, self.display_file, self.lines = sources, display_file, []
+
+    def add(self, path: YamlPath, problem: str, *, key_line: bool = False) -> None:
+        where = self.sources.locate(path)
+        file = display_path(where.file) if where.file != "?" else self.display_file
+        self.lines.append(f"{file}:{where.line}: {format_path(path)}: {one_line(problem)}")
+
+    def raise_if_any(self) -> None:
+        if self.lines:
+            raise PlaybookError("\n".join(dict.fromkeys(self.lines)))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

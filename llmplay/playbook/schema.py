@@ -1,0 +1,100 @@
+"""The playbook's JSON Schema (shipped in the wheel) and the messages its violations become."""
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+from llmplay.playbook.problems import Problems, did_you_mean, short_repr
+from llmplay.playbook.source import YamlPath
+
+
+def playbook_schema() -> dict:
+    return json.loads(resources.files("llmplay").joinpath("schemas/playbook.v1.json").read_text())
+
+
+def _is_strict_integer(checker: object, instance: object) -> bool:  # noqa: ARG001
+    # JSON Schema counts 4.0 as an integer; a playbook that writes `concurrency: 4.0` meant something else.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_StrictValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_strict_integer),
+)
+
+
+def _known_properties(schema: dict, root: dict) -> list[str]:
+    if "$ref" in schema:
+        return _known_properties(_deref(schema["$ref"], root), root)
+    names = list(schema.get("properties", {}))
+    for branch in schema.get("oneOf", []) + schema.get("anyOf", []):
+        names += _known_properties(branch, root)
+    return names
+
+
+def _deref(ref: str, root: dict) -> dict:
+    node: Any = root
+    for part in ref.lstrip("#/").split("/"):
+        node = node[part]
+    return node
+
+
+def _describe_expected(schema: dict, root: dict) -> str:
+    if "$ref" in schema:
+        schema = _deref(schema["$ref"], root)
+    if "description" in schema:
+        text = schema["description"].rstrip(".")
+        return text[0].lower() + text[1:]
+    if "enum" in schema:
+        return "one of " + ", ".join(map(str, schema["enum"]))
+    if "const" in schema:
+        return repr(schema["const"])
+    if "type" in schema:
+        kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        return " or ".join({"object": "a mapping", "array": "a list", "integer": "an integer"}.get(k, f"a {k}") for k in kinds)
+    return "a value matching the schema"
+
+
+def schema_problems(doc: dict, problems: Problems) -> None:
+    root = playbook_schema()
+    validator = _StrictValidator(root)
+    for err in sorted(validator.iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
+        path: YamlPath = tuple(err.absolute_path)
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            known = _known_properties(err.schema, root)
+            for key in sorted(set(err.instance) - set(known), key=str):
+                problems.add(path + (str(key),), f"unknown key '{key}'{did_you_mean(str(key), known)}; "
+                                                  f"expected one of: {', '.join(sorted(known))}")
+        elif err.validator == "required":
+            missing = err.message.split("'")[1] if "'" in err.message else err.message
+            problems.add(path, f"missing required key '{missing}'")
+        elif err.validator == "oneOf":
+            problems.add(path, f"found {short_repr(err.instance)}; expected {_describe_expected(err.schema, root)}")
+        elif err.validator in ("enum", "const") and path and path[-1] in ("kind", "apiVersion", "api", "arrival"):
+            choices = err.validator_value if err.validator == "enum" else [err.validator_value]
+            problems.add(path, f"found {short_repr(err.instance)}; expected one of: {', '.join(map(str, choices))}"
+                               f"{did_you_mean(str(err.instance), map(str, choices))}")
+        else:
+            problems.add(path, f"found {short_repr(err.instance)}; expected {_expected_from_error(err, root)}")
+
+
+def _expected_from_error(err: jsonschema.ValidationError, root: dict) -> str:
+    v, value = err.validator, err.validator_value
+    if v == "type":
+        return _describe_expected({"type": value}, root)
+    if v in ("minimum", "exclusiveMinimum"):
+        return f"a number {'>=' if v == 'minimum' else '>'} {value}"
+    if v in ("maximum", "exclusiveMaximum"):
+        return f"a number {'<=' if v == 'maximum' else '<'} {value}"
+    if v == "pattern":
+        return _describe_expected(err.schema, root) if "description" in err.schema else f"text matching {value}"
+    if v == "enum":
+        return "one of " + ", ".join(map(str, value))
+    if v == "const":
+        return repr(value)
+    if v in ("minItems", "minLength", "minProperties"):
+        return f"at least {value} item(s)" if v != "minLength" else "a non-empty string"
+    return err.message

@@ -1,0 +1,1 @@
+"""The tuning stage: fresh-engine trials, baseline and steps, decisions, gates and the diagnosis."""

@@ -1,0 +1,1 @@
+"""Test helpers shared by tests/ and benchmarks/: instrument and fault servers, fake NVML, archive maker, CPU-run helpers."""
