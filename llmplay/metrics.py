@@ -165,3 +165,17 @@ def summarize(records: Any, duration_s: float, slo_s: Mapping[str, float] | None
     values["tokens.output_counted"] = int(source != "usage")
     return Summary(values=MappingProxyType(values), duration_s=duration_s, tokenizer=tokenizer,
                    output_tokens_source=source, slo_s=MappingProxyType(slo))
+
+
+def usd_per_1m_tokens(usd_per_hour: float, output_tok_s: float | None) -> float | None:
+    """Cost of a million output tokens at the measured throughput; None when unpriced or nothing was produced."""
+    if usd_per_hour <= 0 or not output_tok_s:
+        return None
+    return usd_per_hour / (output_tok_s * 3600) * 1e6
+
+
+def usd_per_hour_from_cost(usd_per_1m: float | None, output_tok_s: float | None) -> float:
+    """The hourly price a recorded cost figure was computed from (archives keep the cost, not the price)."""
+    if not usd_per_1m or not output_tok_s:
+        return 0.0
+    return usd_per_1m * output_tok_s * 3600 / 1e6
