@@ -10,19 +10,21 @@ so their plausibility is visible. The measured copy bandwidth is the roofline's 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from llmplay.tuning.diagnose.gpus import lookup_gpu  # noqa: E402  (pure, no third-party imports)
-from llmplay.telemetry.nvml import NvmlSource  # noqa: E402
-from llmplay.telemetry.sampler import TelemetrySampler  # noqa: E402
+from llmplay.telemetry.nvml import NvmlSource  # noqa: E402 - must follow the sys.path line
+from llmplay.telemetry.sampler import TelemetrySampler  # noqa: E402 - must follow the sys.path line
+from llmplay.tuning.diagnose.gpus import lookup_gpu  # noqa: E402 - must follow the sys.path line
 
 GiB = 2**30
 PYNVML_HELP = (
@@ -47,9 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def require_cuda() -> Any:
     try:
-        import torch
+        import torch  # deferred: heavy, and only the GPU machine has it
     except ImportError:
-        raise SystemExit("gpu_check: PyTorch is not installed; run this on the GPU machine, which has it")
+        raise SystemExit("gpu_check: PyTorch is not installed; run this on the GPU machine, which has it") from None
     if not torch.cuda.is_available():
         raise SystemExit("gpu_check: CUDA is not available (torch.cuda.is_available() is False); "
                          "run this on a machine with an NVIDIA GPU and driver")
@@ -59,7 +61,7 @@ def require_cuda() -> Any:
 def nvml_index_for(torch: Any, device: int) -> tuple[int, str | None]:
     """NVML and CUDA may number GPUs differently (CUDA_VISIBLE_DEVICES, PCI order): match by UUID."""
     try:
-        import pynvml
+        import pynvml  # deferred: the script still measures with PyTorch alone where NVML is not installed
     except ImportError:
         return device, None
     try:
@@ -112,12 +114,9 @@ def fmt(x: float | None, scale: float = 1.0, unit: str = "", digits: int = 1) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch = require_cuda()
-    try:
-        import pynvml  # noqa: F401
-        have_nvml = True
-    except ImportError:
+    have_nvml = importlib.util.find_spec("pynvml") is not None
+    if not have_nvml:
         print(PYNVML_HELP)
-        have_nvml = False
     dev = args.device
     torch.cuda.set_device(dev)
     props = torch.cuda.get_device_properties(dev)

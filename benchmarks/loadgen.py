@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import threading
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,15 +24,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from llmplay.loadgen.runner import run_load_sync
+from llmplay.loadgen.tokenizer import WordRatioTokenizer
+from llmplay.loadgen.workload import build_requests
+from llmplay.spec import LengthDist, Workload
+from llmplay_testing.instrument import InstrumentServer
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from llmplay_testing.instrument import InstrumentServer  # noqa: E402
-
-from llmplay.loadgen.send import run_load_sync  # noqa: E402
-from llmplay.spec import LengthDist, Workload  # noqa: E402
-from llmplay.loadgen.tokenizer import WordRatioTokenizer  # noqa: E402
-from llmplay.loadgen.workload import build_requests  # noqa: E402
 
 PEERS_VENV = Path("/tmp/peers-venv")
 
@@ -40,7 +38,7 @@ PEERS_VENV = Path("/tmp/peers-venv")
 def measure_llmplay(srv: InstrumentServer, streams: int, *, ttft_ms: float, itl_ms: float, tokens: int,
                     seconds: float) -> dict:
     per_request_s = (ttft_ms + (tokens - 1) * itl_ms) / 1000
-    per_user = max(2, int(round(seconds / per_request_s)))
+    per_user = max(2, round(seconds / per_request_s))
     wl = Workload(concurrency=streams, num_requests=streams * per_user, input=LengthDist("fixed", value=4),
                   output=LengthDist("fixed", value=tokens), request_timeout_s=120)
     reqs = tuple(replace(r, prompt=f"req {r.index}") for r in build_requests(wl, WordRatioTokenizer(), "m"))
@@ -123,7 +121,7 @@ def try_peer(name: str, srv: InstrumentServer, streams: int, *, ttft_ms: float, 
         return {"tool": name, "streams": streams, "status": f"{name} not installed in {PEERS_VENV}"}
     url = srv.url_for(ttft_ms=ttft_ms, itl_ms=itl_ms, tokens=tokens)
     per_request_s = (ttft_ms + (tokens - 1) * itl_ms) / 1000
-    count = streams * max(2, int(round(seconds / per_request_s)))
+    count = streams * max(2, round(seconds / per_request_s))
     out = workdir / f"{name}-{streams}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

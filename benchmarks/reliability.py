@@ -23,6 +23,8 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
+from llmplay.runtime import dockerd
+
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ["tests/test_reliability.py", "tests/test_fuzz_playbook.py", "tests/test_playbook.py"]
 RUN_CPU = "tests/test_run_cpu.py"
@@ -43,10 +45,6 @@ KIND_LABELS = {
 
 def orphans() -> list[str]:
     """llmplay containers on this host whose llmplay process is gone: what a leak looks like."""
-    try:
-        from llmplay.runtime import dockerd
-    except ImportError:
-        return []
     client = dockerd.client()
     try:
         out = []

@@ -1,6 +1,7 @@
-"""The metric paths playbooks may name: their unit, which direction is better, and how to show them."""
+"""Every metric path: its unit, which direction is better, its label, how to show it, and the lists that pick from it."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from llmplay import units
@@ -64,3 +65,107 @@ for _info in (
 
 def metric_info(path: str) -> MetricInfo | None:
     return METRICS.get(path)
+
+
+# ---------------------------------------------------------------------------------------------- metric lists
+# The metrics the archive keeps for the tuning record: each configuration's row and each step's deltas
+# (tuning.decide, tuning.run); the console and the HTML report show the subsets below.
+RECORD_METRICS: tuple[str, ...] = (
+    "ttft.p50", "ttft.p95", "ttft.p99", "tpot.p95", "itl.p99", "e2el.p95", "throughput.output_tok_s",
+    "throughput.req_s", "goodput.req_s", "errors.rate", "cost.usd_per_1m_tokens", "memory.peak_frac",
+    "memory.kv_share",
+)
+# The tuning record as printed on the console after a run (commands.run).
+TUNING_RECORD_METRICS: tuple[str, ...] = (
+    "ttft.p50", "ttft.p95", "tpot.p95", "itl.p99", "e2el.p95", "throughput.output_tok_s", "throughput.req_s",
+    "goodput.req_s", "cost.usd_per_1m_tokens", "errors.rate",
+)
+# What `llmplay compare` shows of each run's final configuration, besides the goals' own metrics.
+COMPARED_METRICS: tuple[str, ...] = (
+    "ttft.p50", "ttft.p95", "ttft.p99", "tpot.p50", "tpot.p95", "itl.p50", "itl.p99", "e2el.p50", "e2el.p95",
+    "throughput.output_tok_s", "throughput.total_tok_s", "throughput.req_s", "goodput.req_s", "errors.rate",
+    "cost.usd_per_1m_tokens", "memory.peak_frac", "memory.peak_bytes", "memory.kv_share",
+    "engine.kv_cache_usage_max", "engine.preemptions",
+)
+# The HTML report's tuning-record table as CHECKLIST §3 asks for: (metric path, column header). "memory.peak"
+# is no metric of its own: the report shows peak bytes with their share of capacity, or the engine's RSS.
+PEAK_MEMORY_COLUMN = "memory.peak"
+REPORT_RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("ttft.p50", "TTFT P50"), ("ttft.p95", "TTFT P95"), ("ttft.p99", "TTFT P99"), ("tpot.p95", "TPOT P95"),
+    ("itl.p99", "ITL P99"), ("e2el.p95", "E2EL P95"), ("throughput.output_tok_s", "output tok/s"),
+    ("throughput.req_s", "req/s"), ("goodput.req_s", "goodput req/s"), (PEAK_MEMORY_COLUMN, "peak memory"),
+    ("memory.kv_share", "KV share"), ("cost.usd_per_1m_tokens", "$ / 1M tok"), ("errors.rate", "errors"),
+)
+
+# What each figure means (DESIGN.md's definitions), as the report's method section states them.
+METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
+    ("TTFT", "request sent → first chunk carrying generated text (streamed requests)."),
+    ("E2EL", "request sent → last token-bearing chunk (not the usage-only chunk or [DONE])."),
+    ("TPOT", "per request (E2EL − TTFT) / (output tokens − 1), requests with more than one output token."),
+    ("ITL", "every gap between successive content chunks, pooled over requests."),
+    ("Output tokens", "the server's usage figures; counted from the stream where the server sent none "
+                      "(the trial notes say so)."),
+    ("Throughput", "completed requests, output tokens, and input + output tokens ÷ benchmark duration; "
+                   "the duration excludes warm-up."),
+    ("Goodput", "requests per second that met every per-request SLO."),
+    ("Percentiles", "P50/P90/P95/P99 with numpy's linear interpolation, never nearest-rank; means alone mislead."),
+    ("Errors", "HTTP errors, timeouts and truncated streams are counted and gated (errors.rate); "
+               "they never vanish from the sample."),
+    ("95% CI", "bootstrap over trials and requests of the candidate's relative change against the configuration "
+               "it was compared to; a step is kept only when the objective's CI clears zero and no guard regressed."),
+)
+
+
+# ---------------------------------------------------------------------------------------------- formatters
+def label_of(metric: str) -> str:
+    info = metric_info(metric)
+    return info.label if info else metric
+
+
+def fmt_value(metric: str, value: float | None) -> str:
+    """Compact cell text: latencies in ms, fractions in %, throughput to one decimal; "—" when not measured."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    info = metric_info(metric)
+    unit = info.unit if info else ""
+    if unit == "s":
+        ms = value * 1000
+        return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+    if unit == "fraction":
+        return f"{value * 100:.1f}%" if value < 0.1 else f"{value * 100:.0f}%"
+    if unit == "usd":
+        return f"${value:.3g}"
+    if unit == "bytes":
+        return f"{value / 2**30:.2f} GiB"
+    if unit in ("tok/s", "req/s"):
+        return f"{value:.1f}" if value >= 1 else f"{value:.3g}"
+    return f"{value:.4g}"
+
+
+def fmt_full(metric: str, value: float | None) -> str:
+    """Text with its unit ("225.4 ms", "12.0%"); "not measured" when there is no value."""
+    if value is None:
+        return "not measured"
+    info = metric_info(metric)
+    return info.format(value) if info else f"{value:.4g}"
+
+
+def fmt_pct(x: float | None, signed: bool = True) -> str:
+    """A fraction as a percentage ("+12.3%"); "—" when missing or not finite."""
+    if x is None or not math.isfinite(x):
+        return "—"
+    return f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
+
+
+def fmt_ci(lo: float | None, hi: float | None) -> str:
+    """A relative change's confidence interval ("[-3.0%, +1.2%]"); empty when there is none."""
+    if lo is None or hi is None:
+        return ""
+    return f"[{fmt_pct(lo)}, {fmt_pct(hi)}]"
+
+
+def fmt_bytes(value: float | None) -> str:
+    """GiB from 1 GiB up, MiB below; "—" when not measured."""
+    if value is None:
+        return "—"
+    return f"{value / 2**30:.2f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.1f} MiB"

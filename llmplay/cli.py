@@ -1,27 +1,32 @@
-"""The `llmplay` command line: each command parses options, makes one core call, and returns an exit code."""
+"""The `llmplay` command line: each command parses options, makes one call into commands/, and exits with its code."""
 from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import click
 
 from llmplay import __version__
-from llmplay.errors import LlmplayError
+from llmplay.errors import ExitCode, LlmplayError
 
-EXIT_OK, EXIT_INFRA, EXIT_PLAYBOOK, EXIT_GATES, EXIT_REGRESSION = 0, 1, 2, 3, 4
+F = TypeVar("F", bound=Callable[..., Any])
+
+_RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+_ARCHIVE_HELP = "Archive root (default $LLMPLAY_ARCHIVE or ./reports)."
 
 
 def _echo_err(message: str) -> None:
     click.echo(message, err=True)
 
 
-def handles_errors(func):
+def handles_errors(func: F) -> F:
     """Known errors become one line on stderr and their exit code; --debug shows the traceback."""
 
     @functools.wraps(func)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
         try:
             return func(*args, **kwargs)
@@ -31,9 +36,11 @@ def handles_errors(func):
             _echo_err(f"error: {exc}" if "\n" not in str(exc) else f"error:\n{exc}")
             ctx.exit(exc.exit_code)
 
-    return wrapper
+    return cast(F, wrapper)
 
 
+# Each command imports its module when it runs: run, report and compare pull in pandas, scipy and matplotlib
+# (about 5 s on a busy machine), which `llmplay --help`, `validate` and `plan` should not wait for.
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="llmplay")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
@@ -46,19 +53,9 @@ def cli(debug: bool) -> None:
 @click.option("--allow-outside-extends", is_flag=True, help="Allow extends: to leave the playbook's directory.")
 def validate(files: tuple[Path, ...], allow_outside_extends: bool) -> None:
     """Check playbooks against the llmplay/v1 schema and the engine's knobs."""
-    from llmplay.playbook.load import load_playbook
+    from llmplay.commands.validate import validate_command  # deferred: loaded only when this command runs
 
-    failed = 0
-    for file in files:
-        try:
-            pb = load_playbook(file, allow_outside_extends=allow_outside_extends)
-        except LlmplayError as exc:
-            failed += 1
-            _echo_err(str(exc))
-            continue
-        click.echo(f"{file}: ok ({pb.metadata.name}, engine {pb.engine.kind}, {len(pb.steps)} steps, "
-                   f"{len(pb.goals.gates)} gates)")
-    sys.exit(EXIT_PLAYBOOK if failed else EXIT_OK)
+    sys.exit(validate_command(files, allow_outside_extends=allow_outside_extends))
 
 
 @cli.command()
@@ -67,17 +64,15 @@ def validate(files: tuple[Path, ...], allow_outside_extends: bool) -> None:
 @handles_errors
 def plan(file: Path, allow_outside_extends: bool) -> None:
     """Print the baseline, each step's configuration and command line, and the gates; starts nothing."""
-    from llmplay.playbook.load import load_playbook
-    from llmplay.plan import build_plan
-    from llmplay.commands.plan import render_plan
+    from llmplay.commands.plan import plan_command  # deferred: loaded only when this command runs
 
-    click.echo(render_plan(build_plan(load_playbook(file, allow_outside_extends=allow_outside_extends))))
+    sys.exit(plan_command(file, allow_outside_extends=allow_outside_extends))
 
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path), required=False)
-@click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help="Archive root (default $LLMPLAY_ARCHIVE or ./reports).")
-@click.option("--resume", type=click.Path(exists=True, file_okay=False, path_type=Path), help="Continue an interrupted run.")
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
+@click.option("--resume", type=_RUN_DIR, help="Continue an interrupted run.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and start nothing.")
 @click.option("--only", multiple=True, help="Run only this step (repeatable); the report marks the run overridden.")
 @click.option("--repeats", type=click.IntRange(1, 50), help="Override trials.repeats.")
@@ -92,10 +87,29 @@ def run(file: Path | None, archive_dir: str | None, resume: Path | None, dry_run
     Exit 0: the final configuration meets every gate; 3: a gate fails; 2: playbook error;
     1: infrastructure failure; 130: interrupted (resume with --resume).
     """
-    from llmplay.commands.run import run_command
+    from llmplay.commands.run import run_command  # deferred: loaded only when this command runs
 
     sys.exit(run_command(file, archive_dir=archive_dir, resume=resume, dry_run=dry_run, only=only, repeats=repeats,
                          duration=duration, warmup=warmup, allow_outside_extends=allow_outside_extends))
+
+
+@cli.command()
+@click.argument("run_dir", type=_RUN_DIR)
+@click.option("--image", help="Engine image to re-test on (the engine-upgrade case).")
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False))
+@click.option("--repeats", type=click.IntRange(1, 50))
+@click.option("--duration")
+@click.option("--html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML.")
+@handles_errors
+def retest(run_dir: Path, image: str | None, archive_dir: str | None, repeats: int | None, duration: str | None,
+           html: Path | None) -> None:
+    """Re-run an archived run's final configuration and compare; exit 4 on regression."""
+    from llmplay.commands.retest import retest_command  # deferred: loaded only when this command runs
+
+    sys.exit(retest_command(run_dir, image=image, archive_dir=archive_dir, repeats=repeats, duration=duration,
+                            html=html))
+
+
 @cli.command()
 @click.option("--url", required=True, help="Base URL of a running OpenAI-compatible engine, e.g. http://127.0.0.1:8080")
 @click.option("--workload", "workload_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -105,27 +119,62 @@ def run(file: Path | None, archive_dir: str | None, resume: Path | None, dry_run
 @handles_errors
 def bench(url: str, workload_file: Path, model: str | None, json_path: str | None) -> None:
     """Run one workload against an already running endpoint and print the summary."""
-    from rich.console import Console
+    from llmplay.commands.bench import bench_command  # deferred: loaded only when this command runs
 
-    from llmplay.tuning.sweep import format_summary_table, run_sweep
-    from llmplay.playbook.load import load_workload
+    sys.exit(bench_command(url, workload_file, model=model, json_path=json_path))
 
-    workload, goals = load_workload(workload_file)
-    results = run_sweep(url, workload, model=model, json_path=json_path, slo_s=goals.slo_s,
-                        progress=sys.stderr.isatty())
-    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and CI logs: wide enough for the table
-    for result in results:
-        console.print(format_summary_table(result.summary))
+
+@cli.command()
+@click.argument("run_dir", type=_RUN_DIR)
+@handles_errors
+def report(run_dir: Path) -> None:
+    """Re-render RUN_DIR/report.html from the archive alone and print its path."""
+    from llmplay.commands.report import report_command  # deferred: loaded only when this command runs
+
+    sys.exit(report_command(run_dir))
+
+
+@cli.command()
+@click.argument("run_a", type=_RUN_DIR)
+@click.argument("run_b", type=_RUN_DIR)
+@click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML.")
+@click.option("--bootstrap", "n_boot", type=click.IntRange(100, 100_000), default=1000, show_default=True,
+              help="Bootstrap resamples for the confidence intervals.")
+@handles_errors
+def compare(run_a: Path, run_b: Path, html: Path | None, n_boot: int) -> None:
+    """Compare the final configurations of two runs; exit 4 when B regressed against A's playbook tolerances."""
+    from llmplay.commands.compare import compare_command  # deferred: loaded only when this command runs
+
+    sys.exit(compare_command(run_a, run_b, html=html, n_boot=n_boot))
+
+
+@cli.command()
+@click.argument("run_dir", type=_RUN_DIR)
+@handles_errors
+def verify(run_dir: Path) -> None:
+    """Recompute the sha256 of every archived file and check the manifest; exit 1 listing each problem."""
+    from llmplay.commands.verify import verify_command  # deferred: loaded only when this command runs
+
+    sys.exit(verify_command(run_dir))
+
+
+@cli.command("ls")
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
+@handles_errors
+def ls(archive_dir: str | None) -> None:
+    """List archived runs, newest first: playbook, date, status, engine, GPU, gates met, path."""
+    from llmplay.commands.ls import ls_command  # deferred: loaded only when this command runs
+
+    sys.exit(ls_command(archive_dir))
 
 
 @cli.command()
 @handles_errors
 def gc() -> None:
     """Remove containers left behind by llmplay runs that died."""
-    from llmplay.runtime.docker import gc as docker_gc
+    from llmplay.commands.gc import gc_command  # deferred: loaded only when this command runs
 
-    removed = docker_gc()
-    click.echo(f"removed {len(removed)} container(s)" + (": " + ", ".join(removed) if removed else ""))
+    sys.exit(gc_command())
 
 
 @cli.group()
@@ -138,41 +187,16 @@ def engine() -> None:
 @handles_errors
 def build_cpu(force: bool) -> None:
     """Build the embedded CPU engine image (llama.cpp + tiny model), cached under ~/.cache/llmplay."""
-    from llmplay.runtime.cpu_image import build_cpu_engine
+    from llmplay.commands.engine import build_cpu_command  # deferred: loaded only when this command runs
 
-    result = build_cpu_engine(force=force)
-    click.echo(f"CPU engine ready: {result}")
-@cli.command()
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--image", help="Engine image to re-test on (the engine-upgrade case).")
-@click.option("--archive", "archive_dir", type=click.Path(file_okay=False))
-@click.option("--repeats", type=click.IntRange(1, 50))
-@click.option("--duration")
-@click.option("--html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML.")
-@handles_errors
-def retest(run_dir: Path, image: str | None, archive_dir: str | None, repeats: int | None, duration: str | None,
-           html: Path | None) -> None:
-    """Re-run an archived run's final configuration and compare; exit 4 on regression."""
-    from llmplay.commands.run import retest_command
-
-    sys.exit(retest_command(run_dir, image=image, archive_dir=archive_dir, repeats=repeats, duration=duration, html=html))
-
-
-def _register_archive_commands() -> None:
-    from llmplay.commands.archive import register
-
-    register(cli)
-
-
-_register_archive_commands()
+    sys.exit(build_cpu_command(force=force))
 
 
 def main() -> None:
     try:
         cli(prog_name="llmplay")
-    except Exception as exc:  # noqa: BLE001 - a bug must still be one line; --debug shows the traceback
+    except Exception as exc:  # a bug must still be one line; --debug shows the traceback
         if "--debug" in sys.argv[1:]:
             raise
         _echo_err(f"internal error: {type(exc).__name__}: {exc} (re-run with --debug for the traceback)")
-        sys.exit(EXIT_INFRA)
-
+        sys.exit(ExitCode.INFRA)

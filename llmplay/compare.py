@@ -1,27 +1,31 @@
 """Two archived runs side by side: every metric of each run's final configuration, delta with bootstrap CI, regressions.
 
-Regressions are judged by run A's playbook: a guard metric worse than its tolerance (with its CI clear of zero on
-the worse side, so noise alone never fails a re-test), the objective worse than its min_effect the same way, or a
+Regressions are judged by run A's playbook with the rule a step's guards use (tuning.decide.regressed_beyond): a
+guard metric worse than its tolerance (with its CI clear of zero on the worse side, so noise alone never fails a
+re-test), the objective worse than its min_effect the same way, or a
 gate that A met and B fails. Other metrics are shown and marked worse/better but never fail the comparison.
 """
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from llmplay.archive.store import RESOLVED_FILE, RunArchive, gate_from
-from llmplay.catalog import metric_info
-from llmplay.errors import LlmplayError
+from llmplay.archive.layout import RESOLVED_FILE
 from llmplay.archive.model import TRIAL_OK, GateResult, TrialRecord
+from llmplay.archive.reader import ArchivedRun, engine_label
+from llmplay.archive.writer import atomic_write_text
+from llmplay.catalog import COMPARED_METRICS, fmt_full, fmt_pct, label_of, metric_info
+from llmplay.errors import LlmplayError
+from llmplay.metrics import usd_per_hour_from_cost
+from llmplay.playbook.load import load_playbook
+from llmplay.report import charts
+from llmplay.report.html import render_html
+from llmplay.tuning.decide import TrialSample, compare_metric, regressed_beyond, sample_from_records
 
-COMPARED_METRICS = ("ttft.p50", "ttft.p95", "ttft.p99", "tpot.p50", "tpot.p95", "itl.p50", "itl.p99", "e2el.p50",
-                    "e2el.p95", "throughput.output_tok_s", "throughput.total_tok_s", "throughput.req_s",
-                    "goodput.req_s", "errors.rate", "cost.usd_per_1m_tokens", "memory.peak_frac", "memory.peak_bytes",
-                    "memory.kv_share", "engine.kv_cache_usage_max", "engine.preemptions")
 DEFAULT_BOOTSTRAP = 1000
 
 
@@ -85,10 +89,8 @@ class Comparison:
 
 
 # ---------------------------------------------------------------------------------------------- inputs
-def _goals_of(archive: RunArchive) -> tuple[Any | None, str | None]:
+def _goals_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
     """Run A's goals from its archived playbook (resolved first, as written next, the original file last)."""
-    from llmplay.playbook.load import load_playbook
-
     manifest = archive.manifest()
     candidates = [archive.run_dir / RESOLVED_FILE, archive.run_dir / (manifest["playbook"].get("file") or ""),
                   Path(manifest["playbook"].get("path") or "")]
@@ -104,68 +106,35 @@ def _goals_of(archive: RunArchive) -> tuple[Any | None, str | None]:
                   "): no guard tolerances, only gates decide regressions")
 
 
-def _final_trials(archive: RunArchive) -> tuple[str, list[TrialRecord]]:
+def _final_trials(archive: ArchivedRun) -> tuple[str, list[TrialRecord]]:
     manifest = archive.manifest()
     final = manifest.get("final_config_id") or "baseline"
     trials = [t for t in archive.trials() if t.config_id == final and t.status == TRIAL_OK]
     return final, trials
 
 
-def _sample(archive: RunArchive, trial: TrialRecord, slo_s: Mapping[str, float]) -> Any:
+def _sample(archive: ArchivedRun, trial: TrialRecord, slo_s: Mapping[str, float]) -> TrialSample | None:
     """One archived trial as decide.TrialSample, built exactly as the runner built it."""
-    from llmplay.tuning.decide import sample_from_records
-
     records = archive.load_records(trial.trial_id)
     if not len(records):
         return None
     summary = dict(trial.summary)
-    cost, tok_s = summary.get("cost.usd_per_1m_tokens"), summary.get("throughput.output_tok_s")
-    price = cost * tok_s * 3600 / 1e6 if cost and tok_s else 0.0  # the trial's own $/h, recovered from its cost
+    # the trial's own $/h, recovered from its cost (archives keep the cost, not the price)
+    price = usd_per_hour_from_cost(summary.get("cost.usd_per_1m_tokens"), summary.get("throughput.output_tok_s"))
     return sample_from_records(records, float(summary.get("duration_s") or 0.0), summary, slo_s, price)
 
 
-def _side(archive: RunArchive, config_id: str, trials: Sequence[TrialRecord]) -> RunSide:
-    from llmplay.archive.store import _engine_of
-
+def _side(archive: ArchivedRun, config_id: str, trials: Sequence[TrialRecord]) -> RunSide:
     m = archive.manifest()
     return RunSide(str(archive.run_dir), m["run_id"], m["playbook"]["name"], config_id,
-                   tuple(t.trial_id for t in trials), _engine_of(m), (m.get("environment") or {}).get("started_utc", ""),
+                   tuple(t.trial_id for t in trials), engine_label(m), (m.get("environment") or {}).get("started_utc", ""),
                    m.get("status", "?"))
 
 
 # ---------------------------------------------------------------------------------------------- judging
-def _worse_beyond(delta: Any, lower_better: bool, tolerance: float) -> tuple[bool, str]:
-    a, b = delta.baseline, delta.candidate
-    if a is None or b is None:
-        return False, ""
-    if delta.rel_change is None:  # A was 0: a relative tolerance cannot apply, any worsening counts
-        return ((b > a) if lower_better else (b < a)), "from 0"
-    worse_by = delta.rel_change if lower_better else -delta.rel_change
-    if worse_by <= tolerance:
-        return False, ""
-    if delta.ci_low is None or delta.ci_high is None:
-        return True, ""
-    # the CI's best case must still be worse than A, or the difference may be noise
-    best_case = min(delta.ci_low, delta.ci_high) if lower_better else -max(delta.ci_low, delta.ci_high)
-    return best_case > 0, ""
-
-
-def _fmt(metric: str, value: float | None) -> str:
-    info = metric_info(metric)
-    if value is None:
-        return "not measured"
-    return info.format(value) if info else f"{value:.4g}"
-
-
-def _pct(x: float | None) -> str:
-    return "—" if x is None or not math.isfinite(x) else f"{x * 100:+.1f}%"
-
-
 def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> Comparison:
     """Compare the final configuration of run B against run A's, with A's playbook deciding regressions."""
-    from llmplay.tuning.decide import compare_metric
-
-    archive_a, archive_b = RunArchive.open(Path(run_a)), RunArchive.open(Path(run_b))
+    archive_a, archive_b = ArchivedRun.open(Path(run_a)), ArchivedRun.open(Path(run_b))
     goals, note = _goals_of(archive_a)
     notes = [note] if note else []
     slo_s = dict(goals.slo_s) if goals is not None else {}
@@ -200,26 +169,26 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
             lower_better = guards[metric].direction == "minimize"
         regression, why = False, ""
         if tolerance is not None:
-            regression, extra = _worse_beyond(d, lower_better, tolerance)
+            regression = regressed_beyond(d, lower_better, tolerance)
             if regression:
-                label = info.label if info else metric
-                why = (f"{role} {label}: {_fmt(metric, d.baseline)} -> {_fmt(metric, d.candidate)} "
-                       f"({_pct(d.rel_change) if d.rel_change is not None else extra} "
-                       f"[{_pct(d.ci_low)}, {_pct(d.ci_high)}]), beyond its {tolerance:.0%} tolerance")
+                change = fmt_pct(d.rel_change) if d.rel_change is not None else "from 0"
+                why = (f"{role} {label_of(metric)}: {fmt_full(metric, d.baseline)} -> {fmt_full(metric, d.candidate)} "
+                       f"({change} [{fmt_pct(d.ci_low)}, {fmt_pct(d.ci_high)}]), beyond its {tolerance:.0%} tolerance")
         better = None  # only a change whose CI clears zero is called better or worse; the rest is noise
         clear = d.ci_low is not None and d.ci_high is not None and (d.ci_low > 0 or d.ci_high < 0)
         if d.rel_change not in (None, 0) and clear:
             better = (d.rel_change < 0) if lower_better else (d.rel_change > 0)
-        rows.append(MetricComparison(metric, info.label if info else metric, d.baseline, d.candidate, d.rel_change,
+        rows.append(MetricComparison(metric, label_of(metric), d.baseline, d.candidate, d.rel_change,
                                      d.ci_low, d.ci_high, d.p_value, better, role, tolerance, regression, why))
     gates_a = {g.gate: g for g in archive_a.gates()}
     gates_b = {g.gate: g for g in archive_b.gates()}
+    either = {**gates_a, **{text: g for text, g in gates_b.items() if text not in gates_a}}  # A's gates first
     gate_rows = []
-    for text in dict.fromkeys([*gates_a, *gates_b]):
+    for text, gate in either.items():
         ga, gb = gates_a.get(text), gates_b.get(text)
-        gate_rows.append(GateComparison(text, (ga or gb).metric, ga, gb,
+        gate_rows.append(GateComparison(text, gate.metric, ga, gb,
                                         bool(ga and ga.met and gb is not None and gb.met is False)))
-    cdf = {name: {"A": np.concatenate([s.values.get(head, np.array([])) for s in samples_a]) if samples_a else [],
+    cdf: dict[str, dict[str, Any]] = {name: {"A": np.concatenate([s.values.get(head, np.array([])) for s in samples_a]) if samples_a else [],
                   "B": np.concatenate([s.values.get(head, np.array([])) for s in samples_b]) if samples_b else []}
            for name, head in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2EL", "e2el"))}
     return Comparison(_side(archive_a, config_a, trials_a), _side(archive_b, config_b, trials_b), tuple(rows),
@@ -231,7 +200,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
@@ -244,8 +213,8 @@ def format_comparison_table(comparison: Comparison) -> str:
     rows = []
     for m in comparison.metrics:
         flag = "REGRESSION" if m.regression else ("worse" if m.better is False else ("better" if m.better else ""))
-        rows.append([m.label, m.role, _fmt(m.metric, m.a), _fmt(m.metric, m.b), _pct(m.rel_change),
-                     f"[{_pct(m.ci_low)}, {_pct(m.ci_high)}]" if m.ci_low is not None else "",
+        rows.append([m.label, m.role, fmt_full(m.metric, m.a), fmt_full(m.metric, m.b), fmt_pct(m.rel_change),
+                     f"[{fmt_pct(m.ci_low)}, {fmt_pct(m.ci_high)}]" if m.ci_low is not None else "",
                      f"{m.tolerance:.0%}" if m.tolerance is not None else "", flag])
     out += _table(["metric", "role", "A", "B", "change", "95% CI", "tolerance", ""], rows, {2, 3, 4, 5, 6})
     if comparison.gates:
@@ -268,12 +237,8 @@ def format_comparison_table(comparison: Comparison) -> str:
 
 def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
     """One self-contained HTML page (inline CSS and SVG, no script, no network)."""
-    from llmplay.archive.store import atomic_write_text
-    from llmplay.report import charts
-    from llmplay.report.render import render_html
-
-    rows = [{"label": m.label, "role": m.role, "a": _fmt(m.metric, m.a), "b": _fmt(m.metric, m.b),
-             "delta": _pct(m.rel_change), "ci": f"[{_pct(m.ci_low)}, {_pct(m.ci_high)}]" if m.ci_low is not None else "",
+    rows = [{"label": m.label, "role": m.role, "a": fmt_full(m.metric, m.a), "b": fmt_full(m.metric, m.b),
+             "delta": fmt_pct(m.rel_change), "ci": f"[{fmt_pct(m.ci_low)}, {fmt_pct(m.ci_high)}]" if m.ci_low is not None else "",
              "tolerance": f"{m.tolerance:.0%}" if m.tolerance is not None else "",
              "flag": "regression" if m.regression else ("worse" if m.better is False else
                                                         ("better" if m.better else "")), "why": m.why}
@@ -294,6 +259,3 @@ def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
     atomic_write_text(out_path, html)
     return out_path
 
-
-def gate_results(items: Sequence[Mapping[str, Any]]) -> list[GateResult]:
-    return [gate_from(g) for g in items]

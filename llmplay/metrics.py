@@ -13,13 +13,14 @@ Only completed (error-free), non-warm-up requests enter latency and throughput f
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from llmplay.loadgen.send import ERROR_KINDS, RequestRecord, records_from_dataframe
+from llmplay.loadgen.records import ERROR_KINDS, RequestRecord, records_from_dataframe, records_to_dataframe
 
 PERCENTILES = (50, 90, 95, 99)
 STAT_NAMES = ("mean", "std", "p50", "p90", "p95", "p99")
@@ -29,10 +30,10 @@ SLO_KEYS = ("ttft", "tpot", "e2el")
 
 def _stats(values: np.ndarray) -> dict[str, float | None]:
     if values.size == 0:
-        return {k: None for k in STAT_NAMES}
+        return dict.fromkeys(STAT_NAMES)
     pct = np.percentile(values, PERCENTILES)  # numpy's default: linear interpolation
     out: dict[str, float | None] = {"mean": float(values.mean()), "std": float(values.std())}
-    out.update({f"p{p}": float(v) for p, v in zip(PERCENTILES, pct)})
+    out.update({f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)})
     return out
 
 
@@ -73,6 +74,17 @@ def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
         "ttfo": np.asarray(ttfo, dtype=float), "queue_wait": np.asarray(qwait, dtype=float),
         "itl": np.concatenate(itl) if itl else np.asarray([], dtype=float),
     }
+
+
+def per_request_frame(records: Sequence[RequestRecord]) -> Any:
+    """The per-request table a trial archives: every record column, plus each request's ttft_s and e2el_s
+    (sent → first text chunk / end; NA where that never happened) and schedule_lag_s (scheduled → sent)."""
+    df = records_to_dataframe(records)
+    sent = df["sent_ns"].astype("Int64")
+    df["ttft_s"] = ((df["first_chunk_ns"] - sent) / 1e9).astype("Float64")
+    df["e2el_s"] = ((df["end_ns"] - sent) / 1e9).astype("Float64")
+    df["schedule_lag_s"] = (df["sent_ns"] - df["scheduled_ns"]) / 1e9
+    return df
 
 
 def meets_slo(r: RequestRecord, slo_s: Mapping[str, float]) -> bool:
@@ -179,3 +191,23 @@ def usd_per_hour_from_cost(usd_per_1m: float | None, output_tok_s: float | None)
     if not usd_per_1m or not output_tok_s:
         return 0.0
     return usd_per_1m * output_tok_s * 3600 / 1e6
+
+
+def request_timeline(records: Any) -> dict[str, np.ndarray]:
+    """Measured requests on the run's own clock, for charts over time and of the workload's shape.
+
+    Per completed request, in record order: done_s (end since the first measured send), ttft (NaN when not
+    streamed), input_tokens, output_tokens. send_gap_s: gaps between successive sends of every measured request.
+    """
+    measured = [r for r in _as_records(records) if not r.is_warmup]
+    sends = np.sort(np.asarray([r.sent_ns for r in measured], dtype=float))
+    done = [r for r in measured if r.error_kind is None and r.end_ns is not None]
+    start = sends[0] if sends.size else 0.0
+    return {
+        "done_s": np.asarray([(r.end_ns - start) / 1e9 for r in done], dtype=float),  # type: ignore[operator]
+        "ttft": np.asarray([(r.first_chunk_ns - r.sent_ns) / 1e9 if r.stream and r.first_chunk_ns is not None
+                            else np.nan for r in done], dtype=float),
+        "input_tokens": np.asarray([r.input_tokens for r in done], dtype=float),
+        "output_tokens": np.asarray([r.output_tokens for r in done], dtype=float),
+        "send_gap_s": np.diff(sends) / 1e9,
+    }

@@ -11,6 +11,8 @@ from llmplay.spec import ChangeEffect, Config, EngineSpec, Playbook, Step, apply
 
 @dataclass(frozen=True)
 class PlannedStep:
+    """A step with what it changes and the configuration it leads to."""
+
     index: int  # 1-based
     step: Step
     effects: tuple[ChangeEffect, ...]
@@ -20,6 +22,8 @@ class PlannedStep:
 
 @dataclass(frozen=True)
 class Plan:
+    """What a run will measure, in order: the baseline, then each step."""
+
     playbook: Playbook
     engine: Engine
     baseline: Config
@@ -27,6 +31,7 @@ class Plan:
 
 
 def build_plan(playbook: Playbook) -> Plan:
+    """The baseline and every step applied in order; the loader has already checked each step applies."""
     engine = get_engine(playbook.engine.kind)
     baseline = Config("baseline", playbook.engine, playbook.workload)
     steps, config = [], baseline
@@ -37,6 +42,7 @@ def build_plan(playbook: Playbook) -> Plan:
 
 
 def image_of(spec: EngineSpec, engine: Engine) -> str:
+    """The playbook's image, or the adapter's default."""
     return spec.image or engine.default_image
 
 
@@ -60,8 +66,9 @@ def docker_run_argv(spec: EngineSpec, engine: Engine) -> list[str]:
         argv += ["-v", f"{spec.model_dir}:{engine.model_path_in_container}:ro"]
     for name, value in spec.env.items():
         argv += ["-e", f"{name}={value}"]
-    return argv + [image_of(spec, engine)] + engine.command(spec, port)
+    return [*argv, image_of(spec, engine), *engine.command(spec, port)]
 
 
 def format_argv(argv: list[str]) -> str:
+    """One shell line; arguments already quoted for display (`"device=0,1"`) stay as they are."""
     return " ".join(a if a.startswith('"') else shlex.quote(a) for a in argv)

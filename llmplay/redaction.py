@@ -3,16 +3,22 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from llmplay.errors import PlaybookError
 
 ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-# A secret word as the name's last part (HF_TOKEN, OPENAI_API_KEY, db_password), not inside a word ("tokenizer").
-SECRET_NAME = re.compile(r"(^|[_.-])(TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|"
-                         r"SECRET[_-]?KEY|CREDENTIALS?|AUTH)$", re.I)
+# A name is secret when it *ends* in a secret word (HF_TOKEN, OPENAI_API_KEY, db_password, GITHUBTOKEN, x-api-key):
+# `tokenizer`, `prefix_tokens` or `max_tokens` are not, and blanking them would make an archived playbook unloadable.
+# AUTH counts only as a whole part (proxy_auth, X-AUTH): a longer word that merely ends in it need not be a secret.
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|SECRET[_-]?KEY|"
+                         r"CREDENTIALS?|(^|[_.-])AUTH)$", re.I)
 URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@", re.I)
 REDACTED = "***"
+# In YAML text: `KEY: value` lines (a list item or quoted key too), and the values that are plain data, never secret.
+_YAML_KEY_LINE = re.compile(r"^(?P<head>\s*-?\s*[\"']?(?P<key>[A-Za-z0-9_.-]+)[\"']?\s*:\s*)(?P<value>\S.*?)\s*$")
+_PLAIN_SCALAR = re.compile(r"(-?[0-9][0-9_.eE+-]*|true|false|null|~)(\s+#.*)?", re.I)
 
 
 def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -58,13 +64,13 @@ def referenced_values(values: Any, environ: Mapping[str, str] | None = None) -> 
     return [source[n] for n in sorted(names) if len(source.get(n, "")) >= 4]
 
 
-def redact_text(text: str, secrets: list[str] = ()) -> str:  # type: ignore[assignment]
+def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
     for value in sorted(set(secrets), key=len, reverse=True):
         text = text.replace(value, REDACTED)
     return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
 
 
-def redact(obj: Any, secrets: list[str] = ()) -> Any:  # type: ignore[assignment]
+def redact(obj: Any, secrets: Sequence[str] = ()) -> Any:
     """Deep copy with secret-named keys and secret values blanked; keeps `${env:X}` references (they are not secret)."""
     if isinstance(obj, Mapping):
         out = {}
@@ -79,3 +85,20 @@ def redact(obj: Any, secrets: list[str] = ()) -> Any:  # type: ignore[assignment
     if isinstance(obj, str):
         return redact_text(obj, secrets)
     return obj
+
+
+def redact_yaml_text(text: str, secrets: Sequence[str] = ()) -> str:
+    """YAML text as archived: known secret values, URL credentials and literal values of secret-named keys blanked;
+    `${env:X}` references, numbers, booleans, nested blocks and comments are kept, so the text still loads."""
+    lines = []
+    for line in redact_text(text, secrets).splitlines(keepends=True):
+        end = "\n" if line.endswith("\n") else ""
+        match = _YAML_KEY_LINE.match(line.rstrip("\n"))
+        if match and SECRET_NAME.search(match.group("key")):
+            value = match.group("value")
+            bare = value.strip("\"'")
+            if not ENV_REF.fullmatch(bare) and not value.startswith(("{", "[", "#", "|", ">")) and \
+                    not _PLAIN_SCALAR.fullmatch(value):
+                line = f"{match.group('head')}{REDACTED}{end}"
+        lines.append(line)
+    return "".join(lines)

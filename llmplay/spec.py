@@ -7,14 +7,16 @@ these values, so it lives here too: the loader checks steps with it and the plan
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 Scalar = str | int | float | bool | None
 
 
 def frozen_map(d: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """A read-only copy, so a frozen dataclass holding it stays frozen."""
     return MappingProxyType(dict(d or {}))
 
 
@@ -131,7 +133,8 @@ class EngineSpec:
     network_mode: str | None = None  # "host" or None (publish port)
     executable: str | None = None  # process runtime: path of the server binary
 
-    def with_knob(self, knob: str, value: Scalar) -> "EngineSpec":
+    def with_knob(self, knob: str, value: Scalar) -> EngineSpec:
+        """A copy with one knob set (None: back to the engine default)."""
         args = dict(self.args)
         args[knob] = value
         return replace(self, args=frozen_map(args))
@@ -211,6 +214,8 @@ class Config:
 
 @dataclass(frozen=True)
 class ChangeEffect:
+    """What one change did: the value in effect before and the one after."""
+
     target: str
     old: Any
     new: Any
@@ -220,10 +225,12 @@ class ChangeEffect:
 
 
 def show_value(value: Any) -> str:
+    """A value as plans and messages show it; None is the engine's default."""
     return "(engine default)" if value is None else repr(value)
 
 
 def current_value(config: Config, target: str) -> Any:
+    """The value `target` (a Change's dotted path) has in `config`."""
     if target.startswith("args."):
         return config.engine.args.get(target[5:])
     if target.startswith("env."):
@@ -234,6 +241,7 @@ def current_value(config: Config, target: str) -> Any:
 
 
 def apply_change(config: Config, change: Change) -> Config:
+    """A new configuration with one change applied; `config` is left as it was."""
     engine, workload, target = config.engine, config.workload, change.target
     if target.startswith("args."):
         engine = engine.with_knob(target[5:], change.value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 NVML_SUCCESS = 0
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -21,7 +21,7 @@ NVML_GPM_METRICS_GET_VERSION = 1
 
 
 class NVMLError(Exception):
-    _text = {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found"}
+    _text: ClassVar[dict[int, str]] = {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found"}
 
     def __init__(self, value: int):
         super().__init__(value)
@@ -54,7 +54,9 @@ class _Metric:
         self.value = 0.0
 
 
-class c_nvmlGpmMetricsGet_t:
+class GpmMetricsRequest:
+    """pynvml's c_nvmlGpmMetricsGet_t: two samples in, one value per requested metric out."""
+
     def __init__(self) -> None:
         self.version = 0
         self.numMetrics = 0
@@ -73,7 +75,7 @@ class FakeNvml:
     NVML_GPM_METRIC_SM_UTIL = NVML_GPM_METRIC_SM_UTIL
     NVML_GPM_METRIC_DRAM_BW_UTIL = NVML_GPM_METRIC_DRAM_BW_UTIL
     NVML_GPM_METRICS_GET_VERSION = NVML_GPM_METRICS_GET_VERSION
-    c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t
+    c_nvmlGpmMetricsGet_t = GpmMetricsRequest  # the name pynvml gives the struct
 
     def __init__(self, gpus: list[FakeGpu] | None = None, init_error: int | None = None):
         self.gpus = [FakeGpu()] if gpus is None else gpus
@@ -165,7 +167,7 @@ class FakeNvml:
         s.gpu, s.tick = h, n
         return s
 
-    def nvmlGpmMetricsGet(self, mg: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:
+    def nvmlGpmMetricsGet(self, mg: GpmMetricsRequest) -> GpmMetricsRequest:
         g = self.gpus[mg.sample2.gpu]
         k = mg.sample2.tick - 1  # the interval ending at sample2
         for m in mg.metrics[: mg.numMetrics]:

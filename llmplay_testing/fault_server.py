@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import signal
@@ -33,7 +34,7 @@ MAX_HEAD_BYTES = 64 * 1024
 class Stats:
     requests: int = 0  # requests read (POSTs to /v1/...), faulted or not
     ok: int = 0  # responses written completely (server: whole stream; proxy: upstream relayed to its end)
-    faults: dict[str, int] = field(default_factory=lambda: {k: 0 for k in FAULTS})
+    faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS, 0))
     passthrough: int = 0  # proxy: non-/v1 requests relayed unfaulted (health, metrics, props)
     connections: int = 0
     open_connections: int = 0
@@ -50,10 +51,8 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     """Abort with RST rather than FIN: what a crashed or overloaded peer looks like to the client."""
     sock = writer.get_extra_info("socket")
     if sock is not None:
-        try:
+        with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        except OSError:
-            pass
     writer.transport.abort()
 
 
@@ -155,7 +154,7 @@ class FaultServer:
                 got = await _read_request(reader)
                 if got is None:
                     break
-                head, headers, body = got
+                head, _headers, body = got
                 target = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"/"
                 if target == b"/stats":
                     payload = json.dumps(self.stats.as_dict()).encode()
@@ -249,7 +248,7 @@ class FaultServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "FaultServer":
+    def start(self) -> FaultServer:
         """Serve from a daemon thread with its own event loop; returns once listening."""
         def run() -> None:
             self._loop = asyncio.new_event_loop()
@@ -267,11 +266,12 @@ class FaultServer:
         return self
 
     def stop(self) -> None:
-        if self._loop is None or self._server is None:
+        server = self._server
+        if self._loop is None or server is None:
             return
 
         async def shutdown() -> None:
-            self._server.close()
+            server.close()
             for w in list(self._writers):
                 w.transport.abort()
             for task in asyncio.all_tasks():
@@ -282,7 +282,7 @@ class FaultServer:
         if self._thread is not None:
             self._thread.join(10)
 
-    def __enter__(self) -> "FaultServer":
+    def __enter__(self) -> FaultServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -310,10 +310,8 @@ def main(argv: list[str] | None = None) -> None:
         while not server._ready.is_set():
             await asyncio.sleep(0.01)
         print(f"LISTENING {server.port}", flush=True)
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-        except asyncio.CancelledError:
-            pass
         print(json.dumps(server.stats.as_dict()), flush=True)
 
     asyncio.run(run())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import heapq
 import itertools
 import json
@@ -137,8 +138,8 @@ class InstrumentCore:
             cfg = parse_config(segment)
             path = "/" + rest
         if path == "/_log":
-            log, self.log = self.log, []
-            writer.write(_response(200, json.dumps(log).encode()))
+            entries, self.log = self.log, []
+            writer.write(_response(200, json.dumps(entries).encode()))
             return True
         if path == "/health":
             writer.write(_response(200, b'{"status":"ok"}'))
@@ -194,10 +195,8 @@ class InstrumentCore:
         elif fault == "close":
             writer.close()
         else:  # stall: send nothing more; the client gives up and closes
-            try:
+            with contextlib.suppress(ConnectionError):
                 await reader.read(1)
-            except ConnectionError:
-                pass
         return False
 
     # --- the timer heap: one callback writes every due chunk -----------------------------------
@@ -329,7 +328,7 @@ class InstrumentServer:
     def fetch_log(self) -> list[dict]:
         return httpx.get(f"{self.url}/_log", timeout=30).json()
 
-    def __enter__(self) -> "InstrumentServer":
+    def __enter__(self) -> InstrumentServer:
         if self.process:
             args = [sys.executable, __file__, "--port", "0"] + (["--uvloop"] if self.use_uvloop else [])
             self._proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)

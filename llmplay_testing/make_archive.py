@@ -14,15 +14,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from llmplay.archive.store import RunArchive
-from llmplay.tuning.decide import evaluate_gates
-from llmplay.loadgen.send import RequestRecord, records_to_dataframe
-from llmplay.metrics import summarize
+from llmplay.archive.model import (
+    ConfigRecord,
+    GateResult,
+    MetricDelta,
+    StepVerdict,
+    TrialRecord,
+)
+from llmplay.archive.writer import RunArchive
+from llmplay.catalog import RECORD_METRICS
+from llmplay.loadgen.records import RequestRecord, records_to_dataframe
+from llmplay.metrics import summarize, usd_per_1m_tokens
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
-from llmplay.archive.model import (
-    ConfigRecord, GateResult, MetricDelta, StepVerdict, TrialRecord,
-)
+from llmplay.telemetry.sampler import TelemetrySeries
+from llmplay.tuning.decide import evaluate_gates
 
 SECRET = "hf_sEcReTvAlUe0123456789"
 URL_PASSWORD = "pa55w0rdXYZ"
@@ -129,7 +135,7 @@ def fake_telemetry(rng: np.random.Generator, duration_s: float, *, nvml: bool, b
         rows += [(t, "proc", "proc.cpu_s", None, cpu), (t, "proc", "proc.rss_bytes", None, 6.0e8 + 1e6 * t),
                  (t, "engine", "engine.kv_cache_usage_frac", None, float(np.clip(busy * rng.uniform(0.3, 0.6), 0, 1))),
                  (t, "engine", "engine.running", None, float(rng.integers(1, 5))),
-                 (t, "engine", "engine.waiting", None, float(max(0, rng.integers(-2, 3))))]
+                 (t, "engine", "engine.waiting", None, float(max(0, int(rng.integers(-2, 3)))))]
         if nvml:
             rows += [(t, "nvml", "gpu.util_frac", 0, float(np.clip(busy + rng.normal(0, 0.05), 0, 1))),
                      (t, "nvml", "memory.used_bytes", 0, 6.2e10 + 1e8 * rng.random()),
@@ -140,15 +146,14 @@ def fake_telemetry(rng: np.random.Generator, duration_s: float, *, nvml: bool, b
 
 
 def _summary(records: list[RequestRecord], duration_s: float, telemetry: pd.DataFrame | None) -> dict[str, float]:
-    from llmplay.telemetry.sampler import TelemetrySeries
-
     out = {k: v for k, v in summarize(records, duration_s, {"ttft": 2.0, "tpot": 0.2}).as_dict().items()
            if v is not None}
     out["duration_s"] = duration_s
     if telemetry is not None:
         out.update(TelemetrySeries.from_frame(telemetry, duration_s=duration_s).summary())
-    if out.get("throughput.output_tok_s"):
-        out["cost.usd_per_1m_tokens"] = 0.10 / (out["throughput.output_tok_s"] * 3600) * 1e6
+    cost = usd_per_1m_tokens(0.10, out.get("throughput.output_tok_s"))
+    if cost is not None:
+        out["cost.usd_per_1m_tokens"] = cost
     return out
 
 
@@ -203,7 +208,7 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
         rec = TrialRecord(tid, cid, step, role, repeat, "ok", "2025-01-02T03:05:00Z", duration + 4.0, summary,
                           engine_describe={"version": "b4567 (abc123)", "image": "llmplay/llamacpp-cpu:local",
                                            "image_digest": "sha256:" + "ab" * 32, "container": "c0ffee"},
-                          notes=notes + ("tokenizer: engine /tokenize",))
+                          notes=(*notes, "tokenizer: engine /tokenize"))
         archive.write_trial(rec, records_to_dataframe(records), tele,
                             f"server started\nHF_TOKEN={SECRET}\nslot 0 ready\n")
         return tid
@@ -216,22 +221,19 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
         vals = [s[metric] for s in by_config[cid] if metric in s]
         return float(np.mean(vals))
 
-    record_metrics = ("ttft.p50", "ttft.p95", "ttft.p99", "tpot.p95", "itl.p99", "e2el.p95",
-                      "throughput.output_tok_s", "throughput.req_s", "goodput.req_s", "errors.rate",
-                      "cost.usd_per_1m_tokens", "memory.peak_frac", "memory.kv_share")
-
     def row(cid: str, trials: list[str], verdict: StepVerdict | None, failed: int = 0) -> dict[str, Any]:
         r: dict[str, Any] = {"config_id": cid, "trials": trials, "failed_trials": failed,
-                             "metrics": {m: mean(cid, m) for m in record_metrics
+                             "metrics": {m: mean(cid, m) for m in RECORD_METRICS
                                          if any(m in s for s in by_config[cid])}}
         if verdict:
             r.update(step=verdict.step, verdict=verdict.verdict, reason=verdict.reason,
                      compared_with=verdict.baseline_config, changes=list(verdict.changes))
         return r
 
-    plan = [("parallel-4", {"parallel": 4}, "kept", "args.parallel: 1 -> 4"),
-            ("flash-attention", {"flash_attn": True}, "rejected", "args.flash_attn: (unset) -> true"),
-            ("kv-cache-q8", {"kv_cache_dtype": "q8_0"}, "inconclusive", "args.kv_cache_dtype: (unset) -> q8_0")]
+    plan: list[tuple[str, dict[str, Any], str, str]] = [
+        ("parallel-4", {"parallel": 4}, "kept", "args.parallel: 1 -> 4"),
+        ("flash-attention", {"flash_attn": True}, "rejected", "args.flash_attn: (unset) -> true"),
+        ("kv-cache-q8", {"kv_cache_dtype": "q8_0"}, "inconclusive", "args.kv_cache_dtype: (unset) -> q8_0")]
     best, best_args = "baseline", args
     rows = []
     verdicts = []
@@ -249,7 +251,7 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
         guard_e = MetricDelta("errors.rate", mean(best, "errors.rate"), mean(step, "errors.rate"),
                               None, None, None, None, None)
         deltas = tuple(delta(m, mean(best, m), mean(step, m), 0.05, m.split(".")[0] not in ("throughput", "goodput"))
-                       for m in record_metrics if m in by_config[step][0] and mean(best, m))
+                       for m in RECORD_METRICS if m in by_config[step][0] and mean(best, m))
         pct = f"{objective.rel_change:+.0%} [{objective.ci_low:+.0%}, {objective.ci_high:+.0%}]"
         reason = {"kept": f"output tokens/s {pct}, no guard regressed; kept",
                   "rejected": f"output tokens/s {pct}; error rate regressed beyond its 0% tolerance; rejected",
@@ -266,7 +268,7 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
         rows.append(row(step, tc, verdict, failed=1 if step == "flash-attention" else 0))
         if verdict.carried:
             best, best_args = step, cand_args
-    final = {m: mean(best, m) for m in record_metrics if any(m in s for s in by_config[best])}
+    final = {m: mean(best, m) for m in RECORD_METRICS if any(m in s for s in by_config[best])}
     gates: list[GateResult] = evaluate_gates(playbook.goals.gates, final)
     findings = [
         {"id": "kv-share-high", "severity": "warn", "title": "KV cache holds most of the memory",

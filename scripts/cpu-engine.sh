@@ -6,4 +6,4 @@ set -e
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
-exec "$PY" -m llmplay.cpuengine "$@"
+exec "$PY" -m llmplay.runtime.cpu_image "$@"

@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from llmplay.engines import get_engine
+from llmplay.errors import InfrastructureError
+from llmplay.runtime import dockerd
+from llmplay.runtime.cpu_image import build_cpu_engine
+from llmplay.runtime.docker import DockerRuntime
 from llmplay.spec import EngineSpec, frozen_map
 
 
@@ -30,9 +36,6 @@ def _quiet(message: str) -> None:
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[Any]:
     """A docker SDK client; starts dockerd in the background first when none answers (root only)."""
-    from llmplay.runtime import dockerd
-    from llmplay.errors import InfrastructureError
-
     try:
         dockerd.ensure_dockerd()
         client = dockerd.client()
@@ -45,9 +48,6 @@ def docker_client() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def cpu_binary() -> Any:
     """llama-server and the tiny model on the host (no Docker needed): a CpuEngine without image."""
-    from llmplay.runtime.cpu_image import build_cpu_engine
-    from llmplay.errors import InfrastructureError
-
     try:
         return build_cpu_engine(with_image=False, log=_quiet)
     except InfrastructureError as exc:
@@ -57,9 +57,6 @@ def cpu_binary() -> Any:
 @pytest.fixture(scope="session")
 def cpu_engine(docker_client: Any) -> Any:
     """The CPU engine with its local image: `.image` (tag), `.model_path` (host), `.binary` (host)."""
-    from llmplay.runtime.cpu_image import build_cpu_engine
-    from llmplay.errors import InfrastructureError
-
     try:
         return build_cpu_engine(log=_quiet)
     except InfrastructureError as exc:
@@ -77,9 +74,6 @@ def llama_server_spec(cpu_engine: Any) -> EngineSpec:
 @pytest.fixture(scope="module")
 def llama_endpoint(docker_client: Any, llama_server_spec: EngineSpec) -> Iterator[Any]:
     """A running llama.cpp container started through the docker runtime; removed after the module."""
-    from llmplay.engines import get_engine
-    from llmplay.runtime.docker import DockerRuntime
-
     runtime = DockerRuntime(docker_client)
     labels = {"llmplay.run": f"test-{uuid.uuid4().hex[:8]}", "llmplay.trial": "fixture"}
     with runtime.start(llama_server_spec, get_engine("llamacpp"), labels) as endpoint:

@@ -3,21 +3,27 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import yaml
 from click.testing import CliRunner
-from llmplay_testing.make_archive import SECRETS, shared_archive
 
-from llmplay.archive.store import (
-    MANIFEST, RunArchive, archive_root, list_runs, redact_yaml_text, schema_problems, verify,
-)
+import llmplay.archive.writer as archive_writer
+from llmplay.archive.layout import MANIFEST
+from llmplay.archive.listing import archive_root, list_runs
+from llmplay.archive.model import TrialRecord
+from llmplay.archive.reader import ArchivedRun
+from llmplay.archive.verify import schema_problems, verify
+from llmplay.archive.writer import RunArchive
 from llmplay.cli import cli
-from llmplay.commands.archive import register
 from llmplay.errors import ArchiveError
-
-register(cli)
+from llmplay.playbook.load import load_playbook
+from llmplay.redaction import redact_yaml_text
+from llmplay_testing.make_archive import PLAYBOOK_TEXT, SECRETS, shared_archive
 
 
 @pytest.fixture()
@@ -108,11 +114,6 @@ def test_secrets_never_reach_any_file(run_dir):
 
 
 def test_archived_playbook_is_the_playbook_as_run(run_dir):
-    import yaml
-    from llmplay_testing.make_archive import PLAYBOOK_TEXT
-
-    from llmplay.playbook.load import load_playbook
-
     assert (run_dir / "playbook.yaml").read_text() == PLAYBOOK_TEXT  # nothing secret in it: byte for byte
     for name in ("playbook.yaml", "playbook.resolved.yaml"):
         assert yaml.safe_load((run_dir / name).read_text())["workload"]["prefix_tokens"] == 32
@@ -128,6 +129,39 @@ def test_redact_yaml_text_blanks_literal_secret_values():
     out = redact_yaml_text(numbers)
     assert "prefix_tokens: 64\n" in out and "max_tokens: 128  # cap" in out and "tokenizer: auto" in out
     assert "ACCESS_TOKEN: ***" in out
+
+
+# One name per form a secret-named key takes: each word of llmplay.redaction.SECRET_NAME, with and without a
+# separator before it (both the env redaction's and the playbook text's former patterns, now one).
+SECRET_NAMES = ("HF_TOKEN", "GITHUBTOKEN", "my.secret", "DB_PASSWORD", "mysql-passwd", "OPENAI_API_KEY", "x-api-key",
+                "APIKEY", "AWS_ACCESS_KEY", "ACCESSKEY", "SSH_PRIVATE_KEY", "PRIVATEKEY", "AWS_SECRET_KEY",
+                "SECRET-KEY", "GOOGLE_CREDENTIALS", "credential", "proxy_auth", "AUTH")
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_every_secret_name_form_is_blanked_in_the_archive(tmp_path, name):
+    value = "literal-" + name.lower() + "-value"
+    text = f"apiVersion: llmplay/v1\nengine:\n  env:\n    {name}: {value}\n"
+    playbook = SimpleNamespace(metadata=SimpleNamespace(name="secret-names", version="1"), path=tmp_path / "p.yaml",
+                               sha256="0" * 64, text=text, api_version="llmplay/v1",
+                               resolved={"engine": {"env": {name: value}}})
+    archive = RunArchive.create(tmp_path, playbook, overrides={}, environment={name: value}, secrets=[])
+    for path in archive.run_dir.rglob("*"):
+        if path.is_file():
+            assert value not in path.read_text(), f"{name}: its value reached {path.name}"
+    assert archive.manifest()["environment"][name] == "***"
+    assert f"    {name}: ***\n" in (archive.run_dir / "playbook.yaml").read_text()
+    assert yaml.safe_load((archive.run_dir / "playbook.resolved.yaml").read_text())["engine"]["env"][name] == "***"
+    assert verify(archive.run_dir) == []
+
+
+@pytest.mark.parametrize("name", ["prefix_tokens", "max_tokens", "tokenizer", "OAUTH", "author", "secrets_dir"])
+def test_names_that_merely_contain_a_secret_word_are_kept(tmp_path, name):
+    archive = RunArchive.create(tmp_path, SimpleNamespace(
+        metadata=SimpleNamespace(name="kept-names", version="1"), path=tmp_path / "p.yaml", sha256="0" * 64,
+        text=f"workload:\n  {name}: kept-text\n"), overrides={}, environment={name: "kept-text"}, secrets=[])
+    assert archive.manifest()["environment"][name] == "kept-text"
+    assert f"  {name}: kept-text\n" in (archive.run_dir / "playbook.yaml").read_text()
 
 
 def test_read_side_round_trips_records_and_telemetry(run_dir):
@@ -153,16 +187,16 @@ def test_read_side_round_trips_records_and_telemetry(run_dir):
 
 
 def test_open_rejects_non_archives(tmp_path):
-    with pytest.raises(ArchiveError, match="no manifest.json"):
-        RunArchive.open(tmp_path)
-    (tmp_path / MANIFEST).write_text('{"schema": "other/v9"}')
-    with pytest.raises(ArchiveError, match="expected 'llmplay/manifest.v1'"):
-        RunArchive.open(tmp_path)
+    for opener in (RunArchive.open, ArchivedRun.open):
+        (tmp_path / MANIFEST).unlink(missing_ok=True)
+        with pytest.raises(ArchiveError, match=r"no manifest\.json"):
+            opener(tmp_path)
+        (tmp_path / MANIFEST).write_text('{"schema": "other/v9"}')
+        with pytest.raises(ArchiveError, match=r"expected 'llmplay/manifest\.v1'"):
+            opener(tmp_path)
 
 
 def test_resume_appends_and_keeps_verifying(run_dir):
-    from llmplay.archive.model import TrialRecord
-
     archive = RunArchive.open(run_dir, secrets=["late-secret-value"])
     archive.write_trial(TrialRecord("t013", "kv-cache-q8", "kv-cache-q8", "candidate", 2, "failed",
                                     "2025-01-02T04:00:00Z", 1.0, {}, error="boom"), None, None,
@@ -173,14 +207,11 @@ def test_resume_appends_and_keeps_verifying(run_dir):
 
 
 def test_csv_fallback_without_pyarrow(tmp_path, monkeypatch, run_dir):
-    import llmplay.archive.store as archive_mod
-
     archive = RunArchive.open(run_dir)
     records = archive.load_records("t002")
     telemetry = archive.load_telemetry("t002")
-    monkeypatch.setattr(archive_mod, "_have_pyarrow", lambda: False)
+    monkeypatch.setattr(archive_writer, "have_pyarrow", lambda: False)
     trial = next(t for t in archive.trials() if t.trial_id == "t002")
-    from dataclasses import replace
     archive.write_trial(replace(trial, trial_id="t099", files={}), records, telemetry, "")
     assert (run_dir / "trials" / "t099" / "requests.csv").is_file()
     back = archive.load_records("t099")

@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from llmplay_testing.make_archive import shared_archive
-from test_report import assert_self_contained
 
-from llmplay.archive.store import MANIFEST, RunArchive
+from llmplay.archive.layout import MANIFEST
+from llmplay.archive.writer import RunArchive
 from llmplay.cli import cli
-from llmplay.commands.archive import register
 from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
+from llmplay_testing.html_checks import assert_self_contained
+from llmplay_testing.make_archive import shared_archive
 
-register(cli)
 BOOT = 200
 
 

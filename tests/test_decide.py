@@ -4,9 +4,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmplay.tuning.decide import TrialSample, compare_metric, decide_step, evaluate_gates, metric_value
-from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED
+from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED, MetricDelta
+from llmplay.loadgen.records import RequestRecord, records_to_dataframe
+from llmplay.metrics import summarize
 from llmplay.spec import Gate, Goals, Guard, Objective, Trials
+from llmplay.tuning.decide import (
+    TrialSample,
+    compare_metric,
+    decide_step,
+    evaluate_gates,
+    metric_value,
+    regressed_beyond,
+    sample_from_records,
+)
 
 TRIALS = Trials(repeats=3, bootstrap_samples=400)
 
@@ -133,10 +143,6 @@ def test_one_trial_per_side_never_decides():
 
 def test_decision_goodput_follows_the_summary_definition():
     """Non-streamed requests: TTFT is their E2EL and TPOT is undefined, in the summary and the decision alike."""
-    from llmplay.tuning.decide import sample_from_records
-    from llmplay.loadgen.send import RequestRecord, records_to_dataframe
-    from llmplay.metrics import summarize
-
     def rec(i, stream, ttft_ms, e2el_ms, out=10):
         sent = 1_000_000_000 + i * 1_000_000
         first = sent + int(ttft_ms * 1e6)
@@ -152,3 +158,36 @@ def test_decision_goodput_follows_the_summary_definition():
     summary = summarize(records, 10.0, slo).as_dict()
     sample = sample_from_records(records_to_dataframe(records), 10.0, summary, slo, 0.0)
     assert metric_value([sample], "goodput.req_s") == pytest.approx(summary["goodput.req_s"]) == pytest.approx(0.2)
+
+
+def test_guard_rule_tolerance_noise_and_a_zero_baseline():
+    """The one guard rule decide and compare share: beyond tolerance, CI clear of noise, any worsening from 0."""
+    def delta(a, b, rel, lo, hi):
+        return MetricDelta("ttft.p95", a, b, rel, lo, hi, None, None)
+
+    assert regressed_beyond(delta(1.0, 1.3, 0.3, 0.2, 0.4), lower_is_better=True, tolerance=0.1)
+    assert not regressed_beyond(delta(1.0, 1.3, 0.3, -0.05, 0.6), lower_is_better=True, tolerance=0.1)  # noise
+    assert not regressed_beyond(delta(1.0, 1.05, 0.05, 0.04, 0.06), lower_is_better=True, tolerance=0.1)
+    assert regressed_beyond(delta(1.0, 0.7, -0.3, -0.4, -0.2), lower_is_better=False, tolerance=0.1)
+    assert regressed_beyond(delta(1.0, 1.3, 0.3, None, None), lower_is_better=True, tolerance=0.1)
+    assert regressed_beyond(delta(0.0, 0.05, None, None, None), lower_is_better=True, tolerance=0.5)
+    assert not regressed_beyond(delta(0.0, 0.05, None, None, None), lower_is_better=False, tolerance=0.5)
+    assert not regressed_beyond(delta(None, 0.05, None, None, None), lower_is_better=True, tolerance=0.5)
+
+
+def test_errors_from_zero_fail_the_errors_guard():
+    rng = np.random.default_rng(5)
+    a = [trial(rng) for _ in range(3)]
+    b = [trial(rng, tok_s=1300, errors=20) for _ in range(3)]
+    d = decide_step(a, b, goals(guards=(Guard("errors.rate", 0.5, "minimize"),)), TRIALS)
+    assert d.verdict == REJECTED and "error rate from 0 to 9.1%, beyond its 50% tolerance" in d.reason
+
+
+def test_cost_follows_price_and_throughput():
+    rng = np.random.default_rng(6)
+    sample = trial(rng, tok_s=1000.0)
+    priced = TrialSample(sample.duration_s, sample.values, sample.n_requests, sample.n_errors, price_usd_per_hour=3.6)
+    unpriced = TrialSample(sample.duration_s, sample.values, sample.n_requests, sample.n_errors)
+    tok_s = metric_value([priced], "throughput.output_tok_s")
+    assert metric_value([priced], "cost.usd_per_1m_tokens") == pytest.approx(3.6 / (tok_s * 3600) * 1e6)
+    assert metric_value([unpriced], "cost.usd_per_1m_tokens") is None

@@ -7,29 +7,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmplay.tuning.diagnose.rules import (
-    Finding,
-    MemoryBreakdown,
+from llmplay.archive.model import Finding
+from llmplay.spec import Gate
+from llmplay.tuning.diagnose.checklist import Thresholds, diagnose, targets_from_gates
+from llmplay.tuning.diagnose.gpus import lookup_gpu
+from llmplay.tuning.diagnose.memory import MemoryBreakdown, memory_breakdown
+from llmplay.tuning.diagnose.model_facts import (
     ModelFacts,
     ModelFactsError,
-    Thresholds,
-    decode_roofline,
-    diagnose,
-    memory_breakdown,
     model_facts_from_gguf,
     model_facts_from_hf_config,
-    prefill_mfu,
-    targets_from_gates,
 )
-from llmplay.tuning.diagnose.gpus import lookup_gpu
-from llmplay.spec import Gate
+from llmplay.tuning.diagnose.roofline import decode_roofline, prefill_mfu
 
 GiB = 2**30
 
 
 def write_gguf(path: Path, *, tensors: bool = True) -> Path:
     gguf = pytest.importorskip("gguf")
-    from gguf import quants
+    from gguf import quants  # deferred: optional extra `cpu`, imported only after the importorskip above
 
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny-test")

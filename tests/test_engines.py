@@ -103,7 +103,7 @@ def test_every_knob_is_pinned(kind: str) -> None:
     ("llamacpp", "cont_batching", ["--cont-batching"]),
     ("llamacpp", "metrics", []),
 ])
-def test_the_other_side_of_each_switch(kind: str, knob: str, expected: list[str]) -> None:
+def test_the_other_side_of_each_boolean_flag(kind: str, knob: str, expected: list[str]) -> None:
     value = not TABLES[kind][knob][0]
     assert argv(kind, **{knob: value}) == expected
 
@@ -114,6 +114,31 @@ def test_flash_attn_auto_and_bad_values() -> None:
         argv("llamacpp", flash_attn="yes")
     with pytest.raises(BadKnobValue, match="expected true or false"):
         argv("vllm", prefix_caching="on")
+
+
+@pytest.mark.parametrize("kind,knob,value,expected", [
+    ("vllm", "max_num_seqs", True, "an integer >= 1"),  # YAML `true` is not the integer 1
+    ("vllm", "max_num_seqs", "256", "an integer >= 1"),
+    ("vllm", "gpu_memory_utilization", 0, "a number > 0 and <= 1"),
+    ("vllm", "quantization", [1], "a single value (text or a number)"),
+    ("sglang", "kv_cache_dtype", "fp8", "one of auto, fp8_e5m2, fp8_e4m3"),
+    ("tgi", "kv_cache_dtype", "fp8", "one of fp8_e4m3fn, fp8_e5m2"),
+    ("trtllm", "tensor_parallel", 1.0, "an integer >= 1"),
+    ("llamacpp", "n_gpu_layers", "some", "an integer, auto or all"),
+    ("llamacpp", "ctx_size", -1, "an integer >= 0"),
+])
+def test_values_the_engine_would_refuse(kind: str, knob: str, value: object, expected: str) -> None:
+    with pytest.raises(BadKnobValue) as info:
+        get_engine(kind).check_value(knob, value)  # type: ignore[arg-type]
+    assert (info.value.engine, info.value.knob, info.value.expected) == (kind, knob, expected)
+
+
+def test_values_beyond_the_pinned_ones() -> None:
+    assert argv("llamacpp", n_gpu_layers="all") == ["--n-gpu-layers", "all"]
+    assert argv("llamacpp", parallel=-1) == ["--parallel", "-1"]  # llama.cpp's "auto"
+    assert argv("sglang", max_num_batched_tokens=-1) == ["--chunked-prefill-size", "-1"]  # no chunked prefill
+    assert argv("vllm", quantization="awq_marlin") == ["--quantization", "awq_marlin"]  # not checked: grows per release
+    assert argv("vllm", gpu_memory_utilization=1) == ["--gpu-memory-utilization", "1"]
 
 
 def test_base_commands() -> None:

@@ -1,8 +1,11 @@
 """Untrusted playbooks: whatever the bytes, the loader answers with one clear PlaybookError, fast."""
 from __future__ import annotations
 
+import copy
+import re
 import time
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,17 +28,37 @@ documents = st.recursive(scalars, lambda children: st.one_of(
     st.lists(children, max_size=5), st.dictionaries(st.text(max_size=12), children, max_size=5)), max_leaves=30)
 
 
+# A YAML path as Problems writes it: plain keys joined by dots, list indices and odd keys (repr) in brackets.
+_BRACKET = r"""\[(?:\d+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")\]"""
+YAML_PATH = rf"(?:\(document\)|(?:[A-Za-z0-9_.$-]+|{_BRACKET})(?:\.[A-Za-z0-9_.$-]+|{_BRACKET})*)"
+# Problems found before the document has YAML paths: in the YAML text (with a line) or in the file as a whole.
+TEXT_PROBLEMS = ("YAML syntax error: ", "duplicate key '", "unsupported YAML tag (", "document expands to more than ",
+                 "found a ", "the file is empty; ")
+FILE_PROBLEMS = ("not UTF-8 text (byte ", "nesting is too deep; ", "YAML error: ", "file is ")
+
+
+def assert_message_format(message: str, path) -> None:
+    """Every line is `FILE:LINE: YAML.PATH: problem`, or one of the closed list of YAML-level problems that have
+    no path yet (`FILE:LINE: problem`, `FILE: problem`); FILE is the playbook as given."""
+    assert message and "Traceback" not in message
+    file = re.escape(str(path))
+    for line in message.splitlines():
+        if m := re.fullmatch(rf"{file}:([1-9]\d*): {YAML_PATH}: (\S.*)", line):
+            continue
+        if m := re.fullmatch(rf"{file}:([1-9]\d*): (.+)", line):
+            assert m.group(2).startswith(TEXT_PROBLEMS), line
+            continue
+        m = re.fullmatch(rf"{file}: (.+)", line)
+        assert m and m.group(1).startswith(FILE_PROBLEMS), line
+
+
 def check_one_clear_error(path, text: str | bytes) -> None:
     path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
     started = time.perf_counter()
     try:
         load_playbook(path)
     except PlaybookError as exc:
-        message = str(exc)
-        assert message and "Traceback" not in message
-        for line in message.splitlines():
-            assert line.startswith(str(path.name)) or str(path) in line or line.startswith(str(path.parent.name)) \
-                or ".yaml" in line, line
+        assert_message_format(str(exc), path)
     assert time.perf_counter() - started < 5
 
 
@@ -60,8 +83,6 @@ def _mutations():
 @FUZZ_SETTINGS
 @given(_mutations())
 def test_valid_playbook_with_one_field_replaced(tmp_path_factory, mutation):
-    import copy
-
     (path, value) = mutation
     doc = copy.deepcopy(VALID)
     node = doc
@@ -82,6 +103,16 @@ def test_billion_laughs_is_refused_quickly(tmp_path):
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 12)]
     check_one_clear_error(tmp_path / "lol.yaml", "apiVersion: llmplay/v1\n" + "\n".join(lines) + "\n")
+
+
+def test_the_message_format_check_refuses_what_it_should(tmp_path):
+    f = tmp_path / "p.yaml"
+    assert_message_format(f"{f}:3: workload.input['a b'][0]: found 1; expected a mapping", f)
+    assert_message_format(f"{f}:1: YAML syntax error: mapping values are not allowed here", f)
+    for bad in ("elsewhere.yaml:3: workload: found 1", f"{f}: workload: found 1", f"{f}:0: workload: found 1",
+                f"{f}:3: something else", f"prefix {f}:3: workload: found 1", "p.yaml"):
+        with pytest.raises(AssertionError):
+            assert_message_format(bad, f)
 
 
 def test_valid_seed_document_loads(tmp_path):

@@ -1,16 +1,18 @@
 """The load runner against the instrument server: timing equals the scripted truth, errors never vanish."""
+import itertools
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from llmplay_testing.instrument import InstrumentServer
 from scipy import stats
 
-from llmplay.loadgen.send import records_from_dataframe, run_load_sync
-from llmplay.metrics import summarize
-from llmplay.spec import LengthDist, Workload
+from llmplay.loadgen.records import records_from_dataframe
+from llmplay.loadgen.runner import run_load_sync
 from llmplay.loadgen.tokenizer import LlamaCppTokenizer, WordRatioTokenizer
 from llmplay.loadgen.workload import build_requests, iter_requests
+from llmplay.metrics import per_request_frame, summarize
+from llmplay.spec import LengthDist, Workload
+from llmplay_testing.instrument import InstrumentServer
 
 TOK = WordRatioTokenizer()
 BASE = Workload(concurrency=4, num_requests=8, input=LengthDist("fixed", value=6),
@@ -34,7 +36,7 @@ def run(srv, wl, **cfg):
 def _timing_problems(reqs, res, log) -> list[str]:
     """Precision checks; empty when the run measured the scripted truth."""
     lag_ms, itl_err_ms = [], []
-    for planned, rec in zip(reqs, res.records):
+    for planned, rec in zip(reqs, res.records, strict=True):
         key = planned.messages[-1][1] if planned.messages else planned.prompt
         truth = np.array(log[key]["send_ns"])
         assert len(rec.chunk_ns) == len(truth) == 6
@@ -193,7 +195,7 @@ def test_duration_bound_closed_loop_with_warmup_seconds(srv):
 
 def test_dataframe_round_trip(srv):
     _, res, _ = run(srv, replace(BASE, streaming_fraction=0.5), ttft_ms=2, itl_ms=1)
-    df = res.to_dataframe()
+    df = per_request_frame(res.records)
     assert len(df) == 8 and list(df["chunk_ns"][0]) == list(res.records[0].chunk_ns)
     assert records_from_dataframe(df) == res.records
     a = summarize(df, res.duration_s, {"ttft": 1.0}).as_dict()
@@ -212,7 +214,7 @@ def test_multi_turn_turns_follow_each_other(srv):
     for turns in by_conv.values():
         turns.sort(key=lambda r: r.turn)
         # Each turn is sent only after the previous one (whose reply it resends) has finished.
-        assert all(b.sent_ns >= a.end_ns for a, b in zip(turns, turns[1:]))
+        assert all(b.sent_ns >= a.end_ns for a, b in itertools.pairwise(turns))
     assert max(r.queue_wait_s for r in res.records) > 0.005  # the wait is recorded, not hidden in TTFT
 
 
@@ -222,7 +224,7 @@ def test_run_load_with_a_caller_supplied_client(srv):
 
     import httpx
 
-    from llmplay.loadgen.send import run_load
+    from llmplay.loadgen.runner import run_load
 
     async def main():
         async with httpx.AsyncClient() as client:
@@ -230,6 +232,34 @@ def test_run_load_with_a_caller_supplied_client(srv):
 
     res = asyncio.run(main())
     assert len(res.records) == 8 and all(r.ok and len(r.chunk_ns) == 6 for r in res.records)
+
+
+def test_run_load_goes_through_the_client_unless_handed_its_transport(srv):
+    # The client's layers (here an event hook) are skipped only when the caller passes the transport itself.
+    import asyncio
+
+    import httpx
+
+    from llmplay.loadgen.runner import run_load
+    from llmplay.loadgen.transport import StreamingTransport
+
+    hooked: list[httpx.Request] = []
+
+    async def hook(request):
+        hooked.append(request)
+
+    async def main():
+        transport = StreamingTransport()
+        async with httpx.AsyncClient(transport=transport, event_hooks={"request": [hook]}) as client:
+            url = srv.url_for(ttft_ms=2, itl_ms=1)
+            through = await run_load(client, url, BASE, build_requests(BASE, TOK, "m"))
+            sent_through = len(hooked)
+            direct = await run_load(client, url, BASE, build_requests(BASE, TOK, "m"), transport=transport)
+            return through, sent_through, direct
+
+    through, sent_through, direct = asyncio.run(main())
+    assert sent_through == 8 and len(hooked) == 8
+    assert all(r.ok and len(r.chunk_ns) == 6 for r in through.records + direct.records)
 
 
 def test_open_loop_warmup_requests_outlast_warmup_seconds(srv):

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from llmplay.loadgen.send import RequestRecord, records_from_dataframe, records_to_dataframe
-from llmplay.metrics import per_request_arrays, summarize
+from llmplay.loadgen.records import RequestRecord, records_from_dataframe
+from llmplay.metrics import per_request_arrays, per_request_frame, summarize
 
 MS = 1_000_000
 
@@ -91,7 +91,7 @@ def test_counted_tokens_are_reported():
 
 
 def test_dataframe_and_parquet_round_trip(tmp_path):
-    df = records_to_dataframe(RECORDS)
+    df = per_request_frame(RECORDS)
     path = tmp_path / "records.parquet"
     df.to_parquet(path)
     import pandas as pd

@@ -5,8 +5,10 @@ import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from llmplay import units
+from llmplay.cli import cli
 from llmplay.errors import PlaybookError
 from llmplay.playbook.extends import deep_merge
 from llmplay.playbook.load import load_playbook, load_workload
@@ -140,3 +142,58 @@ def test_load_workload_from_a_bare_workload_file(tmp_path):
     assert workload.concurrency == 2 and workload.input.kind == "uniform"
     workload, goals = load_workload(ROOT / "playbooks" / "cpu-tiny.yaml")
     assert workload.concurrency == 4 and goals.gates
+
+
+# -- knob values: refused while the playbook loads, so `validate` catches what `plan` and `run` would ----
+
+KNOB_PLAYBOOK = """apiVersion: llmplay/v1
+kind: Playbook
+metadata: {{name: p}}
+engine:
+  kind: {kind}
+  model: m
+  args:
+    {args}
+workload: {{concurrency: 1, num_requests: 2}}
+steps:
+  - name: s
+    set: {{{step}}}
+"""
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("kind,args,step,lines", [
+    ("llamacpp", "flash_attn: maybe", "flash_attn: true", [
+        "8: engine.args.flash_attn: found 'maybe'; expected true, false or auto (engine 'llamacpp' knob 'flash_attn')"]),
+    ("llamacpp", "threads: 2", "kv_cache_dtype: q9_0", [
+        "12: steps[0].set.kv_cache_dtype: found 'q9_0'; expected one of f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, "
+        "q5_0, q5_1 (engine 'llamacpp' knob 'kv_cache_dtype')"]),
+    ("vllm", "kv_cache_dtype: fp4", "args.max_num_seqs: 256.0", [
+        "8: engine.args.kv_cache_dtype: found 'fp4'; expected one of auto, fp8, fp8_e4m3, fp8_e5m2 "
+        "(engine 'vllm' knob 'kv_cache_dtype')",
+        "12: steps[0].set.args.max_num_seqs: found 256.0; expected an integer >= 1 (engine 'vllm' knob 'max_num_seqs')"]),
+    ("sglang", "prefix_caching: 'on'", "tensor_parallel: 0", [
+        "8: engine.args.prefix_caching: found 'on'; expected true or false (engine 'sglang' knob 'prefix_caching')",
+        "12: steps[0].set.tensor_parallel: found 0; expected an integer >= 1 (engine 'sglang' knob 'tensor_parallel')"]),
+    ("tgi", "quantization: fp4", "cuda_graphs: 1", [
+        "8: engine.args.quantization: found 'fp4'; expected one of awq, compressed-tensors, eetq, exl2, gptq, marlin, "
+        "bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, fp8 (engine 'tgi' knob 'quantization')",
+        "12: steps[0].set.cuda_graphs: found 1; expected true or false (engine 'tgi' knob 'cuda_graphs')"]),
+    ("trtllm", "gpu_memory_utilization: 1.5", "max_model_len: '4096'", [
+        "8: engine.args.gpu_memory_utilization: found 1.5; expected a number > 0 and <= 1 "
+        "(engine 'trtllm' knob 'gpu_memory_utilization')",
+        "12: steps[0].set.max_model_len: found '4096'; expected an integer >= 1 (engine 'trtllm' knob 'max_model_len')"]),
+], ids=["llamacpp-args", "llamacpp-step", "vllm", "sglang", "tgi", "trtllm"])
+def test_bad_knob_value_is_refused_by_validate_and_plan_alike(tmp_path, kind, args, step, lines):
+    f = tmp_path / "p.yaml"
+    f.write_text(KNOB_PLAYBOOK.format(kind=kind, args=args, step=step))
+    expected = [f"{f}:{line}" for line in lines]
+    code, output = run_cli("validate", str(f))
+    assert (code, output.splitlines()) == (2, expected)
+    code, output = run_cli("plan", str(f))  # once a BadKnobValue escaped here as "internal error"
+    assert code == 2 and output.startswith("error:") and "internal error" not in output
+    assert output.removeprefix("error:").strip().splitlines() == expected

@@ -1,15 +1,15 @@
 """The README's references are checked against the schema and the CLI, so they cannot drift."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from llmplay.cli import cli
+from llmplay.playbook.schema import playbook_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-SCHEMA = json.loads((ROOT / "schemas" / "playbook.v1.json").read_text())
+SCHEMA = playbook_schema()  # the copy that ships in the wheel, which the loader reads
 
 
 def _properties(node: dict, prefix: str, out: set[str]) -> None:

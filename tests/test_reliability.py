@@ -17,14 +17,19 @@ from typing import Any
 
 import pytest
 
-from llmplay.archive.store import verify
-from llmplay.loadgen.send import ERROR_KINDS, run_load_sync
-from llmplay.playbook.load import load_playbook, load_workload
-from llmplay.report import publish_report
-from llmplay.tuning.run import RunOptions, run_playbook
+from llmplay.archive.verify import verify
+from llmplay.archive.writer import RunArchive
+from llmplay.engines import get_engine
+from llmplay.errors import PlaybookError
+from llmplay.loadgen.records import ERROR_KINDS, records_from_dataframe
+from llmplay.loadgen.runner import run_load_sync
 from llmplay.loadgen.tokenizer import WordRatioTokenizer
 from llmplay.loadgen.workload import build_requests
-
+from llmplay.playbook.load import load_playbook, load_workload
+from llmplay.report import publish_report
+from llmplay.runtime.docker import DockerRuntime
+from llmplay.spec import EngineSpec, frozen_map
+from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.cpu_runs import ROOT, cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
 from llmplay_testing.fault_server import FaultServer
 
@@ -86,7 +91,7 @@ class ManifestWatcher(threading.Thread):
                 self.torn.append(f"{exc}: {len(text)} bytes")
             self.reads += 1
 
-    def __enter__(self) -> "ManifestWatcher":
+    def __enter__(self) -> ManifestWatcher:
         self.start()
         return self
 
@@ -218,9 +223,6 @@ def test_engine_frozen_mid_trial_is_recorded_requests_never_dropped_container_re
     trial = manifest["trials"][0]
     kinds: dict[str, int] = {}
     if trial["files"].get("records"):
-        from llmplay.archive.store import RunArchive
-        from llmplay.loadgen.send import records_from_dataframe
-
         records = records_from_dataframe(RunArchive.open(run_dir).load_records(trial["trial_id"]))
         kinds = assert_every_record_accounted(records, len(records))  # every planned index, exactly once
     if moment == "serving":
@@ -246,9 +248,6 @@ def test_5xx_bursts_and_resets_in_front_of_the_real_engine_every_request_account
         outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "reports"), publish=publish_report,
                                report=lambda line: None)
         stats = proxy.stats.as_dict()
-    from llmplay.archive.store import RunArchive
-    from llmplay.loadgen.send import records_from_dataframe
-
     manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
     trial = manifest["trials"][0]
     records = records_from_dataframe(RunArchive.open(outcome.run_dir).load_records(trial["trial_id"]))
@@ -279,8 +278,6 @@ BASE_DOC = ("apiVersion: llmplay/v1\nkind: Playbook\nmetadata: {name: p}\n"
     "!!python/name:os.system",
 ])
 def test_python_tags_are_refused_and_run_nothing(tmp_path, tag):
-    from llmplay.errors import PlaybookError
-
     marker = tmp_path / "pwned"
     for where in ("metadata: {{name: p, description: {tag}}}\n", "x-extra: {tag}\n"):
         path = tmp_path / "p.yaml"
@@ -304,8 +301,6 @@ def test_python_tags_are_refused_and_run_nothing(tmp_path, tag):
     "binds: ['/:/host:rw']", "runtime: nvidia",
 ])
 def test_docker_options_outside_the_schema_are_unknown_keys(tmp_path, engine_extra):
-    from llmplay.errors import PlaybookError
-
     path = tmp_path / "p.yaml"
     path.write_text(BASE_DOC.replace("model: /models/tiny.gguf}", f"model: /models/tiny.gguf, {engine_extra}}}"))
     with pytest.raises(PlaybookError, match="unknown key|not allowed|additional") as info:
@@ -316,10 +311,6 @@ def test_docker_options_outside_the_schema_are_unknown_keys(tmp_path, engine_ext
 @pytest.mark.docker
 def test_the_real_container_gets_only_the_model_dir_read_only_and_no_host_namespaces(cpu_engine, docker_client,
                                                                                      tmp_path):
-    from llmplay.engines import get_engine
-    from llmplay.runtime.docker import DockerRuntime
-    from llmplay.spec import EngineSpec, frozen_map
-
     engine = get_engine("llamacpp")
     model_dir = cpu_engine.model_path.parent
     spec = EngineSpec(kind="llamacpp", model=f"{engine.model_path_in_container}/{cpu_engine.model_path.name}",

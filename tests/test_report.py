@@ -2,54 +2,26 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
-from html.parser import HTMLParser
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import yaml
 from click.testing import CliRunner
-from llmplay_testing.make_archive import SECRETS, shared_archive
 
-from llmplay.archive.store import MANIFEST, RunArchive, verify
+from llmplay.archive.layout import MANIFEST
+from llmplay.archive.verify import verify
+from llmplay.archive.writer import RunArchive
+from llmplay.catalog import fmt_value
 from llmplay.cli import cli
-from llmplay.commands.archive import register
-from llmplay.report.render import fmt_value, render_report, request_arrays
-
-register(cli)
-
-
-class _Collect(HTMLParser):
-    """Tags, attributes and text of a page, to check structure without a browser."""
-
-    def __init__(self):
-        super().__init__()
-        self.tags: list[str] = []
-        self.urls: list[str] = []
-        self.ids: set[str] = set()
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append(tag)
-        for name, value in attrs:
-            if name in ("src", "href", "xlink:href", "action", "poster", "data") and value:
-                self.urls.append(value)
-            if name == "id":
-                self.ids.add(value)
-
-
-def parse(html: str) -> _Collect:
-    parser = _Collect()
-    parser.feed(html)
-    return parser
-
-
-def assert_self_contained(html: str) -> None:
-    parsed = parse(html)
-    assert "script" not in parsed.tags and "<script" not in html.lower()
-    assert "iframe" not in parsed.tags and "link" not in parsed.tags and "img" not in parsed.tags
-    assert all(u.startswith("#") for u in parsed.urls), [u for u in parsed.urls if not u.startswith("#")]
-    assert not re.search(r"url\(\s*['\"]?(https?:)?//", html) and "@import" not in html
-    assert "{{" not in html and "{%" not in html and "Undefined" not in html
+from llmplay.compare import compare_runs
+from llmplay.playbook.load import load_playbook
+from llmplay.report import publish_report, render_report
+from llmplay.report.context import TrialRequests
+from llmplay.tuning.run import RunOptions, run_playbook
+from llmplay_testing.html_checks import assert_self_contained, parse_page
+from llmplay_testing.make_archive import SECRETS, shared_archive
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +38,7 @@ def test_report_is_self_contained(report):
 
 def test_report_has_every_section_and_header_fact(report):
     _, html = report
-    ids = parse(html).ids
+    ids = parse_page(html).ids
     assert {"glance", "record", "steps", "diagnosis", "method", "audit", "step-1", "step-2", "step-3"} <= ids
     for fact in ("synthetic-tune", "v2.1", "tester@bench-01", "llmplay/llamacpp-cpu:local", "b4567 (abc123)",
                  "sha256:" + "ab" * 32, "NVIDIA H100 80GB HBM3 · driver 550.54.15 · CUDA 12.4", "llmplay 0.1.0",
@@ -102,10 +74,13 @@ def test_failed_trial_shows_its_log_tail_and_missing_telemetry_says_not_measured
 
 
 def test_gates_with_margins_and_chosen_command(report):
-    _, html = report
+    run_dir, html = report
     glance = html[html.index('id="glance"'):html.index('id="record"')]
     assert glance.count('class="badge met"') == 3
-    assert "+88" in glance or "margin" in glance
+    gates = json.loads((run_dir / MANIFEST).read_text())["gates"]
+    assert gates and all(g["margin"] is not None for g in gates)
+    for gate in gates:  # each gate's row ends with its own headroom, signed, in percent
+        assert f'<td class="num">{gate["margin"] * 100:+.1f}%</td></tr>' in glance, gate
     assert "docker run --rm -e HF_TOKEN=*** llmplay/llamacpp-cpu:local" in glance
     assert "--parallel=4" in glance
 
@@ -139,13 +114,13 @@ def test_interrupted_run_without_record_still_renders(tmp_path_factory, tmp_path
     assert "trials without a verdict" in html and "No gates were declared" in html
 
 
-def test_request_arrays_tolerate_missing_and_extra_columns():
-    import pandas as pd
-
+def test_trial_requests_tolerate_missing_and_extra_columns():
     df = pd.DataFrame({"sent_ns": [0, 10**9], "end_ns": [5 * 10**8, 2 * 10**9], "extra": ["x", "y"]})
-    arrays = request_arrays(df)
-    assert arrays.e2el.tolist() == [0.5, 1.0] and arrays.itl.size == 0
-    assert request_arrays(pd.DataFrame()).ttft.size == 0
+    requests = TrialRequests.of(df)
+    assert requests.timeline["done_s"].tolist() == [0.5, 2.0] and requests.timeline["send_gap_s"].tolist() == [1.0]
+    assert requests.latency_s["itl"].size == 0 and requests.latency_s["ttft"].size == 0
+    assert TrialRequests.of(pd.DataFrame()).latency_s["ttft"].size == 0
+    assert TrialRequests.empty().timeline["done_s"].size == 0
 
 
 def test_cell_formats():
@@ -160,13 +135,6 @@ def test_cell_formats():
 @pytest.mark.slow
 def test_report_from_a_real_cpu_run(cpu_engine, tmp_path):
     """A real llama.cpp run (one step, one repeat): its report holds every row and verdict, and renders offline."""
-    import yaml
-
-    from llmplay.compare import compare_runs
-    from llmplay.playbook.load import load_playbook
-    from llmplay.report import publish_report
-    from llmplay.tuning.run import RunOptions, run_playbook
-
     root = Path(__file__).resolve().parents[1]
     doc = yaml.safe_load((root / "playbooks" / "cpu-tiny.yaml").read_text())
     doc["metadata"]["name"] = "cpu-report"

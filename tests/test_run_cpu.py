@@ -7,12 +7,11 @@ import time
 
 import pytest
 
-from llmplay.archive.store import verify
-from llmplay.playbook.load import load_playbook
 from llmplay.archive.model import KEPT
+from llmplay.archive.verify import verify
+from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.tuning.run import RunOptions, run_playbook
-
 from llmplay_testing.cpu_runs import cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -1,7 +1,7 @@
 """The run's orchestration on synthetic trials: interleaving order, sequential stopping, carry-forward.
 
-Only the measuring of one trial is replaced (by samples with known effects); the plan, decisions,
-archive and report are the real ones.
+Only the measuring of one trial is replaced, through TuningRun's `measure_trial` seam (by samples with
+known effects); the plan, decisions, archive and report are the real ones.
 """
 from __future__ import annotations
 
@@ -10,26 +10,27 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from llmplay.archive.store import verify
-from llmplay.tuning.decide import TrialSample
-from llmplay.playbook.load import load_playbook
 from llmplay.archive.model import TRIAL_OK, TrialRecord
+from llmplay.archive.verify import verify
+from llmplay.playbook.load import load_playbook
+from llmplay.tuning.decide import TrialSample
 from llmplay.tuning.run import RunOptions, TuningRun
+from llmplay.tuning.trial import TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class SyntheticRun(TuningRun):
-    """TTFT p95 of a configuration is 200 ms, halved by parallel 4; `env.NOOP` changes nothing."""
+class SyntheticTrials:
+    """TTFT p95 of a configuration is 200 ms, halved by parallel 4; `env.NOOP` changes nothing.
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.order: list[tuple[str, str]] = []
+    Handed to TuningRun as its `measure_trial`; records the order in which the run asked for trials."""
+
+    def __init__(self):
+        self.order: list[tuple[str | None, str]] = []
         self.rng = np.random.default_rng(0)
 
-    def _trial(self, config, step, role, repeat):
+    def __call__(self, config, *, trial_id, step, role, repeat) -> TrialResult:
         self.order.append((step, role))
-        self.trial_counter += 1
         ttft_s = 0.2 * (0.5 if config.engine.args.get("parallel") == 4 else 1.0) * (1 + self.rng.normal(0, 0.05))
         ttft = self.rng.lognormal(np.log(ttft_s), 0.2, 300)
         out = np.full(300, 32.0)
@@ -38,11 +39,10 @@ class SyntheticRun(TuningRun):
                                     "window_output_tokens": self.rng.normal(960, 50, 10)}, 300, 0)
         summary = {"ttft.p95": float(np.percentile(ttft, 95)), "throughput.output_tok_s": 960.0, "errors.rate": 0.0,
                    "duration_s": 10.0}
-        trial = TrialRecord(trial_id=f"t{self.trial_counter:03d}", config_id=config.label, step=step, role=role,
+        trial = TrialRecord(trial_id=trial_id, config_id=config.label, step=step, role=role,
                             repeat=repeat, status=TRIAL_OK, started_utc="2026-12-02T00:00:00Z", wall_s=0.0,
                             summary=summary)
-        self.archive.write_trial(trial, None, None, "")
-        return trial, sample
+        return TrialResult(trial, sample=sample)
 
 
 def synthetic_playbook(tmp_path: Path, **trials) -> Path:
@@ -56,10 +56,11 @@ def synthetic_playbook(tmp_path: Path, **trials) -> Path:
 
 
 def test_interleaved_trials_and_carry_forward(tmp_path):
-    run = SyntheticRun(load_playbook(synthetic_playbook(tmp_path)), RunOptions(archive_root=tmp_path / "r"),
-                       report=lambda line: None)
+    trials = SyntheticTrials()
+    run = TuningRun(load_playbook(synthetic_playbook(tmp_path)), RunOptions(archive_root=tmp_path / "r"),
+                    report=lambda line: None, measure_trial=trials)
     outcome = run.execute()
-    assert [role for _, role in run.order[:4]] == ["baseline", "candidate", "baseline", "candidate"]
+    assert [role for _, role in trials.order[:4]] == ["baseline", "candidate", "baseline", "candidate"]
     verdicts = {v.step: v for v in outcome.verdicts}
     assert verdicts["parallel-4"].verdict == "kept" and verdicts["parallel-4"].carried
     # the kept step is the reference of the next one, re-measured beside it
@@ -70,8 +71,8 @@ def test_interleaved_trials_and_carry_forward(tmp_path):
 
 
 def test_sequential_mode_stops_as_soon_as_decided(tmp_path):
-    run = SyntheticRun(load_playbook(synthetic_playbook(tmp_path, sequential=True, max_repeats=5)),
-                       RunOptions(archive_root=tmp_path / "r"), report=lambda line: None)
+    run = TuningRun(load_playbook(synthetic_playbook(tmp_path, sequential=True, max_repeats=5)),
+                    RunOptions(archive_root=tmp_path / "r"), report=lambda line: None, measure_trial=SyntheticTrials())
     outcome = run.execute()
     verdicts = {v.step: v for v in outcome.verdicts}
     # a halved TTFT is decided by the first two pairs; the null step either settles or runs to max_repeats

@@ -2,10 +2,12 @@
 failures that explain themselves, and nothing left behind."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -16,9 +18,10 @@ import pytest
 from llmplay.engines import get_engine
 from llmplay.errors import EngineStartError, InfrastructureError, PlaybookError
 from llmplay.runtime import make_runtime, stop_all
-from llmplay.runtime.docker import DockerRuntime, connect, gc
+from llmplay.runtime.cpu_image import build_cpu_engine
+from llmplay.runtime.docker import DockerRuntime, connect, gc, image_hint
 from llmplay.runtime.endpoint import EndpointRuntime, refuse_engine_changes
-from llmplay.spec import Change, EngineSpec, RuntimeSpec, Step, frozen_map
+from llmplay.spec import Change, EngineSpec, RuntimeSpec, Step
 from llmplay.telemetry.prom import parse_metrics
 
 LLAMACPP = get_engine("llamacpp")
@@ -99,7 +102,8 @@ def test_health_timeout_gives_the_error_and_no_container(docker_client: Any, lla
 @pytest.mark.docker
 def test_gpu_request_without_nvidia_runtime_is_a_clear_error(docker_client: Any, llama_server_spec: EngineSpec) -> None:
     if "nvidia" in (docker_client.info().get("Runtimes") or {}):
-        pytest.skip("this Docker has the NVIDIA runtime")
+        # Not a broken setup (which the CI rule turns into a failure): here a GPU request is simply granted.
+        pytest.xfail("this Docker has the NVIDIA runtime, so it grants GPU requests instead of refusing them")
     labels = run_labels()
     for gpus in (1, ("0",)):
         with pytest.raises(InfrastructureError) as info:
@@ -119,9 +123,7 @@ def test_missing_image_says_how_to_get_it(docker_client: Any, llama_server_spec:
 
 
 def test_cpu_image_hint() -> None:
-    from llmplay.runtime.docker import _image_hint
-
-    assert _image_hint("llmplay/llamacpp-cpu:local") == "build it: `llmplay engine build-cpu` (or scripts/cpu-engine.sh)"
+    assert image_hint("llmplay/llamacpp-cpu:local") == "build it: `llmplay engine build-cpu` (or scripts/cpu-engine.sh)"
 
 
 def test_unreachable_daemon_says_how_to_start_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -159,10 +161,8 @@ def test_gc_removes_orphans_and_keeps_live_runs(docker_client: Any, cpu_engine: 
         assert gc(docker_client, run_id=run) == [f"{live.name} (run {run})"]
     finally:
         for c in (orphan, live):
-            try:
+            with contextlib.suppress(Exception):
                 c.remove(force=True)
-            except Exception:
-                pass
 
 
 @pytest.mark.docker
@@ -198,17 +198,11 @@ def test_endpoint_runtime_unreachable_is_an_engine_start_error() -> None:
 
 @pytest.mark.docker
 def test_cpu_engine_second_build_is_cached(cpu_engine: Any) -> None:
-    import time
-
-    from llmplay.runtime.cpu_image import build_cpu_engine
-
     t0 = time.perf_counter()
     again = build_cpu_engine(log=lambda m: pytest.fail(f"rebuilt: {m}"))
     assert time.perf_counter() - t0 < 10
     assert again == cpu_engine
-    labels = again and cpu_engine.content_hash
-    assert labels and len(cpu_engine.content_hash) == 16
-    assert frozen_map  # spec helpers stay importable for other test modules
+    assert len(cpu_engine.content_hash) == 16
 
 
 @pytest.mark.parametrize("ci,outcome", [("true", "1 error"), ("", "1 skipped")])

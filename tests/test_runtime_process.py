@@ -14,7 +14,7 @@ import pytest
 from llmplay.engines import get_engine
 from llmplay.errors import EngineStartError, InfrastructureError
 from llmplay.runtime import live_runtimes, make_runtime
-from llmplay.runtime.process import ProcessRuntime
+from llmplay.runtime.process import ProcessRuntime, host_model
 from llmplay.spec import EngineSpec, frozen_map
 
 LLAMACPP = get_engine("llamacpp")
@@ -107,8 +107,6 @@ def test_missing_executable_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_model_dir_maps_container_paths_to_the_host(tmp_path: Path) -> None:
-    from llmplay.runtime.process import _host_model
-
     spec = EngineSpec("llamacpp", "/models/tiny.gguf", model_dir=str(tmp_path))
-    assert _host_model(spec, LLAMACPP).model == str(tmp_path / "tiny.gguf")
-    assert _host_model(EngineSpec("vllm", "/models", model_dir=str(tmp_path)), get_engine("vllm")).model == str(tmp_path)
+    assert host_model(spec, LLAMACPP).model == str(tmp_path / "tiny.gguf")
+    assert host_model(EngineSpec("vllm", "/models", model_dir=str(tmp_path)), get_engine("vllm")).model == str(tmp_path)

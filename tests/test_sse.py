@@ -24,6 +24,31 @@ def test_decoder_handles_any_split_and_crlf():
     assert SSEDecoder().feed(COMPLETION.replace(b"\n", b"\r\n")) == whole
 
 
+def test_a_crlf_split_between_reads_ends_one_line_not_two():
+    dec = SSEDecoder()
+    assert dec.feed(b"data: a\r") == []
+    assert dec.feed(b"\ndata: b\r\n\r\n") == [b"a\nb"]
+
+
+# Multi-line events in every line-ending style, with a comment and an event:/id: block between them.
+MULTILINE = (b"data: a\r\ndata: b\r\n\r\n: ping\r\n\r\nevent: x\rid: 3\rdata: c\rdata: d\r\r"
+             b"data: e\ndata: f\n\ndata: [DONE]\r\n\r\n")
+
+
+def test_decoder_gives_the_same_events_whatever_two_or_three_reads_the_stream_arrives_in():
+    whole = SSEDecoder().feed(MULTILINE)
+    assert whole == [b"a\nb", b"c\nd", b"e\nf", b"[DONE]"]
+    n = len(MULTILINE)
+    for i in range(n + 1):
+        dec = SSEDecoder()
+        got = dec.feed(MULTILINE[:i]) + dec.feed(MULTILINE[i:])
+        assert got == whole, f"split at byte {i}: {MULTILINE[:i][-8:]!r} | {MULTILINE[i:][:8]!r}"
+        for j in range(i, n + 1):
+            dec = SSEDecoder()
+            got = dec.feed(MULTILINE[:i]) + dec.feed(MULTILINE[i:j]) + dec.feed(MULTILINE[j:])
+            assert got == whole, f"split at bytes {i} and {j}"
+
+
 def test_decoder_skips_comments_and_joins_multiline_data():
     dec = SSEDecoder()
     assert dec.feed(b": ping\n\nevent: x\nid: 3\ndata: a\ndata: b\n\ndata: tail") == [b"a\nb"]

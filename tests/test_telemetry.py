@@ -1,8 +1,6 @@
 """Telemetry: sampler summary rules, NVML through the fake, /metrics against real HTTP servers, real processes."""
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -12,16 +10,21 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import psutil
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from llmplay.engines import get_engine
 from llmplay.engines.base import MetricNames
+from llmplay.runtime.cache import default_cache_dir
+from llmplay.runtime.cpu_image import MODEL_PARAMS, vocab_path, write_llama_gguf
 from llmplay.telemetry.nvml import NvmlSource
+from llmplay.telemetry.proc import DockerStatsSource, ProcessSource, docker_memory_bytes
 from llmplay.telemetry.prom import PrometheusSource, parse_metrics
-from llmplay.telemetry.proc import ProcessSource, docker_memory_bytes
 from llmplay.telemetry.sampler import Reading, Sample, TelemetrySampler, TelemetrySeries, counter_delta, summarize
+from llmplay.tuning.diagnose.checklist import diagnose
+from llmplay.tuning.diagnose.memory import memory_breakdown
+from llmplay.tuning.diagnose.model_facts import model_facts_from_gguf
 from llmplay_testing.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
 
 GiB = 2**30
@@ -179,14 +182,17 @@ def test_nvml_absent_gives_one_note_and_no_zeros() -> None:
     assert series.summary() == {}
 
 
-def test_nvml_real_library_without_gpu() -> None:
-    """On this machine the real pynvml finds no driver: the same note path, for real."""
-    pytest.importorskip("pynvml")
+def test_nvml_real_library() -> None:
+    """The real pynvml: without a driver one note and no readings; with one, the GPU's name (benchmarks/gpu_check.py
+    exercises the rest on a GPU)."""
     src = NvmlSource()
     if src.start():
-        src.close()
-        pytest.skip("a GPU driver is present; the real path is exercised by benchmarks/gpu_check.py")
-    assert len(src.notes) == 1 and src.notes[0].startswith("no NVML: ")
+        try:
+            assert src.info["gpu0.name"] and src.read()
+        finally:
+            src.close()
+    else:
+        assert len(src.notes) == 1 and src.notes[0].startswith("no NVML: ")
 
 
 def test_nvml_missing_gpu_index() -> None:
@@ -327,36 +333,17 @@ def test_parse_llamacpp_text() -> None:
     assert missing == []
 
 
-def _llamacpp_names() -> MetricNames:
-    """The adapter's names when the engines package has them, else the names llama-server writes."""
-    try:
-        from llmplay.engines import llamacpp  # type: ignore[attr-defined]
-
-        for v in vars(llamacpp).values():
-            names = getattr(v, "metric_names", None)
-            if isinstance(names, MetricNames) and names.running:
-                return names
-    except ImportError:
-        pass
-    return LLAMACPP_NAMES
+LLAMACPP_ADAPTER_NAMES = get_engine("llamacpp").metric_names
 
 
 @pytest.mark.docker
-def test_prometheus_source_real_llama_server(request) -> None:
-    try:
-        ep = request.getfixturevalue("llama_endpoint")
-    except pytest.FixtureLookupError:
-        pytest.skip("no llama_endpoint fixture in tests/conftest.py")
-    url = str(getattr(ep, "url", ep)).rstrip("/")
-    if url.endswith("/v1"):
-        url = url[: -len("/v1")]
-    src = PrometheusSource(url, _llamacpp_names())
+def test_prometheus_source_real_llama_server(llama_endpoint) -> None:
+    url = str(llama_endpoint.url).rstrip("/").removesuffix("/v1")
+    src = PrometheusSource(url, LLAMACPP_ADAPTER_NAMES)
     assert src.start()
     readings = src.read()
     src.close()
-    if any("HTTP 501" in n for n in src.notes):
-        pytest.skip("llama-server runs without --metrics")
-    got = {r.metric for r in readings}
+    got = {r.metric for r in readings}  # llama_server_spec turns metrics on, so a 501 here is a failure
     assert {"engine.running", "engine.waiting"} <= got, src.notes
 
 
@@ -403,43 +390,11 @@ def test_docker_memory_matches_docker_stats() -> None:
     assert docker_memory_bytes({}) is None
 
 
-def _dockerd_answers() -> bool:
-    import os
-    import socket
-
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if not host.startswith("unix://"):
-        return True  # a TCP daemon: let the SDK try
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        try:
-            sock.connect(host[len("unix://"):])
-        except OSError:
-            return False
-    return True
-
-
 @pytest.mark.docker
-def test_docker_stats_source_real_container() -> None:
-    docker = pytest.importorskip("docker")
-    if not _dockerd_answers():
-        pytest.skip("no dockerd")  # checked first: the docker SDK leaks its socket when the daemon is absent
-    client = docker.from_env()
-    try:
-        _run_stats_container(client)
-    finally:
-        client.close()
-
-
-def _run_stats_container(client) -> None:
+def test_docker_stats_source_real_container(docker_client, cpu_engine) -> None:
     """The CPU engine image llmplay builds (llama-server and the tiny model inside) as the measured container."""
-    from llmplay.runtime.cpu_image import IMAGE_TAG, MODEL_IN_IMAGE
-    from llmplay.telemetry.proc import DockerStatsSource
-
-    if not client.images.list(name=IMAGE_TAG):
-        pytest.skip(f"no {IMAGE_TAG} image (llmplay engine build-cpu)")
-    c = client.containers.create(IMAGE_TAG, ["-m", MODEL_IN_IMAGE, "--metrics", "-t", "1", "-c", "512"],
-                                 labels={"llmplay.test": "telemetry"})
+    c = docker_client.containers.create(cpu_engine.image, ["-m", cpu_engine.model_in_image, "--metrics", "-t", "1",
+                                                           "-c", "512"], labels={"llmplay.test": "telemetry"})
     try:
         c.start()
         with TelemetrySampler([DockerStatsSource(c)], interval_s=0.2) as s:
@@ -453,79 +408,14 @@ def _run_stats_container(client) -> None:
 
 # -- a real llama-server process (no Docker): /metrics, process tree, and the CPU diagnosis ------------
 
-_VENDOR = Path("/tmp/bg/llama_cpp_python-0.3.36/vendor/llama.cpp")  # where this machine's set-up builds llama.cpp
-
-
-def _cpu_cache() -> Path:
-    from llmplay.runtime.cpu_image import default_cache_dir
-
-    return default_cache_dir()
-
-
-def _llama_server_binary() -> str | None:
-    from llmplay.runtime.cpu_image import binary_path
-
-    for cand in (os.environ.get("LLMPLAY_LLAMA_SERVER"), str(binary_path(_cpu_cache())), shutil.which("llama-server"),
-                 "/tmp/bg/build/bin/llama-server"):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
-def _vocab_gguf() -> Path | None:
-    for cand in (os.environ.get("LLMPLAY_LLAMA_VOCAB"), str(_VENDOR / "models/ggml-vocab-llama-spm.gguf")):
-        if cand and Path(cand).is_file():
-            return Path(cand)
-    return None
-
-
-def write_tiny_llama(path: Path, vocab: Path, n_embd: int = 64, n_head: int = 4, n_kv: int = 2, n_layer: int = 2,
-                     n_ff: int = 128) -> Path:
-    """A complete, loadable llama GGUF with random weights (9 MB): the tokenizer is copied from one of
-    llama.cpp's vocab files, so the server really tokenizes and decodes."""
-    gguf = pytest.importorskip("gguf")
-    r = gguf.GGUFReader(str(vocab))
-    w = gguf.GGUFWriter(str(path), "llama")
-    for k, f in r.fields.items():
-        if k.startswith("tokenizer."):
-            t = gguf.GGUFValueType(f.types[0])
-            sub = gguf.GGUFValueType(f.types[1]) if t == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(k, f.contents(), t, sub_type=sub)
-    n_vocab = len(r.fields["tokenizer.ggml.tokens"].contents())
-    w.add_name("llmplay-tiny")
-    w.add_context_length(512)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(n_embd // n_head)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_vocab_size(n_vocab)
-    rng = np.random.default_rng(0)
-    hd = n_embd // n_head
-
-    def rand(name: str, *shape: int) -> None:
-        w.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float32))
-
-    rand("token_embd.weight", n_vocab, n_embd)
-    for i in range(n_layer):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, np.float32))
-        rand(f"blk.{i}.attn_q.weight", n_embd, n_embd)
-        rand(f"blk.{i}.attn_k.weight", n_kv * hd, n_embd)
-        rand(f"blk.{i}.attn_v.weight", n_kv * hd, n_embd)
-        rand(f"blk.{i}.attn_output.weight", n_embd, n_embd)
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, np.float32))
-        rand(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
-        rand(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
-        rand(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
-    w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+def test_tiny_model_writer_gives_the_shape_asked_for(cpu_binary, tmp_path: Path) -> None:
+    """The one GGUF writer (the CPU engine's), at another shape: the diagnosis reads back what was written."""
+    shape = {**MODEL_PARAMS, "n_layer": 2, "n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 128, "n_ctx_train": 512}
+    model = write_llama_gguf(tmp_path / "small.gguf", vocab_path(default_cache_dir()), shape)
+    f = model_facts_from_gguf(model)
+    assert (f.name, f.architecture, f.layers, f.heads, f.kv_heads, f.head_dim) == (
+        "llmplay-tiny-random", "llama", 2, 4, 2, 16)
+    assert f.weight_bytes == pytest.approx(model.stat().st_size, rel=0.2)  # f16 weights, then the vocabulary
 
 
 def _free_port() -> int:
@@ -535,15 +425,10 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def tiny_llama_server(tmp_path_factory):
-    from llmplay.runtime.cpu_image import model_path
-
-    binary, vocab, cached = _llama_server_binary(), _vocab_gguf(), model_path(_cpu_cache())
-    if binary is None or (vocab is None and not cached.is_file()):
-        pytest.skip("no llama-server binary or tiny model (llmplay engine build-cpu, or set LLMPLAY_LLAMA_SERVER)")
-    model = cached if cached.is_file() else write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", vocab)
+def tiny_llama_server(cpu_binary):
+    binary, model = cpu_binary.binary, cpu_binary.model_path
     port = _free_port()
-    proc = subprocess.Popen([binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--metrics",
+    proc = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--metrics",
                              "-c", "1024", "-np", "2", "-t", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -575,7 +460,7 @@ def _complete(url: str, n: int) -> None:
 
 def test_real_llama_server_metrics_and_process(tiny_llama_server) -> None:
     url, proc, model = tiny_llama_server
-    sources = [PrometheusSource(url, _llamacpp_names()), ProcessSource(proc.pid)]
+    sources = [PrometheusSource(url, LLAMACPP_ADAPTER_NAMES), ProcessSource(proc.pid)]
     with TelemetrySampler(sources, interval_s=0.05) as s:
         threads = [threading.Thread(target=_complete, args=(url, 300)) for _ in range(3)]
         for t in threads:
@@ -592,8 +477,6 @@ def test_real_llama_server_metrics_and_process(tiny_llama_server) -> None:
 
 
 def test_real_llama_server_cpu_diagnosis(tiny_llama_server) -> None:
-    from llmplay.tuning.diagnose.rules import diagnose, memory_breakdown, model_facts_from_gguf
-
     url, proc, model = tiny_llama_server
     f = model_facts_from_gguf(model)
     assert f.layers > 0 and 0 < f.kv_heads <= f.heads and f.head_dim > 0

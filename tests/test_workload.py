@@ -3,11 +3,11 @@ import json
 
 import numpy as np
 import pytest
-from llmplay_testing.instrument import InstrumentServer
 
-from llmplay.spec import LengthDist, Workload
 from llmplay.loadgen.tokenizer import LlamaCppTokenizer, WordRatioTokenizer, make_tokenizer
 from llmplay.loadgen.workload import WorkloadError, build_requests, draw_length, iter_requests
+from llmplay.spec import LengthDist, Workload
+from llmplay_testing.instrument import InstrumentServer
 
 TOK = WordRatioTokenizer()
 

@@ -5,8 +5,9 @@ JSON in manifest.json); the report reads them back from the archive only.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 TRIAL_OK, TRIAL_FAILED, TRIAL_INTERRUPTED = "ok", "failed", "interrupted"
 KEPT, REJECTED, INCONCLUSIVE, FAILED = "kept", "rejected", "inconclusive", "failed"
@@ -84,7 +85,7 @@ class GateResult:
 
 @dataclass(frozen=True)
 class Finding:
-    """A diagnosis finding (re-declared by diagnose.py callers as plain data for the archive)."""
+    """A diagnosis finding: what the checklist rules of tuning.diagnose produce and the archive keeps."""
 
     id: str
     severity: str

@@ -1,8 +1,20 @@
-"""Human-readable text of a plan, for `llmplay plan` and `llmplay run --dry-run`."""
+"""`llmplay plan`: the human-readable text of a plan (also what `llmplay run --dry-run` prints); starts nothing."""
 from __future__ import annotations
 
-from llmplay.plan import Config, Plan, docker_run_argv, format_argv
+from pathlib import Path
+
+import click
+
+from llmplay.errors import ExitCode
+from llmplay.plan import Config, Plan, build_plan, docker_run_argv, format_argv
+from llmplay.playbook.load import load_playbook
 from llmplay.spec import LengthDist, Workload
+
+
+def plan_command(file: Path, *, allow_outside_extends: bool = False) -> int:
+    """Print the playbook's plan: baseline, each step's configuration and command line, the gates."""
+    click.echo(render_plan(build_plan(load_playbook(file, allow_outside_extends=allow_outside_extends))))
+    return ExitCode.OK
 
 
 def describe_length(dist: LengthDist) -> str:

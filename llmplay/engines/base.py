@@ -2,20 +2,40 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from llmplay.spec import EngineSpec, Scalar
 
 
 class UnknownKnob(ValueError):
+    """A knob the engine's adapter does not know."""
+
     def __init__(self, engine: str, knob: str, known: list[str]):
         self.engine, self.knob, self.known = engine, knob, known
         super().__init__(f"engine '{engine}' has no knob '{knob}'; known knobs: {', '.join(known)}")
 
 
-# A knob renders its value to a list of CLI flags (empty list: engine default).
+class BadKnobValue(ValueError):
+    """A value the engine would refuse (or misread) for this knob; `expected` names what it accepts."""
+
+    def __init__(self, engine: str, knob: str, value: Scalar, expected: str):
+        self.engine, self.knob, self.value, self.expected = engine, knob, value, expected
+        super().__init__(f"engine '{engine}' knob '{knob}': found {value!r}, expected {expected}")
+
+
+class RefusedValue(ValueError):
+    """Raised by a knob renderer; the Engine turns it into a BadKnobValue naming itself and the knob."""
+
+    def __init__(self, expected: str):
+        self.expected = expected
+        super().__init__(f"expected {expected}")
+
+
+# A knob renders its value to a list of CLI flags (empty list: engine default), or raises RefusedValue.
 KnobRenderer = Callable[[Scalar], list[str]]
+# Passes a value the engine accepts; raises RefusedValue naming what it accepts otherwise.
+ValueCheck = Callable[[Scalar], None]
 
 
 @dataclass(frozen=True)
@@ -34,6 +54,8 @@ class MetricNames:
 
 @dataclass(frozen=True)
 class Engine:
+    """One engine's adapter: its image and port, its knobs (name -> renderer), and how to start and probe it."""
+
     kind: str
     default_image: str
     default_port: int
@@ -59,17 +81,23 @@ class Engine:
         if knob not in self.knobs:
             raise UnknownKnob(self.kind, knob, self.known_knobs())
 
-    def check_value(self, knob: str, value: Scalar) -> None:
-        """Raises BadKnobValue when the adapter cannot render `value`, so the loader refuses it up front."""
+    def render_knob(self, knob: str, value: Scalar) -> list[str]:
+        """The flags for one knob; UnknownKnob or BadKnobValue when the engine would not take them."""
         self.check_knob(knob)
-        self.knobs[knob](value)
+        try:
+            return self.knobs[knob](value)
+        except RefusedValue as exc:
+            raise BadKnobValue(self.kind, knob, value, exc.expected) from None
+
+    def check_value(self, knob: str, value: Scalar) -> None:
+        """Raises BadKnobValue when the engine would refuse `value`, so the loader refuses it up front."""
+        self.render_knob(knob, value)
 
     def server_args(self, spec: EngineSpec, port: int | None = None) -> list[str]:
         """The server's flags: model/port/host, then each knob in playbook order, then extra_args."""
         argv = self.base_command(spec, port or spec.port or self.default_port)
         for knob, value in spec.args.items():
-            self.check_knob(knob)
-            argv += self.knobs[knob](value)
+            argv += self.render_knob(knob, value)
         return argv + list(spec.extra_args)
 
     def command(self, spec: EngineSpec, port: int | None = None) -> list[str]:
@@ -86,35 +114,66 @@ class Engine:
         return spec.served_model_name or spec.model
 
 
-class BadKnobValue(ValueError):
-    def __init__(self, engine: str, knob: str, value: Scalar, expected: str):
-        self.engine, self.knob, self.value, self.expected = engine, knob, value, expected
-        super().__init__(f"engine '{engine}' knob '{knob}': found {value!r}, expected {expected}")
-
-
 def _text(value: Scalar) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
 
 
-def valued(flag: str) -> KnobRenderer:
-    """`flag VALUE`; None leaves the engine default."""
+def any_value(value: Scalar) -> None:
+    """Any single value: knobs whose accepted words change with each engine release (vLLM's quantization)."""
+    if not isinstance(value, str | int | float):  # a step's `set:` may hold a list or mapping
+        raise RefusedValue("a single value (text or a number)")
+
+
+def integer(minimum: int | None = None) -> ValueCheck:
+    """Only whole numbers (a YAML `4.0` or `"4"` is refused), at least `minimum` when given."""
+    expected = "an integer" if minimum is None else f"an integer >= {minimum}"
+
+    def check(value: Scalar) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
+            raise RefusedValue(expected)
+
+    return check
+
+
+def fraction(value: Scalar) -> None:
+    """A share of memory: a number above 0 and at most 1."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise RefusedValue("a number > 0 and <= 1")
+
+
+def one_of(*choices: str) -> ValueCheck:
+    """One of a fixed set of words, compared exactly as the engine's argument parser does."""
+    expected = "one of " + ", ".join(choices)
+
+    def check(value: Scalar) -> None:
+        if not isinstance(value, str) or value not in choices:
+            raise RefusedValue(expected)
+
+    return check
+
+
+def flag_with_value(flag: str, accepts: ValueCheck = any_value) -> KnobRenderer:
+    """`flag VALUE` once `accepts` passes the value; None leaves the engine default."""
 
     def render(value: Scalar) -> list[str]:
-        return [] if value is None else [flag, _text(value)]
+        if value is None:
+            return []
+        accepts(value)
+        return [flag, _text(value)]
 
     return render
 
 
-def switch(engine: str, knob: str, on: list[str], off: list[str]) -> KnobRenderer:
+def boolean_flag(on: list[str], off: list[str]) -> KnobRenderer:
     """A boolean knob: True renders `on`, False renders `off`, None the engine default."""
 
     def render(value: Scalar) -> list[str]:
         if value is None:
             return []
         if not isinstance(value, bool):
-            raise BadKnobValue(engine, knob, value, "true or false")
+            raise RefusedValue("true or false")
         return list(on if value else off)
 
     return render

@@ -1,8 +1,8 @@
 """The llama.cpp adapter: llama-server flags (common/arg.cpp, tools/server/README.md), /health, /props, llamacpp:* metrics."""
 from __future__ import annotations
 
-from llmplay.engines.base import BadKnobValue, Engine, MetricNames, Scalar, switch, valued
-from llmplay.spec import EngineSpec
+from llmplay.engines.base import Engine, MetricNames, RefusedValue, boolean_flag, flag_with_value, integer, one_of
+from llmplay.spec import EngineSpec, Scalar
 
 KIND = "llamacpp"
 CPU_IMAGE = "llmplay/llamacpp-cpu:local"  # built locally by `llmplay engine build-cpu`
@@ -22,12 +22,28 @@ def _flash_attn(value: Scalar) -> list[str]:
         return ["--flash-attn", "on" if value else "off"]
     if value in ("on", "off", "auto"):
         return ["--flash-attn", str(value)]
-    raise BadKnobValue(KIND, "flash_attn", value, "true, false or auto")
+    raise RefusedValue("true, false or auto")
+
+
+# common/arg.cpp's kv_cache_types, as ggml names them.
+_check_kv_cache_dtype = one_of("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 def _kv_cache_dtype(value: Scalar) -> list[str]:
     # Both halves of the cache; a quantized V cache needs flash attention, which `auto` enables on CPU.
-    return [] if value is None else ["--cache-type-k", str(value), "--cache-type-v", str(value)]
+    if value is None:
+        return []
+    _check_kv_cache_dtype(value)
+    return ["--cache-type-k", str(value), "--cache-type-v", str(value)]
+
+
+def _n_gpu_layers(value: Scalar) -> list[str]:
+    # An exact layer count, or the words llama.cpp takes for "as many as fit" and "every layer".
+    if value is None:
+        return []
+    if value in ("auto", "all") or (isinstance(value, int) and not isinstance(value, bool)):
+        return ["--n-gpu-layers", str(value)]
+    raise RefusedValue("an integer, auto or all")
 
 
 ENGINE = Engine(
@@ -37,22 +53,23 @@ ENGINE = Engine(
     health_path="/health",  # 503 while the model loads, 200 when ready
     version_path="/props",
     knobs={
-        "prefix_caching": switch(KIND, "prefix_caching", ["--cache-prompt"], ["--no-cache-prompt"]),
-        "max_num_seqs": valued("--parallel"),  # engine-neutral name for the slot count
-        "parallel": valued("--parallel"),
-        "kv_cache_dtype": _kv_cache_dtype,  # f32 f16 bf16 q8_0 q4_0 q4_1 iq4_nl q5_0 q5_1
+        "prefix_caching": boolean_flag(["--cache-prompt"], ["--no-cache-prompt"]),
+        # Integers without a lower bound: llama.cpp reads -1 as "auto" for the slot and thread counts.
+        "max_num_seqs": flag_with_value("--parallel", integer()),  # engine-neutral name for the slot count
+        "parallel": flag_with_value("--parallel", integer()),
+        "kv_cache_dtype": _kv_cache_dtype,
         "flash_attn": _flash_attn,
-        "cont_batching": switch(KIND, "cont_batching", ["--cont-batching"], ["--no-cont-batching"]),
-        "threads": valued("--threads"),
+        "cont_batching": boolean_flag(["--cont-batching"], ["--no-cont-batching"]),
+        "threads": flag_with_value("--threads", integer()),
         # One HTTP thread per kept-alive connection: fewer threads than clients queue connections
         # (seconds of fake TTFT) and drop some, so size it above the load's concurrency.
-        "threads_http": valued("--threads-http"),
-        "batch_size": valued("--batch-size"),
-        "ubatch_size": valued("--ubatch-size"),
-        "ctx_size": valued("--ctx-size"),  # total over all slots
-        "cache_reuse": valued("--cache-reuse"),
-        "n_gpu_layers": valued("--n-gpu-layers"),
-        "metrics": switch(KIND, "metrics", ["--metrics"], []),
+        "threads_http": flag_with_value("--threads-http", integer()),
+        "batch_size": flag_with_value("--batch-size", integer(minimum=1)),
+        "ubatch_size": flag_with_value("--ubatch-size", integer(minimum=1)),
+        "ctx_size": flag_with_value("--ctx-size", integer(minimum=0)),  # total over all slots; 0: the model's
+        "cache_reuse": flag_with_value("--cache-reuse", integer(minimum=0)),
+        "n_gpu_layers": _n_gpu_layers,
+        "metrics": boolean_flag(["--metrics"], []),
     },
     base_command=_base,
     # Needs `metrics: true` (--metrics). This llama.cpp no longer exports a KV-cache usage gauge.

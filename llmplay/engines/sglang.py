@@ -1,7 +1,7 @@
 """The SGLang adapter: launch_server flags (sglang/srt/server_args.py), /health, sglang:* metrics."""
 from __future__ import annotations
 
-from llmplay.engines.base import Engine, MetricNames, switch, valued
+from llmplay.engines.base import Engine, MetricNames, boolean_flag, flag_with_value, fraction, integer, one_of
 from llmplay.spec import EngineSpec
 
 KIND = "sglang"
@@ -23,16 +23,18 @@ ENGINE = Engine(
     version_path="/get_server_info",
     knobs={
         # The radix cache (SGLang's prefix cache) is on by default; only a disable flag exists.
-        "prefix_caching": switch(KIND, "prefix_caching", [], ["--disable-radix-cache"]),
-        "max_num_seqs": valued("--max-running-requests"),
-        "kv_cache_dtype": valued("--kv-cache-dtype"),  # auto | fp8_e5m2 | fp8_e4m3
-        "quantization": valued("--quantization"),
-        "tensor_parallel": valued("--tp-size"),
-        "cuda_graphs": switch(KIND, "cuda_graphs", [], ["--disable-cuda-graph"]),
-        "max_model_len": valued("--context-length"),
-        "gpu_memory_utilization": valued("--mem-fraction-static"),
-        # The per-iteration prefill budget, vLLM's max_num_batched_tokens counterpart.
-        "max_num_batched_tokens": valued("--chunked-prefill-size"),
+        "prefix_caching": boolean_flag([], ["--disable-radix-cache"]),
+        "max_num_seqs": flag_with_value("--max-running-requests", integer(minimum=1)),
+        # The choices of --kv-cache-dtype in the default image's release.
+        "kv_cache_dtype": flag_with_value("--kv-cache-dtype", one_of("auto", "fp8_e5m2", "fp8_e4m3")),
+        # Not checked: the methods change with each release, and the playbook picks the image.
+        "quantization": flag_with_value("--quantization"),
+        "tensor_parallel": flag_with_value("--tp-size", integer(minimum=1)),
+        "cuda_graphs": boolean_flag([], ["--disable-cuda-graph"]),
+        "max_model_len": flag_with_value("--context-length", integer(minimum=1)),
+        "gpu_memory_utilization": flag_with_value("--mem-fraction-static", fraction),
+        # The per-iteration prefill budget, vLLM's max_num_batched_tokens counterpart (-1 disables chunking).
+        "max_num_batched_tokens": flag_with_value("--chunked-prefill-size", integer()),
     },
     base_command=_base,
     metric_names=MetricNames(

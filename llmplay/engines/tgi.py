@@ -1,8 +1,8 @@
 """The Text Generation Inference adapter: text-generation-launcher flags (launcher/src/main.rs), /health, /info, tgi_* metrics."""
 from __future__ import annotations
 
-from llmplay.engines.base import BadKnobValue, Engine, MetricNames, Scalar, valued
-from llmplay.spec import EngineSpec
+from llmplay.engines.base import Engine, MetricNames, RefusedValue, flag_with_value, fraction, integer, one_of
+from llmplay.spec import EngineSpec, Scalar
 
 KIND = "tgi"
 
@@ -18,7 +18,7 @@ def _cuda_graphs(value: Scalar) -> list[str]:
         return []
     if value is False:
         return ["--cuda-graphs", "0"]
-    raise BadKnobValue(KIND, "cuda_graphs", value, "true or false")
+    raise RefusedValue("true or false")
 
 
 ENGINE = Engine(
@@ -29,14 +29,17 @@ ENGINE = Engine(
     health_path="/health",
     version_path="/info",
     knobs={
-        "max_num_seqs": valued("--max-concurrent-requests"),
-        "kv_cache_dtype": valued("--kv-cache-dtype"),  # fp8_e4m3fn | fp8_e5m2
-        "quantization": valued("--quantize"),
-        "tensor_parallel": valued("--num-shard"),
+        "max_num_seqs": flag_with_value("--max-concurrent-requests", integer(minimum=1)),
+        # The launcher's KvCacheDtype and Quantization value enums.
+        "kv_cache_dtype": flag_with_value("--kv-cache-dtype", one_of("fp8_e4m3fn", "fp8_e5m2")),
+        "quantization": flag_with_value("--quantize", one_of(
+            "awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin", "bitsandbytes", "bitsandbytes-nf4",
+            "bitsandbytes-fp4", "fp8")),
+        "tensor_parallel": flag_with_value("--num-shard", integer(minimum=1)),
         "cuda_graphs": _cuda_graphs,
-        "max_model_len": valued("--max-total-tokens"),
-        "gpu_memory_utilization": valued("--cuda-memory-fraction"),
-        "max_num_batched_tokens": valued("--max-batch-prefill-tokens"),
+        "max_model_len": flag_with_value("--max-total-tokens", integer(minimum=1)),
+        "gpu_memory_utilization": flag_with_value("--cuda-memory-fraction", fraction),
+        "max_num_batched_tokens": flag_with_value("--max-batch-prefill-tokens", integer(minimum=1)),
         # No prefix_caching knob: TGI switches it with the PREFIX_CACHING env var, not a flag
         # (set it through `env:`).
     },

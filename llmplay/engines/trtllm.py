@@ -1,7 +1,7 @@
 """The TensorRT-LLM adapter (trtllm-serve, tensorrt_llm/commands/serve.py): flags, /health, /version."""
 from __future__ import annotations
 
-from llmplay.engines.base import Engine, MetricNames, valued
+from llmplay.engines.base import Engine, MetricNames, flag_with_value, fraction, integer
 from llmplay.spec import EngineSpec
 
 KIND = "trtllm"
@@ -19,11 +19,11 @@ ENGINE = Engine(
     health_path="/health",
     version_path="/version",
     knobs={
-        "max_num_seqs": valued("--max_batch_size"),
-        "max_num_batched_tokens": valued("--max_num_tokens"),
-        "max_model_len": valued("--max_seq_len"),
-        "tensor_parallel": valued("--tp_size"),
-        "gpu_memory_utilization": valued("--kv_cache_free_gpu_memory_fraction"),
+        "max_num_seqs": flag_with_value("--max_batch_size", integer(minimum=1)),
+        "max_num_batched_tokens": flag_with_value("--max_num_tokens", integer(minimum=1)),
+        "max_model_len": flag_with_value("--max_seq_len", integer(minimum=1)),
+        "tensor_parallel": flag_with_value("--tp_size", integer(minimum=1)),
+        "gpu_memory_utilization": flag_with_value("--kv_cache_free_gpu_memory_fraction", fraction),
         # prefix caching (kv_cache_config.enable_block_reuse), KV dtype and CUDA graphs live in the
         # --extra_llm_api_options YAML, not in flags; pass that file through extra_args.
     },

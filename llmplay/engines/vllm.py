@@ -1,7 +1,7 @@
 """The vLLM adapter: OpenAI server flags (vllm/engine/arg_utils.py), /health, /version, vllm:* metrics."""
 from __future__ import annotations
 
-from llmplay.engines.base import Engine, MetricNames, switch, valued
+from llmplay.engines.base import Engine, MetricNames, boolean_flag, flag_with_value, fraction, integer, one_of
 from llmplay.spec import EngineSpec
 
 KIND = "vllm"
@@ -23,17 +23,19 @@ ENGINE = Engine(
     version_path="/version",
     knobs={
         # BooleanOptionalAction since V1 turned prefix caching on by default.
-        "prefix_caching": switch(KIND, "prefix_caching", ["--enable-prefix-caching"], ["--no-enable-prefix-caching"]),
-        "max_num_seqs": valued("--max-num-seqs"),
-        "kv_cache_dtype": valued("--kv-cache-dtype"),  # auto | fp8 | fp8_e4m3 | fp8_e5m2
-        "quantization": valued("--quantization"),
-        "tensor_parallel": valued("--tensor-parallel-size"),
+        "prefix_caching": boolean_flag(["--enable-prefix-caching"], ["--no-enable-prefix-caching"]),
+        "max_num_seqs": flag_with_value("--max-num-seqs", integer(minimum=1)),
+        # The choices of --kv-cache-dtype in the default image's release.
+        "kv_cache_dtype": flag_with_value("--kv-cache-dtype", one_of("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+        # Not checked: every vLLM release adds quantization methods, and the playbook picks the image.
+        "quantization": flag_with_value("--quantization"),
+        "tensor_parallel": flag_with_value("--tensor-parallel-size", integer(minimum=1)),
         # CUDA graphs are vLLM's default; only `--enforce-eager` (a store_true flag in older
         # releases, so no `--no-` form to rely on) turns them off.
-        "cuda_graphs": switch(KIND, "cuda_graphs", [], ["--enforce-eager"]),
-        "max_model_len": valued("--max-model-len"),
-        "gpu_memory_utilization": valued("--gpu-memory-utilization"),
-        "max_num_batched_tokens": valued("--max-num-batched-tokens"),
+        "cuda_graphs": boolean_flag([], ["--enforce-eager"]),
+        "max_model_len": flag_with_value("--max-model-len", integer(minimum=1)),
+        "gpu_memory_utilization": flag_with_value("--gpu-memory-utilization", fraction),
+        "max_num_batched_tokens": flag_with_value("--max-num-batched-tokens", integer(minimum=1)),
     },
     base_command=_base,
     # Names as of v0.8.x, still exported (deprecated) up to 0.10; later releases call them

@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 try:  # 5-10x faster per chunk; the load generator's hot path is this parse
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - orjson is optional
-    from json import loads as _loads
+    from json import loads as _loads  # type: ignore[assignment]
 
 DONE, TEXT, ROLE, USAGE, ERROR, EMPTY = "done", "text", "role", "usage", "error", "empty"
 
@@ -39,7 +39,12 @@ class SSEDecoder:
 
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data if self._buf else data
+        # A CR that ends a read may be the first half of a CRLF: it waits for the next byte, or the
+        # pair would count as two line endings (an empty line, so an event cut in two).
+        held = b"\r" if buf.endswith(b"\r") else b""
         if b"\r" in buf:
+            if held:
+                buf = buf[:-1]
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         out: list[bytes] = []
         start = 0
@@ -57,7 +62,7 @@ class SSEDecoder:
             lines = [ln[5:].removeprefix(b" ") for ln in block.split(b"\n") if ln.startswith(b"data:")]
             if lines:  # comments (": ping") and event:/id: lines carry no payload
                 out.append(b"\n".join(lines))
-        self._buf = buf[start:]
+        self._buf = buf[start:] + held if held else buf[start:]
         return out
 
 
@@ -103,8 +108,8 @@ class StreamState:
     nothing after [DONE] counts.
     """
 
-    __slots__ = ("decoder", "first_chunk_ns", "first_content_ns", "chunk_ns", "end_ns", "texts", "usage",
-                 "finish_reason", "done", "error", "bytes_received", "n_events")
+    __slots__ = ("bytes_received", "chunk_ns", "decoder", "done", "end_ns", "error", "finish_reason",
+                 "first_chunk_ns", "first_content_ns", "n_events", "texts", "usage")
 
     def __init__(self) -> None:
         self.decoder = SSEDecoder()

@@ -49,8 +49,11 @@ _WORDLIKE = re.compile(r"\w+|[^\w\s]")
 class Tokenizer(Protocol):
     """What workload generation needs: count tokens and make text of an exact (or near) token count."""
 
-    name: str
-    exact: bool
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def exact(self) -> bool: ...
 
     def count(self, text: str) -> int: ...
 
@@ -79,13 +82,13 @@ class WordRatioTokenizer:
         self.name = f"word-ratio({tokens_per_word:g} tokens/word, approximate)"
 
     def count(self, text: str) -> int:
-        return int(round(len(_WORDLIKE.findall(text)) * self.tokens_per_word))
+        return round(len(_WORDLIKE.findall(text)) * self.tokens_per_word)
 
     def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str:
-        return _random_words(int(round(n_tokens / self.tokens_per_word)), _rng(rng))
+        return _random_words(round(n_tokens / self.tokens_per_word), _rng(rng))
 
     @classmethod
-    def calibrated(cls, reference: Tokenizer, sample_text: str) -> "WordRatioTokenizer":
+    def calibrated(cls, reference: Tokenizer, sample_text: str) -> WordRatioTokenizer:
         """Fit the ratio on sample_text against an exact tokenizer (e.g. once, while the engine is up)."""
         words = len(_WORDLIKE.findall(sample_text))
         return cls(reference.count(sample_text) / words if words else 1.0)
@@ -147,7 +150,7 @@ class LlamaCppTokenizer(_VocabularyTokenizer):
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> "LlamaCppTokenizer":
+    def __enter__(self) -> LlamaCppTokenizer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -2,23 +2,30 @@
 
 Why not httpcore: its pool re-scans every connection on every request and response event, which
 is O(connections²) and caps a 2-core client at ~1k chunks/s with 256 streams. Here a connection
-is an asyncio.Protocol; `data_received` stamps `time.perf_counter_ns()` the moment bytes reach the
-process, so the timestamps do not include the time the consuming task waits for the event loop.
-Body pieces are `StampedBytes` (bytes with `.t_ns`); httpx passes them through `aiter_raw()`
-unchanged. Plain http:// only; anything else goes to httpx's own transport.
+is an asyncio.Protocol whose `data_received` stamps `time.perf_counter_ns()` the moment bytes reach
+the process and hands them to llhttp (`httptools`) at once, so the timestamps do not include the
+time the consuming task waits for the event loop. Body pieces are `StampedBytes` (bytes with
+`.t_ns`); httpx passes them through `aiter_raw()` unchanged. Plain http:// only; anything else goes
+to httpx's own transport. The connection limit is the transport's own (`limits=`): httpx hands a
+custom transport no limits of its client.
 """
+
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import socket
 import time
 import weakref
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
+import httptools
 import httpx
 
 _now = time.perf_counter_ns
+
+Feed = Callable[[bytes, int], None]  # (body payload, arrival ns)
 
 
 class StampedBytes(bytes):
@@ -34,57 +41,159 @@ def _stamped(data: bytes, t_ns: int) -> StampedBytes:
 
 
 class _Conn(asyncio.Protocol):
-    """One TCP connection: a receive buffer with per-arrival timestamps, and one waiter."""
+    """One TCP connection and the one response being read on it, parsed by llhttp as bytes arrive."""
 
-    def __init__(self, key: tuple[str, int]):
+    def __init__(self, key: tuple[str, int], on_close: Callable[[_Conn], None]):
         self.key = key
+        self._on_close = on_close
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
-        self.base = 0  # absolute stream offset of buf[0]
-        self.marks: collections.deque[tuple[int, int]] = collections.deque()  # (end offset, arrival ns)
-        self.waiter: asyncio.Future | None = None
+        # llhttp calls on_body once per body piece; collecting them with the list's own append
+        # saves a Python frame per chunk on the hot path (httptools looks the callback up once).
+        self._pieces: list[bytes] = []
+        self.on_body = self._pieces.append
+        self._parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[None] | None = None
+        self.sink: Feed | None = None  # set while a body is fed straight from data_received
+        self.sink_error: BaseException | None = None
         self.eof = False
         self.exc: BaseException | None = None
         self.reused = False
-        self.sink: Callable[[], None] | None = None  # set while a body is fed from data_received
+        self.released = False  # the transport's connection count no longer includes it
+        self.idle_since_ns = 0
+        self.pending: collections.deque[StampedBytes] = collections.deque()  # body not yet consumed
+        self._begin_exchange()
+
+    def _begin_exchange(self) -> None:
+        self.expecting = False  # a request was written: bytes now belong to its response (until complete)
+        self.head_only = False  # the request was a HEAD: its response has no body whatever it says
+        self.stray = False  # bytes came that belong to no request: never reuse the connection
+        self.received = 0  # bytes received since the request was written
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.until_close = False  # the body has no length and no chunking: it ends with the connection
+        self.framing = "length"  # "length" | "chunked" | "close", for error messages
+        self.parse_error: httpx.RemoteProtocolError | None = None
+        self._own_pieces = -1  # where the body pieces of a stray message start (-1: none came)
+        self.pending.clear()
+        self._pieces.clear()
+
+    def start_exchange(self, payload: bytes, head_only: bool) -> int:
+        """Write a request; returns when it was written (perf_counter_ns)."""
+        self._begin_exchange()
+        self.expecting = True
+        self.head_only = head_only
+        assert self.transport is not None
+        sent_ns = _now()
+        self.transport.write(payload)
+        return sent_ns
 
     # --- protocol callbacks ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
 
     def data_received(self, data: bytes) -> None:
-        t = _now()
-        self.buf += data
-        self.marks.append((self.base + len(self.buf), t))
-        if self.sink is not None:
-            self.sink()
+        t_ns = _now()
+        self.received += len(data)
+        if not self.expecting or self.complete or self.parse_error is not None:
+            self.stray = True
             return
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.parse_error = httpx.RemoteProtocolError(f"malformed HTTP response: {exc}")
+        pieces = self._pieces
+        if self._own_pieces >= 0:
+            del pieces[self._own_pieces:]
+            self._own_pieces = -1
+        if pieces:
+            # One payload per read, as the bytes of one read arrived together.
+            payload = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            pieces.clear()
+            sink = self.sink
+            if sink is not None and self.sink_error is None:
+                try:
+                    sink(payload, t_ns)
+                except Exception as exc:  # handed to the awaiting request, which records it
+                    self.sink_error = exc
+            else:
+                self.pending.append(_stamped(payload, t_ns))
+        if self.sink is not None and not self.complete and self.parse_error is None and self.sink_error is None:
+            return  # a fed body wakes its task once, at the end, not once per read
+        self._wake()
+
+    def on_message_begin(self) -> None:
+        if self.complete:  # more bytes after the response: a message nobody asked for
+            self.stray = True
+            self._own_pieces = len(self._pieces)
+
+    def on_status(self, reason: bytes) -> None:
+        if not self.stray:
+            self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.stray:
+            self.headers.append((name, value))  # every header, repeated ones too, in order
+
+    def on_headers_complete(self) -> None:
+        if self.stray:
+            return
+        self.status = self._parser.get_status_code()
+        self.keep_alive = self._parser.should_keep_alive()
+        framing = "close"
+        for name, value in self.headers:
+            lname = name.lower()
+            if lname == b"transfer-encoding" and b"chunked" in value.lower():
+                framing = "chunked"
+            elif lname == b"content-length" and framing == "close":
+                framing = "length"
+        no_body = self.status in (204, 304) or 100 <= self.status < 200
+        self.framing = "length" if no_body else framing
+        self.until_close = self.framing == "close"
+        if self.until_close:
+            self.keep_alive = False
+        self.head_done = True
+        if self.head_only:
+            # llhttp cannot be told that a HEAD response has no body: end it here, never reuse the connection.
+            self.complete, self.keep_alive = True, False
+
+    def on_message_complete(self) -> None:
+        if not self.stray:
+            self.complete = True
 
     def eof_received(self) -> bool:
         self.eof = True
+        self._end_by_close()
         self._wake()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
         self.exc = exc
+        self._end_by_close()
+        self._mark_closed()
         self._wake()
 
+    def _end_by_close(self) -> None:
+        if self.head_done and self.until_close and self.exc is None:
+            self.complete = True
+
     def _wake(self) -> None:
-        if self.sink is not None:
-            self.sink()
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    def _mark_closed(self) -> None:
+        if not self.released:
+            self.released = True
+            self._on_close(self)
 
     # --- consumer side ---
     async def wait(self) -> None:
@@ -97,16 +206,19 @@ class _Conn(asyncio.Protocol):
         finally:
             self.waiter = None
 
-    def arrival_of(self, end_offset: int) -> int:
-        """When the byte just before absolute end_offset arrived; drops marks no longer needed."""
-        marks = self.marks
-        while len(marks) > 1 and marks[0][0] < end_offset:
-            marks.popleft()
-        return marks[0][1] if marks else _now()
+    def failure(self, what: str) -> httpx.TransportError | None:
+        """Why this response cannot go on (a parse error, or the peer gone before its end); None if it can."""
+        if self.parse_error is not None:
+            return self.parse_error
+        if not self.eof or self.complete:
+            return None
+        if isinstance(self.exc, (ConnectionResetError, BrokenPipeError)):
+            return httpx.ReadError(f"connection reset by peer {what}")
+        return httpx.RemoteProtocolError(f"peer closed connection {what}")
 
-    def consume(self, n: int) -> None:
-        del self.buf[:n]
-        self.base += n
+    def reusable(self) -> bool:
+        return (self.complete and self.keep_alive and not self.stray and not self.pending
+                and self.parse_error is None and not self.closed())
 
     def closed(self) -> bool:
         return self.eof or self.transport is None or self.transport.is_closing()
@@ -115,170 +227,175 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
         self.eof = True
+        self._mark_closed()
 
 
-def _raise_cut(conn: _Conn, what: str) -> None:
-    if isinstance(conn.exc, (ConnectionResetError, BrokenPipeError)):
-        raise httpx.ReadError(f"connection reset by peer {what}")
-    raise httpx.RemoteProtocolError(f"peer closed connection {what}")
+def _body_cut(conn: _Conn) -> str:
+    if conn.framing == "chunked":
+        return "without sending complete message body (incomplete chunked read)"
+    return "without sending complete message body"
 
 
 class BodyStream(httpx.AsyncByteStream):
-    def __init__(self, transport: "StreamingTransport", conn: _Conn, mode: str, length: int, keep_alive: bool):
+    def __init__(self, transport: StreamingTransport, conn: _Conn):
         self._t = transport
         self._conn = conn
-        self._mode = mode  # "chunked" | "length" | "close"
-        self._left = length
-        self._keep = keep_alive
         self._complete = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         conn = self._conn
-        if self._mode == "chunked":
-            async for piece in self._chunked():
-                yield piece
-        else:
-            while True:
-                if conn.buf:
-                    take = len(conn.buf) if self._mode == "close" else min(self._left, len(conn.buf))
-                    end = conn.base + take
-                    piece = _stamped(bytes(conn.buf[:take]), conn.arrival_of(end))
-                    conn.consume(take)
-                    self._left -= take
-                    yield piece
-                if self._mode == "length" and self._left <= 0:
-                    break
-                if conn.eof:
-                    if self._mode == "close":
-                        break
-                    _raise_cut(conn, "without sending complete message body")
-                await conn.wait()
+        pending = conn.pending
+        while True:
+            while pending:
+                yield pending.popleft()
+            if conn.complete:
+                break
+            err = conn.failure(_body_cut(conn))
+            if err is not None:
+                raise err
+            await conn.wait()
         self._complete = True
 
-    def _take_chunks(self) -> tuple[bytes | None, int, bool]:
-        """Complete chunks at the head of the buffer: (their payload or None, arrival ns, body done)."""
-        conn = self._conn
-        buf = conn.buf
-        pos = 0
-        out: list[bytes] = []
-        done = False
-        last_end = 0
-        while True:
-            nl = buf.find(b"\r\n", pos)
-            if nl < 0:
-                break
-            try:
-                size = int(bytes(buf[pos:nl]).split(b";", 1)[0], 16)
-            except ValueError:
-                raise httpx.RemoteProtocolError(f"bad chunk size line {bytes(buf[pos:nl])[:40]!r}") from None
-            if size == 0:
-                # Trailers end with an empty line; almost always just "\r\n".
-                end = buf.find(b"\r\n\r\n", nl)
-                if end < 0:
-                    break
-                pos = end + 4
-                done = True
-                break
-            if len(buf) < nl + 2 + size + 2:
-                break
-            out.append(bytes(buf[nl + 2:nl + 2 + size]))
-            pos = nl + 2 + size + 2
-            last_end = pos
-        t_ns = conn.arrival_of(conn.base + last_end) if out else 0
-        conn.consume(pos)
-        if not out:
-            return None, 0, done
-        return (out[0] if len(out) == 1 else b"".join(out)), t_ns, done
-
-    async def _chunked(self) -> AsyncIterator[bytes]:
-        conn = self._conn
-        while True:
-            payload, t_ns, done = self._take_chunks()
-            if payload is not None:
-                yield _stamped(payload, t_ns)
-            if done:
-                return
-            if conn.eof:
-                _raise_cut(conn, "without sending complete message body (incomplete chunked read)")
-            await conn.wait()
-
-    async def feed_into(self, feed: Callable[[bytes, int], None]) -> None:
+    async def feed_into(self, feed: Feed) -> None:
         """Call feed(payload, arrival_ns) from the protocol callback itself, and return when the body ends.
 
         The fast path for streams: no task switch and no async-iterator hop per chunk, so one
         process keeps up with a thousand streams.
         """
-        if self._mode != "chunked":
-            async for piece in self:
-                feed(piece, piece.t_ns)  # type: ignore[attr-defined]
-            return
-        self._sink_feed = feed
-        self._sink_done: asyncio.Future = asyncio.get_running_loop().create_future()
         conn = self._conn
-        conn.sink = self._on_data
+        while conn.pending:  # what arrived with the head
+            piece = conn.pending.popleft()
+            feed(piece, piece.t_ns)
+        conn.sink = feed
         try:
-            self._on_data()  # what is already buffered
-            await self._sink_done
+            while True:
+                if conn.sink_error is not None:
+                    raise conn.sink_error
+                if conn.complete:
+                    break
+                err = conn.failure(_body_cut(conn))
+                if err is not None:
+                    raise err
+                await conn.wait()
         finally:
             conn.sink = None
         self._complete = True
 
-    def _on_data(self) -> None:
-        fut = self._sink_done
-        if fut.done():
-            return
-        try:
-            payload, t_ns, done = self._take_chunks()
-            if payload is not None:
-                self._sink_feed(payload, t_ns)
-            if done:
-                fut.set_result(None)
-            elif self._conn.eof:
-                _raise_cut(self._conn, "without sending complete message body (incomplete chunked read)")
-        except Exception as exc:  # noqa: BLE001 - handed to the awaiting request, which records it
-            fut.set_exception(exc)
-
     async def aclose(self) -> None:
-        if self._complete and self._keep and not self._conn.closed() and not self._conn.buf:
+        if self._complete and self._conn.reusable():
             self._t._release(self._conn)
         else:
             self._conn.close()
 
 
 class StreamingTransport(httpx.AsyncBaseTransport):
-    """Keep-alive HTTP/1.1 over asyncio protocols: one connection per in-flight request, idle ones reused."""
+    """Keep-alive HTTP/1.1 over asyncio protocols: one connection per in-flight request, idle ones reused.
 
-    def __init__(self, *, max_idle_per_host: int = 4096, fallback: httpx.AsyncBaseTransport | None = None):
+    limits: max_connections open at once (a request waits for a free one, up to the pool timeout;
+    None: unbounded), max_keepalive_connections idle ones kept per host, keepalive_expiry seconds an
+    idle one may wait before it is closed instead of reused.
+    """
+
+    def __init__(self, *, limits: httpx.Limits | None = None, fallback: httpx.AsyncBaseTransport | None = None):
+        limits = limits or httpx.Limits(max_connections=None, max_keepalive_connections=4096, keepalive_expiry=None)
+        self._max_open = limits.max_connections
+        self._max_idle = limits.max_keepalive_connections if limits.max_keepalive_connections is not None else 1 << 30
+        self._expiry_ns = int(limits.keepalive_expiry * 1e9) if limits.keepalive_expiry is not None else None
         self._idle: dict[tuple[str, int], collections.deque[_Conn]] = collections.defaultdict(collections.deque)
-        self._max_idle = max_idle_per_host
         self._fallback = fallback
         self._all: weakref.WeakSet[_Conn] = weakref.WeakSet()
+        self._open = 0  # connections open or being opened
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
 
     def _release(self, conn: _Conn) -> None:
         idle = self._idle[conn.key]
         if len(idle) < self._max_idle:
             conn.reused = True
+            conn.idle_since_ns = _now()
             idle.append(conn)
+            self._wake_slot_waiter()
         else:
             conn.close()
 
-    async def _acquire(self, host: str, port: int, connect_timeout: float | None) -> _Conn:
-        idle = self._idle[(host, port)]
+    def _closed(self, conn: _Conn) -> None:
+        self._open -= 1
+        self._wake_slot_waiter()
+
+    def _wake_slot_waiter(self) -> None:
+        while self._slot_waiters:
+            w = self._slot_waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                return
+
+    def _take_idle(self, key: tuple[str, int]) -> _Conn | None:
+        idle = self._idle[key]
         while idle:
             conn = idle.pop()
-            if not conn.closed() and not conn.buf:
+            if self._expiry_ns is not None and _now() - conn.idle_since_ns > self._expiry_ns:
+                conn.close()
+            elif not conn.closed() and not conn.stray:
                 return conn
-            conn.close()
+            else:
+                conn.close()
+        return None
+
+    def _close_one_idle(self) -> bool:
+        """At the limit: an idle connection to another host gives its slot up."""
+        for idle in self._idle.values():
+            if idle:
+                idle.popleft().close()
+                return True
+        return False
+
+    async def _acquire(self, host: str, port: int, timeouts: dict) -> _Conn:
+        key = (host, port)
+        conn = self._take_idle(key)
+        if conn is not None:
+            return conn
+        if self._max_open is not None:
+            try:
+                async with asyncio.timeout(timeouts.get("pool")):
+                    while self._open >= self._max_open:
+                        if self._close_one_idle():
+                            continue
+                        waiter = asyncio.get_running_loop().create_future()
+                        self._slot_waiters.append(waiter)
+                        try:
+                            await waiter
+                        except BaseException:
+                            if waiter.done() and not waiter.cancelled():
+                                self._wake_slot_waiter()  # the slot it was given goes to the next one
+                            raise
+                        conn = self._take_idle(key)  # released while we waited
+                        if conn is not None:
+                            self._wake_slot_waiter()
+                            return conn
+            except TimeoutError:
+                raise httpx.PoolTimeout(f"no free connection within the pool timeout ({self._max_open} open)") from None
+        self._open += 1
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(connect_timeout):
-                _, conn = await loop.create_connection(lambda: _Conn((host, port)), host, port)
+            async with asyncio.timeout(timeouts.get("connect")):
+                _, proto = await loop.create_connection(lambda: _Conn(key, self._closed), host, port)
         except TimeoutError:
+            self._open -= 1
+            self._wake_slot_waiter()
             raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out") from None
         except OSError as exc:
+            self._open -= 1
+            self._wake_slot_waiter()
             raise httpx.ConnectError(f"{exc.strerror or exc} ({host}:{port})") from None
-        self._all.add(conn)
-        return conn  # type: ignore[return-value]
+        except BaseException:
+            self._open -= 1
+            self._wake_slot_waiter()
+            raise
+        self._all.add(proto)
+        return proto
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -293,64 +410,41 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         payload = b"".join(head) + b"\r\n" + body
         port = url.port or 80
         for attempt in range(2):
-            conn = await self._acquire(url.host, port, timeouts.get("connect"))
+            conn = await self._acquire(url.host, port, timeouts)
             reused = conn.reused
-            assert conn.transport is not None
-            offset_before = conn.base + len(conn.buf)  # absolute stream position: has anything arrived since?
-            sent_ns = _now()
-            conn.transport.write(payload)
+            sent_ns = conn.start_exchange(payload, head_only=request.method == "HEAD")
             try:
                 async with asyncio.timeout(timeouts.get("read")):
-                    status, reason, headers, end = await self._read_head(conn)
+                    await self._read_head(conn)
             except httpx.TransportError:
-                # A reused connection the server had already closed while idle: retry once, fresh.
-                if reused and attempt == 0 and conn.base + len(conn.buf) == offset_before:
-                    conn.close()
-                    continue
                 conn.close()
+                # A reused connection the server had already closed while idle: retry once, fresh.
+                if reused and attempt == 0 and conn.received == 0:
+                    continue
                 raise
             except TimeoutError:
                 conn.close()
                 raise httpx.ReadTimeout("no response headers within the read timeout") from None
+            except BaseException:
+                conn.close()
+                raise
             break
-        conn.consume(end)
-        lower = {k.lower(): v for k, v in headers}
-        keep = lower.get(b"connection", b"").lower() != b"close"
-        if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
-            mode, length = "length", 0
-        elif b"chunked" in lower.get(b"transfer-encoding", b"").lower():
-            mode, length = "chunked", 0
-        elif b"content-length" in lower:
-            mode, length = "length", int(lower[b"content-length"])
-        else:
-            mode, length, keep = "close", 0, False
-        return httpx.Response(status, headers=headers, stream=BodyStream(self, conn, mode, length, keep),
-                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason,
+        return httpx.Response(conn.status, headers=conn.headers, stream=BodyStream(self, conn),
+                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason,
                                           "llmplay.sent_ns": sent_ns})
 
     @staticmethod
-    async def _read_head(conn: _Conn) -> tuple[int, bytes, list[tuple[bytes, bytes]], int]:
-        while True:
-            end = conn.buf.find(b"\r\n\r\n")
-            if end >= 0:
-                break
+    async def _read_head(conn: _Conn) -> None:
+        while not conn.head_done:
+            if conn.parse_error is not None:
+                raise conn.parse_error
             if conn.eof:
-                if conn.buf or isinstance(conn.exc, (ConnectionResetError, BrokenPipeError)):
-                    _raise_cut(conn, "before the response headers were complete")
+                if conn.received or isinstance(conn.exc, (ConnectionResetError, BrokenPipeError)):
+                    err = conn.failure("before the response headers were complete")
+                    assert err is not None
+                    raise err
                 raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
             await conn.wait()
-        lines = bytes(conn.buf[:end]).split(b"\r\n")
-        try:
-            _, code, *rest = lines[0].split(b" ", 2)
-            status = int(code)
-        except ValueError:
-            raise httpx.RemoteProtocolError(f"bad status line {lines[0][:80]!r}") from None
-        headers = []
-        for ln in lines[1:]:
-            k, sep, v = ln.partition(b":")
-            if sep:
-                headers.append((k.strip(), v.strip()))
-        return status, (rest[0] if rest else b""), headers, end + 4
 
     async def aclose(self) -> None:
         for conn in list(self._all):

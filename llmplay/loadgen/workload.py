@@ -4,15 +4,15 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from llmplay.errors import LlmplayError
-from llmplay.spec import LengthDist, Workload
 from llmplay.loadgen.tokenizer import Tokenizer
+from llmplay.spec import LengthDist, Workload
 
 
 class WorkloadError(LlmplayError):

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from llmplay import units
 from llmplay.catalog import METRICS, metric_info
@@ -12,14 +13,29 @@ from llmplay.playbook.problems import Problems, did_you_mean
 from llmplay.playbook.source import YamlPath, display_path
 from llmplay.redaction import ENV_REF, SECRET_NAME
 from llmplay.spec import (
-    Change, Cost, EngineSpec, Gate, Goals, Guard, LengthDist, Objective, RuntimeSpec, Step, Trials, Workload,
+    Change,
+    Cost,
+    EngineSpec,
+    Gate,
+    Goals,
+    Guard,
+    LengthDist,
+    Objective,
+    RuntimeSpec,
+    Step,
+    Trials,
+    Workload,
     frozen_map,
 )
 
+# What a step may set besides engine knobs (args.*) and env.*: engine fields, and these workload fields.
 ENGINE_FIELDS_SETTABLE = {"image", "gpus", "extra_args"}
+WORKLOAD_FIELDS = {"concurrency", "rate", "max_tokens", "streaming_fraction", "prefix_tokens", "prefix_groups",
+                   "turns", "arrival", "burst", "temperature", "api"}
 
 
 def parse_gate(raw: Any, path: YamlPath, problems: Problems) -> Gate | None:
+    """`ttft.p95 < 500ms` (or its mapping form) with the value in SI units; None after a problem."""
     if isinstance(raw, str):
         m = re.match(r"^\s*([a-z_0-9]+\.[a-z_0-9]+)\s*(<=|>=|<|>)\s*(\S+)\s*$", raw)
         if not m:
@@ -45,6 +61,7 @@ def parse_gate(raw: Any, path: YamlPath, problems: Problems) -> Gate | None:
 
 
 def parse_length(raw: Any, path: YamlPath, problems: Problems) -> LengthDist:
+    """A token-length distribution: an integer, or one `{kind: params}` mapping."""
     if isinstance(raw, int):
         return LengthDist("fixed", value=raw)
     (kind, params), = raw.items()
@@ -53,50 +70,53 @@ def parse_length(raw: Any, path: YamlPath, problems: Problems) -> LengthDist:
     if kind == "choice":
         values, weights = tuple(params["values"]), tuple(params.get("weights", ()))
         if weights and len(weights) != len(values):
-            problems.add(path + ("choice", "weights"),
+            problems.add((*path, "choice", "weights"),
                          f"found {len(weights)} weights for {len(values)} values; expected one weight per value")
         if weights and sum(weights) <= 0:
-            problems.add(path + ("choice", "weights"), "weights sum to 0; expected a positive sum")
+            problems.add((*path, "choice", "weights"), "weights sum to 0; expected a positive sum")
         return LengthDist("choice", values=values, weights=weights)
     lo, hi = params.get("min"), params.get("max")
     if lo is not None and hi is not None and lo > hi:
-        problems.add(path + (kind, "min"), f"min {lo} is greater than max {hi}; expected min <= max")
+        problems.add((*path, kind, "min"), f"min {lo} is greater than max {hi}; expected min <= max")
     return LengthDist(kind, min=lo, max=hi, mean=params.get("mean"),
                       std=params.get("std", params.get("sigma")))
 
 
-def parse_duration(section: Mapping, key: str, path: YamlPath, problems: Problems, default: float | None) -> float | None:
+def parse_duration(section: Mapping[str, Any], key: str, path: YamlPath, problems: Problems,
+                   default: float | None) -> float | None:
+    """`section[key]` in seconds, or `default` when absent or wrong (the problem is recorded)."""
     if key not in section:
         return default
     try:
         return units.parse_duration_s(section[key])
     except units.UnitError as exc:
-        problems.add(path + (key,), str(exc))
+        problems.add((*path, key), str(exc))
         return default
 
 
-def parse_workload(raw: Mapping, base_dir: Path, path: YamlPath, problems: Problems) -> Workload:
+def parse_workload(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problems: Problems) -> Workload:
+    """The workload, with the rules the schema cannot say (one load kind, a length, a dataset that exists)."""
     if raw.get("concurrency") is not None and raw.get("rate") is not None:
-        problems.add(path + ("rate",), "both concurrency and rate are set; expected one: concurrency (closed loop) "
+        problems.add((*path, "rate"), "both concurrency and rate are set; expected one: concurrency (closed loop) "
                                        "or rate (open loop, req/s)")
     if raw.get("concurrency") is None and raw.get("rate") is None:
         problems.add(path, "no load given; expected concurrency: N (closed loop) or rate: R req/s (open loop)")
     if raw.get("duration") is None and raw.get("num_requests") is None:
         problems.add(path, "no length given; expected duration: 60s or num_requests: N")
     if "arrival" in raw and raw.get("rate") is None:
-        problems.add(path + ("arrival",), "arrival applies to open-loop load; expected rate: R alongside it")
+        problems.add((*path, "arrival"), "arrival applies to open-loop load; expected rate: R alongside it")
     dataset = raw.get("dataset")
     if dataset is not None:
         resolved = (base_dir / dataset).resolve()
         if not resolved.is_file():
-            problems.add(path + ("dataset",), f"dataset '{dataset}' not found (looked for {display_path(str(resolved))}); "
+            problems.add((*path, "dataset"), f"dataset '{dataset}' not found (looked for {display_path(str(resolved))}); "
                                               "expected a JSONL file")
         dataset = str(resolved)
     defaults = Workload()
     return Workload(
         api=raw.get("api", defaults.api),
-        input=parse_length(raw["input"], path + ("input",), problems) if "input" in raw else defaults.input,
-        output=parse_length(raw["output"], path + ("output",), problems) if "output" in raw else defaults.output,
+        input=parse_length(raw["input"], (*path, "input"), problems) if "input" in raw else defaults.input,
+        output=parse_length(raw["output"], (*path, "output"), problems) if "output" in raw else defaults.output,
         dataset=dataset,
         prefix_tokens=raw.get("prefix_tokens", 0),
         prefix_groups=raw.get("prefix_groups", 1),
@@ -119,11 +139,12 @@ def parse_workload(raw: Mapping, base_dir: Path, path: YamlPath, problems: Probl
     )
 
 
-def parse_engine(raw: Mapping, base_dir: Path, path: YamlPath, problems: Problems) -> EngineSpec:
+def parse_engine(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problems: Problems) -> EngineSpec:
+    """The engine; a secret written literally into env is refused (a ${env:NAME} reference is expected)."""
     env = {str(k): str(v) if not isinstance(v, bool) else str(v).lower() for k, v in raw.get("env", {}).items()}
     for name, value in env.items():
         if SECRET_NAME.search(name) and not ENV_REF.fullmatch(value):
-            problems.add(path + ("env", name), f"'{name}' looks like a secret written in the playbook; expected a "
+            problems.add((*path, "env", name), f"'{name}' looks like a secret written in the playbook; expected a "
                                                f"reference like ${{env:{name}}} so the value never enters the file")
     gpus_raw = raw.get("gpus", 0)
     gpus: int | tuple[str, ...] = tuple(str(g) for g in gpus_raw) if isinstance(gpus_raw, list) else gpus_raw
@@ -136,23 +157,21 @@ def parse_engine(raw: Mapping, base_dir: Path, path: YamlPath, problems: Problem
         served_model_name=raw.get("served_model_name"), gpus=gpus,
         args=frozen_map(raw.get("args", {})), extra_args=tuple(raw.get("extra_args", ())),
         env=frozen_map(env), port=raw.get("port"), health_path=health.get("path"),
-        health_timeout_s=parse_duration(health, "timeout", path + ("health",), problems, 600.0) or 600.0,
+        health_timeout_s=parse_duration(health, "timeout", (*path, "health"), problems, 600.0) or 600.0,
         shm_size=raw.get("shm_size"), ipc_mode=raw.get("ipc"),
         network_mode=raw.get("network") if raw.get("network") == "host" else None,
         executable=raw.get("executable"),
     )
 
 
-WORKLOAD_FIELDS = {"concurrency", "rate", "max_tokens", "streaming_fraction", "prefix_tokens", "prefix_groups",
-                   "turns", "arrival", "burst", "temperature", "api"}
 
-
-def parse_steps(raw: list, path: YamlPath, problems: Problems) -> tuple[Step, ...]:
+def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Step, ...]:
+    """Steps with unique names, each changing one thing (several only with bundle: true); bare keys are knobs."""
     steps, names = [], set()
     for i, item in enumerate(raw):
-        spath = path + (i,)
+        spath = (*path, i)
         if item["name"] in names:
-            problems.add(spath + ("name",), f"step name '{item['name']}' is used twice; expected unique names")
+            problems.add((*spath, "name"), f"step name '{item['name']}' is used twice; expected unique names")
         names.add(item["name"])
         changes = []
         for key, value in item["set"].items():
@@ -162,7 +181,7 @@ def parse_steps(raw: list, path: YamlPath, problems: Problems) -> tuple[Step, ..
             elif key.startswith("workload."):
                 field_name = key.split(".", 1)[1]
                 if field_name not in WORKLOAD_FIELDS:
-                    problems.add(spath + ("set", key), f"workload field '{field_name}' cannot be a step"
+                    problems.add((*spath, "set", key), f"workload field '{field_name}' cannot be a step"
                                  f"{did_you_mean(field_name, WORKLOAD_FIELDS)}; expected one of: {', '.join(sorted(WORKLOAD_FIELDS))}")
                 target = key
             elif key.startswith("args."):
@@ -171,9 +190,9 @@ def parse_steps(raw: list, path: YamlPath, problems: Problems) -> tuple[Step, ..
                 target = f"args.{key}"
             changes.append(Change(target, value))
         if not changes:
-            problems.add(spath + ("set",), "the step changes nothing; expected exactly one knob, e.g. set: {prefix_caching: true}")
+            problems.add((*spath, "set"), "the step changes nothing; expected exactly one knob, e.g. set: {prefix_caching: true}")
         elif len(changes) > 1 and not item.get("bundle", False):
-            problems.add(spath + ("set",), f"the step changes {len(changes)} knobs ({', '.join(c.target for c in changes)}); "
+            problems.add((*spath, "set"), f"the step changes {len(changes)} knobs ({', '.join(c.target for c in changes)}); "
                                            "expected one variable per step, or bundle: true to declare a bundle")
         steps.append(Step(name=item["name"], changes=tuple(changes), bundle=item.get("bundle", False),
                           carry=item.get("carry", "if_kept"), description=item.get("description", ""),
@@ -181,13 +200,14 @@ def parse_steps(raw: list, path: YamlPath, problems: Problems) -> tuple[Step, ..
     return tuple(steps)
 
 
-def parse_goals(raw: Mapping, problems: Problems) -> Goals:
+def parse_goals(raw: Mapping[str, Any], problems: Problems) -> Goals:
+    """Gates, the objective (optimized the right way for its metric), guards and SLOs."""
     path: YamlPath = ("goals",)
-    gates = tuple(g for i, r in enumerate(raw.get("gates", ())) if (g := parse_gate(r, path + ("gates", i), problems)))
+    gates = tuple(g for i, r in enumerate(raw.get("gates", ())) if (g := parse_gate(r, (*path, "gates", i), problems)))
     obj_raw = raw.get("objective", {"minimize": "ttft.p95"})
     directions = [d for d in ("minimize", "maximize") if d in obj_raw]
     if len(directions) != 1:
-        problems.add(path + ("objective",), f"found {len(directions)} directions; expected exactly one of minimize or maximize")
+        problems.add((*path, "objective"), f"found {len(directions)} directions; expected exactly one of minimize or maximize")
         directions = directions or ["minimize"]
     direction = directions[0]
     metric = obj_raw.get(direction, "ttft.p95")
@@ -196,10 +216,10 @@ def parse_goals(raw: Mapping, problems: Problems) -> Goals:
         try:
             min_effect = units.parse_fraction(obj_raw["min_effect"])
         except units.UnitError as exc:
-            problems.add(path + ("objective", "min_effect"), str(exc))
+            problems.add((*path, "objective", "min_effect"), str(exc))
     info = metric_info(metric)
     if info and (direction == "minimize") != info.lower_is_better:
-        problems.add(path + ("objective", direction), f"{direction} {metric} optimizes the wrong way; expected "
+        problems.add((*path, "objective", direction), f"{direction} {metric} optimizes the wrong way; expected "
                      f"{'minimize' if info.lower_is_better else 'maximize'} for {metric}")
     guards = []
     for i, g in enumerate(raw.get("guards", ())):
@@ -209,7 +229,7 @@ def parse_goals(raw: Mapping, problems: Problems) -> Goals:
             try:
                 tol = units.parse_fraction(g["tolerance"])
             except units.UnitError as exc:
-                problems.add(path + ("guards", i, "tolerance"), str(exc))
+                problems.add((*path, "guards", i, "tolerance"), str(exc))
         guards.append(Guard(g["metric"], tol, "minimize" if (ginfo is None or ginfo.lower_is_better) else "maximize"))
     slo = {}
     for key, value in raw.get("slo", {}).items():
@@ -218,7 +238,8 @@ def parse_goals(raw: Mapping, problems: Problems) -> Goals:
                  slo_s=frozen_map(slo))
 
 
-def parse_trials(raw: Mapping, problems: Problems) -> Trials:
+def parse_trials(raw: Mapping[str, Any], problems: Problems) -> Trials:
+    """Repeats and their policy, with defaults from Trials."""
     d = Trials()
     t = Trials(
         repeats=raw.get("repeats", d.repeats), interleave=raw.get("interleave", d.interleave),
@@ -232,7 +253,8 @@ def parse_trials(raw: Mapping, problems: Problems) -> Trials:
     return t
 
 
-def parse_cost(raw: Mapping, problems: Problems) -> Cost:
+def parse_cost(raw: Mapping[str, Any], problems: Problems) -> Cost:
+    """Hourly prices in US dollars."""
     values = {}
     for key in ("gpu_usd_per_hour", "host_usd_per_hour"):
         if key in raw:
@@ -244,6 +266,7 @@ def parse_cost(raw: Mapping, problems: Problems) -> Cost:
 
 
 def parse_runtime(raw: Any, problems: Problems) -> RuntimeSpec:
+    """`runtime: docker` or its mapping form; docker when absent."""
     if raw is None:
         return RuntimeSpec()
     if isinstance(raw, str):

@@ -11,7 +11,13 @@ import os
 from pathlib import Path
 
 from llmplay.playbook.convert import (
-    parse_cost, parse_engine, parse_goals, parse_runtime, parse_steps, parse_trials, parse_workload,
+    parse_cost,
+    parse_engine,
+    parse_goals,
+    parse_runtime,
+    parse_steps,
+    parse_trials,
+    parse_workload,
 )
 from llmplay.playbook.extends import resolve_extends
 from llmplay.playbook.knobs import check_knobs
@@ -65,7 +71,7 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
 def load_workload(path: str | os.PathLike) -> tuple[Workload, Goals]:
     """`llmplay bench --workload FILE`: a whole playbook, or a file holding just a workload mapping."""
     file = Path(path).absolute()
-    data, sources, _ = read_yaml(file)
+    data, sources = read_yaml(file)
     if isinstance(data, dict) and "apiVersion" in data:
         pb = load_playbook(file)
         return pb.workload, pb.goals

@@ -11,11 +11,12 @@ from llmplay.playbook.problems import Problems, did_you_mean, short_repr
 from llmplay.playbook.source import YamlPath
 
 
-def playbook_schema() -> dict:
+def playbook_schema() -> dict[str, Any]:
+    """The JSON Schema of apiVersion llmplay/v1, read from the installed package."""
     return json.loads(resources.files("llmplay").joinpath("schemas/playbook.v1.json").read_text())
 
 
-def _is_strict_integer(checker: object, instance: object) -> bool:  # noqa: ARG001
+def _is_strict_integer(checker: object, instance: object) -> bool:
     # JSON Schema counts 4.0 as an integer; a playbook that writes `concurrency: 4.0` meant something else.
     return isinstance(instance, int) and not isinstance(instance, bool)
 
@@ -58,7 +59,8 @@ def _describe_expected(schema: dict, root: dict) -> str:
     return "a value matching the schema"
 
 
-def schema_problems(doc: dict, problems: Problems) -> None:
+def schema_problems(doc: dict[str, Any], problems: Problems) -> None:
+    """Every schema violation in `doc` as a problem: unknown keys with a suggestion, found vs expected otherwise."""
     root = playbook_schema()
     validator = _StrictValidator(root)
     for err in sorted(validator.iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
@@ -66,7 +68,7 @@ def schema_problems(doc: dict, problems: Problems) -> None:
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
             known = _known_properties(err.schema, root)
             for key in sorted(set(err.instance) - set(known), key=str):
-                problems.add(path + (str(key),), f"unknown key '{key}'{did_you_mean(str(key), known)}; "
+                problems.add((*path, str(key)), f"unknown key '{key}'{did_you_mean(str(key), known)}; "
                                                   f"expected one of: {', '.join(sorted(known))}")
         elif err.validator == "required":
             missing = err.message.split("'")[1] if "'" in err.message else err.message

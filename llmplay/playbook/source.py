@@ -14,12 +14,9 @@ from llmplay.errors import PlaybookError
 API_VERSION = "llmplay/v1"
 MAX_FILE_BYTES = 1 << 20
 MAX_EXPANDED_NODES = 100_000  # aliases may not multiply a document past this (billion laughs)
-YamlPath = tuple[str | int, ...]
-
+YamlPath = tuple[str | int, ...]  # keys and list indices from the document's root
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.$-]+$")
-
-
 _LINE_BREAKS = {ord(c): c.encode("unicode_escape").decode() for c in "\n\r\t\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
 
 
@@ -29,6 +26,7 @@ def one_line(text: str) -> str:
 
 
 def format_path(path: YamlPath) -> str:
+    """`workload.input`, `steps[0].set`; keys that are not plain words are quoted in brackets."""
     out = ""
     for part in path:
         if isinstance(part, str) and not _PLAIN_KEY.match(part):
@@ -53,12 +51,14 @@ class SourceMap:
     def __init__(self, entries: dict[YamlPath, Located] | None = None):
         self.entries = dict(entries or {})
 
-    def overlay(self, other: "SourceMap") -> "SourceMap":
+    def overlay(self, other: SourceMap) -> SourceMap:
+        """This map with `other`'s entries on top (a child playbook over its base)."""
         merged = dict(self.entries)
         merged.update(other.entries)
         return SourceMap(merged)
 
     def locate(self, path: YamlPath) -> Located:
+        """Where `path` was written, or its nearest written ancestor; file "?" when nothing was."""
         for cut in range(len(path), -1, -1):
             hit = self.entries.get(tuple(path[:cut]))
             if hit:
@@ -67,6 +67,7 @@ class SourceMap:
 
 
 def display_path(path: str) -> str:
+    """The path relative to the working directory when that is shorter to read; as given otherwise."""
     try:
         rel = os.path.relpath(path)
         return rel if not rel.startswith("../..") else path
@@ -75,6 +76,7 @@ def display_path(path: str) -> str:
 
 
 def located_error(file: str, line: int, message: str) -> PlaybookError:
+    """A one-line `FILE:LINE: message` error for problems found before there is a YAML path."""
     return PlaybookError(f"{display_path(file)}:{line}: {one_line(message)}")
 
 
@@ -100,8 +102,8 @@ def _check_nodes(node: yaml.Node, file: str) -> None:
                     if isinstance(k, yaml.ScalarNode):
                         if k.value in seen:
                             raise located_error(file, k.start_mark.line + 1,
-                                        f"duplicate key '{k.value}' (first at line {seen[k.value]}); "
-                                        "expected each key once")
+                                                f"duplicate key '{k.value}' (first at line {seen[k.value]}); "
+                                                "expected each key once")
                         seen[k.value] = k.start_mark.line + 1
             stack.append((current, True))
             stack.extend((c, False) for c in children if id(c) not in sizes)
@@ -109,11 +111,12 @@ def _check_nodes(node: yaml.Node, file: str) -> None:
             sizes[key] = 1 + sum(sizes.get(id(c), 1) for c in children)
             if sizes[key] > MAX_EXPANDED_NODES:
                 raise located_error(file, current.start_mark.line + 1,
-                            f"document expands to more than {MAX_EXPANDED_NODES} nodes through aliases; "
-                            "expected a plain playbook (no alias bombs)")
+                                    f"document expands to more than {MAX_EXPANDED_NODES} nodes through aliases; "
+                                    "expected a plain playbook (no alias bombs)")
 
 
 def _line_map(node: yaml.Node, file: str) -> SourceMap:
+    """Every key and list item's line; shared (aliased) nodes are walked once per path, within the node cap."""
     entries: dict[YamlPath, Located] = {}
     stack: list[tuple[yaml.Node, YamlPath]] = [(node, ())]
     visited: set[tuple[int, YamlPath]] = set()
@@ -125,18 +128,18 @@ def _line_map(node: yaml.Node, file: str) -> SourceMap:
         entries.setdefault(path, Located(file, current.start_mark.line + 1))
         if isinstance(current, yaml.MappingNode):
             for k, v in current.value:
-                child = path + (str(k.value),)
+                child = (*path, str(k.value))
                 entries[child] = Located(file, k.start_mark.line + 1)
                 stack.append((v, child))
         elif isinstance(current, yaml.SequenceNode):
             for i, v in enumerate(current.value):
-                entries[path + (i,)] = Located(file, v.start_mark.line + 1)
-                stack.append((v, path + (i,)))
+                entries[(*path, i)] = Located(file, v.start_mark.line + 1)
+                stack.append((v, (*path, i)))
     return SourceMap(entries)
 
 
-def read_yaml(path: Path) -> tuple[Any, SourceMap, str]:
-    """Safe-load one file; returns (data, line map, text)."""
+def read_yaml(path: Path) -> tuple[Any, SourceMap]:
+    """Safe-load one file: (data, line map); every failure is a one-line PlaybookError naming the file."""
     file = str(path)
     try:
         raw = path.read_bytes()
@@ -173,4 +176,4 @@ def read_yaml(path: Path) -> tuple[Any, SourceMap, str]:
     finally:
         if loader is not None:
             loader.dispose()
-    return data, _line_map(node, file), text
+    return data, _line_map(node, file)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import io
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib import rcParams
@@ -101,7 +101,7 @@ def _ms(ax, axis: str = "x") -> None:
 def latency_cdfs(panels: Sequence[tuple[str, Mapping[str, np.ndarray]]], width_in: float = 9.0) -> str:
     """One CDF panel per metric (title, {label: values in seconds}); x in ms, log scale when the range is wide."""
     fig, axes = _figure(width_in, 2.4, ncols=max(len(panels), 1))
-    for ax, (title, series) in zip(axes, panels):
+    for ax, (title, series) in zip(axes, panels, strict=False):
         ax.set_title(title)
         drawn = False
         for label, values in series.items():
@@ -110,7 +110,7 @@ def latency_cdfs(panels: Sequence[tuple[str, Mapping[str, np.ndarray]]], width_i
                 continue
             y = np.arange(1, values.size + 1) / values.size
             x, y = _thin(values, y)
-            color = ROLE_COLORS.get(label.split(" ")[0], None)
+            color = ROLE_COLORS.get(label.split(" ")[0])
             ax.step(x, y, where="post", label=f"{label} (n={values.size})", color=color, linewidth=1.4)
             drawn = True
         if not drawn:
@@ -145,7 +145,7 @@ def trial_points(title: str, unit_label: str, points: Sequence[tuple[str, str, f
         xs = i + np.linspace(-0.12, 0.12, len(vals)) if len(vals) > 1 else np.array([float(i)])
         ax.scatter(xs, vals, color=ROLE_COLORS[role], s=28, zorder=3)
         ax.hlines(vals.mean(), i - 0.25, i + 0.25, color=ROLE_COLORS[role], linewidth=1.2)
-        for x, v, tid in zip(xs, vals, ids):
+        for x, v, tid in zip(xs, vals, ids, strict=True):
             ax.annotate(tid, (x, v), textcoords="offset points", xytext=(5, 0), fontsize=7, color="#555555",
                         va="center")
     ax.set_xticks(range(len(roles)), roles)
@@ -180,7 +180,7 @@ def over_time(series: Sequence[tuple[str, str, np.ndarray, np.ndarray, np.ndarra
     ax_tp.set_ylabel("tok/s")
     ax_lat.set_xlabel("s since the measured window began")
     _ms(ax_lat, "y")
-    handles, labels = ax_tp.get_legend_handles_labels()
+    _, labels = ax_tp.get_legend_handles_labels()
     if len(labels) <= 8:
         ax_tp.legend(loc="lower right", ncols=2)
     return to_svg(fig)
@@ -191,7 +191,7 @@ def telemetry_panels(panels: Sequence[tuple[str, str, Sequence[tuple[str, str, n
                      width_in: float = 9.0) -> str:
     """Small multiples (title, y label, [(role, trial_id, t_s, value)]); an empty panel says "not measured"."""
     fig, axes = _figure(width_in, 2.3, ncols=max(len(panels), 1))
-    for ax, (title, ylabel, lines) in zip(axes, panels):
+    for ax, (title, ylabel, lines) in zip(axes, panels, strict=False):
         ax.set_title(title)
         if not lines:
             _not_measured(ax)
@@ -212,10 +212,10 @@ def memory_bar(parts: Sequence[tuple[str, float]], capacity_bytes: float | None,
     total = sum(v for _, v in parts)
     # against a host's RAM a tiny model is a sliver: then the bar is scaled to itself and the capacity named
     on_scale = bool(capacity_bytes) and total >= 0.05 * float(capacity_bytes or 0)
-    top = max(total, float(capacity_bytes) if on_scale else 0.0)
+    top = max(total, float(capacity_bytes or 0) if on_scale else 0.0)
     unit, div = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
     left = 0.0
-    for (label, value), color in zip(parts, colors):
+    for (label, value), color in zip(parts, colors, strict=False):
         ax.barh([0], [value / div], left=left, color=color, label=f"{label} {value / div:.3g} {unit}", height=0.5)
         left += value / div
     if capacity_bytes and on_scale:
@@ -256,7 +256,7 @@ def roofline_bar(floor_s: float, achieved_s: float | None, width_in: float = 5.2
 def histograms(panels: Sequence[tuple[str, str, np.ndarray]], width_in: float = 9.0) -> str:
     """Workload shape: one histogram per panel (title, x label, values)."""
     fig, axes = _figure(width_in, 2.3, ncols=max(len(panels), 1))
-    for ax, (title, xlabel, values) in zip(axes, panels):
+    for ax, (title, xlabel, values) in zip(axes, panels, strict=False):
         ax.set_title(title)
         values = np.asarray(values, dtype=float)
         values = values[np.isfinite(values)]

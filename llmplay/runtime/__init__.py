@@ -5,6 +5,8 @@ from typing import Any
 
 from llmplay.errors import PlaybookError
 from llmplay.runtime.base import Endpoint, Runtime, live_runtimes, stop_all
+from llmplay.runtime.endpoint import EndpointRuntime
+from llmplay.runtime.process import ProcessRuntime
 from llmplay.spec import RuntimeSpec
 
 KINDS = ("docker", "process", "endpoint")
@@ -20,20 +22,16 @@ def make_runtime(kind: str | RuntimeSpec = "docker", **kwargs: Any) -> Runtime:
         if kind == "endpoint" and spec.url:
             kwargs.setdefault("url", spec.url)
     if kind == "docker":
-        from llmplay.runtime.docker import DockerRuntime
+        from llmplay.runtime.docker import DockerRuntime  # deferred: the docker SDK loads only for this runtime
 
         return DockerRuntime(**kwargs)
     if kind == "process":
-        from llmplay.runtime.process import ProcessRuntime
-
         return ProcessRuntime(**kwargs)
     if kind == "endpoint":
-        from llmplay.runtime.endpoint import EndpointRuntime
-
         if not kwargs.get("url"):
             raise PlaybookError("runtime endpoint needs url: http://HOST:PORT of the running engine")
         return EndpointRuntime(**kwargs)
     raise PlaybookError(f"unknown runtime '{kind}'; expected one of: {', '.join(KINDS)}")
 
 
-__all__ = ["Endpoint", "KINDS", "Runtime", "live_runtimes", "make_runtime", "stop_all"]
+__all__ = ["KINDS", "Endpoint", "Runtime", "live_runtimes", "make_runtime", "stop_all"]

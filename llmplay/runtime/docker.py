@@ -2,20 +2,24 @@
 plus `gc()` for containers an earlier llmplay process left behind."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import socket
 import threading
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import docker
 import docker.errors
 import docker.types
 
 from llmplay.engines.base import Engine
+from llmplay.engines.llamacpp import CPU_IMAGE
 from llmplay.errors import InfrastructureError
+from llmplay.runtime import dockerd
 from llmplay.runtime.base import Endpoint, Runtime, free_port, probe_version, tail_lines, wait_healthy
 from llmplay.spec import EngineSpec
 
@@ -30,8 +34,6 @@ CPU_IMAGE_HINT = "build it: `llmplay engine build-cpu` (or scripts/cpu-engine.sh
 
 def connect(docker_host: str | None = None, timeout_s: float = 120.0) -> Any:
     """A client for a daemon that answers, or an InfrastructureError saying how to start one."""
-    from llmplay.runtime import dockerd
-
     if docker_host:
         try:
             client = docker.DockerClient(base_url=docker_host, timeout=int(timeout_s))
@@ -57,9 +59,8 @@ def _is_gpu_error(exc: Exception) -> bool:
     return "device driver" in text or "nvidia" in text or "capabilities: [[gpu]]" in text
 
 
-def _image_hint(image: str) -> str:
-    from llmplay.engines.llamacpp import CPU_IMAGE
-
+def image_hint(image: str) -> str:
+    """How to get a missing image: build the CPU one, pull any other."""
     return CPU_IMAGE_HINT if image == CPU_IMAGE else f"pull it: `docker pull {image}`"
 
 
@@ -96,10 +97,8 @@ class DockerRuntime(Runtime):
         except BaseException:
             if self.container is None and self._client is not None:
                 # Interrupted between create and start (or the start failed): find it by its label.
-                try:
+                with contextlib.suppress(Exception):
                     self._remove_instance(self._instance)
-                except Exception:
-                    pass
             self.stop()
             raise
 
@@ -108,7 +107,7 @@ class DockerRuntime(Runtime):
         try:
             image = client.images.get(image_ref)
         except docker.errors.ImageNotFound:
-            raise InfrastructureError(f"image {image_ref} not found locally; {_image_hint(image_ref)}") from None
+            raise InfrastructureError(f"image {image_ref} not found locally; {image_hint(image_ref)}") from None
         except docker.errors.APIError as exc:
             raise InfrastructureError(f"Docker could not inspect image {image_ref}: {exc.explanation or exc}") from None
 
@@ -121,10 +120,10 @@ class DockerRuntime(Runtime):
         all_labels.update({LABEL_INSTANCE: instance, LABEL_PID: str(os.getpid()), LABEL_HOST: socket.gethostname(),
                            "llmplay.engine": engine.kind})
         all_labels.setdefault(LABEL_RUN, "adhoc")
-        kwargs: dict[str, Any] = dict(
-            command=command, detach=True, labels=all_labels, name=f"llmplay-{engine.kind}-{instance}",
-            environment=dict(spec.env), device_requests=_gpu_requests(spec.gpus) or None,
-        )
+        kwargs: dict[str, Any] = {
+            "command": command, "detach": True, "labels": all_labels, "name": f"llmplay-{engine.kind}-{instance}",
+            "environment": dict(spec.env), "device_requests": _gpu_requests(spec.gpus) or None,
+        }
         if spec.shm_size:
             kwargs["shm_size"] = spec.shm_size
         if spec.ipc_mode:
@@ -178,10 +177,8 @@ class DockerRuntime(Runtime):
 
     def _remove_instance(self, instance: str) -> None:
         for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}):
-            try:
+            with contextlib.suppress(docker.errors.NotFound):
                 c.remove(force=True)
-            except docker.errors.NotFound:
-                pass
 
     def logs(self, tail: int | None = None) -> str:
         container = self.container
@@ -200,14 +197,10 @@ class DockerRuntime(Runtime):
             container = self.container
             try:
                 if container is not None:
-                    try:
+                    with contextlib.suppress(docker.errors.APIError):
                         container.stop(timeout=STOP_TIMEOUT_S)
-                    except docker.errors.APIError:
-                        pass
-                    try:
+                    with contextlib.suppress(docker.errors.APIError):
                         self._final_logs = container.logs(stdout=True, stderr=True).decode("utf-8", errors="replace")
-                    except docker.errors.APIError:
-                        pass
                     try:
                         container.remove(force=True)
                     except docker.errors.NotFound:

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from llmplay.errors import InfrastructureError
+from llmplay.runtime.cache import default_cache_dir
 
-DEFAULT_CACHE = Path(os.environ.get("LLMPLAY_CACHE", "~/.cache/llmplay")).expanduser()
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 START_HINT = "start it with `sudo dockerd &` (or `sudo systemctl start docker`), or install it: `sudo apt-get install -y docker.io`"
 
 
 def _client(timeout_s: float = 10.0) -> Any:
-    import docker
+    import docker  # deferred: the docker SDK (requests, urllib3) loads only when a daemon is asked for
 
     return docker.from_env(timeout=int(max(timeout_s, 1)))
 
@@ -77,7 +77,7 @@ def ensure_dockerd(cache_dir: Path | str | None = None, timeout_s: float = 60.0)
         raise InfrastructureError(f"no Docker daemon answers and `dockerd` is not installed; {START_HINT}")
     if os.geteuid() != 0:
         raise InfrastructureError(f"no Docker daemon answers and only root may start one; {START_HINT}")
-    cache = Path(cache_dir or DEFAULT_CACHE).expanduser()
+    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     log_path = cache / "dockerd.log"
     with open(log_path, "ab") as log:

@@ -1,7 +1,8 @@
 """The endpoint runtime: an engine someone else already runs at a URL; llmplay only checks and measures it."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from llmplay.engines.base import Engine
 from llmplay.errors import PlaybookError

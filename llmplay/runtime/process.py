@@ -2,6 +2,7 @@
 killed as a group (bare-metal installs, Slurm nodes without Docker)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -10,9 +11,10 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import psutil
 
@@ -34,7 +36,7 @@ def _bind_loopback(argv: list[str], host: str) -> list[str]:
     return out
 
 
-def _host_model(spec: EngineSpec, engine: Engine) -> EngineSpec:
+def host_model(spec: EngineSpec, engine: Engine) -> EngineSpec:
     """A model path written as the container sees it (/models/...) maps to model_dir on the host."""
     if spec.model_dir and spec.model.startswith(engine.model_path_in_container):
         rest = spec.model[len(engine.model_path_in_container):].lstrip("/")
@@ -58,7 +60,7 @@ class ProcessRuntime(Runtime):
     def start(self, spec: EngineSpec, engine: Engine, labels: Mapping[str, str] | None = None) -> Endpoint:
         if self.proc is not None:
             raise RuntimeError("this ProcessRuntime already runs an engine; use one runtime per start")
-        spec = _host_model(spec, engine)
+        spec = host_model(spec, engine)
         port = spec.port or free_port(self.bind_host)
         argv = _bind_loopback(engine.process_argv(spec, port), self.bind_host)
         if not argv:
@@ -129,10 +131,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     except psutil.Error:
         stragglers = []
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
-        except ProcessLookupError:
-            pass
         try:
             proc.wait(timeout=STOP_TIMEOUT_S if sig == signal.SIGTERM else 5)
             break
@@ -145,7 +145,5 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             child.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except psutil.Error:
             pass
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)  # anything of the group still around
-    except (ProcessLookupError, PermissionError):
-        pass

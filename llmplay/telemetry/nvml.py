@@ -1,7 +1,9 @@
 """GPU telemetry through NVML (pynvml): memory, utilization, clocks, power, and Hopper GPM metrics."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from llmplay.telemetry.sampler import Reading, add_note
 
@@ -36,7 +38,7 @@ class NvmlSource:
     def start(self) -> bool:
         if self._nvml is None:
             try:
-                import pynvml  # package nvidia-ml-py
+                import pynvml  # deferred: loads libnvidia-ml bindings; a test passes a fake (package nvidia-ml-py)
             except ImportError as e:
                 add_note(self.notes, f"no NVML: pynvml not installed ({e}); install nvidia-ml-py")
                 return False
@@ -75,8 +77,8 @@ class NvmlSource:
             self.close()
             return False
         for i, h in self._handles.items():
-            self.info[f"gpu{i}.name"] = self._try(i, "name", lambda: _text(nv.nvmlDeviceGetName(h))) or "?"
-            mem = self._try(i, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+            self.info[f"gpu{i}.name"] = _text(self._try(i, "name", nv.nvmlDeviceGetName, h) or "?")
+            mem = self._try(i, "memory", nv.nvmlDeviceGetMemoryInfo, h)
             if mem is not None:
                 self.info[f"gpu{i}.memory_total_bytes"] = str(int(mem.total))
             self._start_gpm(i, h)
@@ -88,10 +90,8 @@ class NvmlSource:
         nv = self._nvml
         for pair in self._gpm.values():
             for s in pair:
-                try:
+                with contextlib.suppress(Exception):  # freeing at shutdown; nothing useful to report
                     nv.nvmlGpmSampleFree(s)
-                except Exception:
-                    pass  # freeing at shutdown; nothing useful to report
         self._gpm.clear()
         try:
             nv.nvmlShutdown()
@@ -102,12 +102,12 @@ class NvmlSource:
         return {i: self.info.get(f"gpu{i}.name", "?") for i in self._handles}
 
     # -- reading ---------------------------------------------------------------------
-    def _try(self, gpu: int, what: str, fn: Any) -> Any:
-        """Call one NVML query; a NotSupported (or any) error disables that query for that GPU, noted once."""
+    def _try(self, gpu: int, what: str, query: Callable[..., Any], *args: Any) -> Any:
+        """`query(*args)`, one NVML query; a NotSupported (or any) error disables it for that GPU, noted once."""
         if (gpu, what) in self._unsupported:
             return None
         try:
-            return fn()
+            return query(*args)
         except Exception as e:
             self._unsupported.add((gpu, what))
             add_note(self.notes, f"NVML gpu{gpu}: {what} not measured ({e})")
@@ -163,24 +163,24 @@ class NvmlSource:
         nv = self._nvml
         out: list[Reading] = []
         for i, h in self._handles.items():
-            mem = self._try(i, "memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+            mem = self._try(i, "memory", nv.nvmlDeviceGetMemoryInfo, h)
             if mem is not None:
                 out += [Reading("memory.used_bytes", float(mem.used), i),
                         Reading("memory.total_bytes", float(mem.total), i)]
-            util = self._try(i, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+            util = self._try(i, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
             if util is not None:
                 out += [Reading("gpu.util_frac", util.gpu / 100.0, i),
                         Reading("gpu.mem_util_frac", util.memory / 100.0, i)]
-            sm = self._try(i, "sm clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+            sm = self._try(i, "sm clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
             if sm is not None:
                 out.append(Reading("gpu.sm_clock_mhz", float(sm), i))
-            mc = self._try(i, "memory clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
+            mc = self._try(i, "memory clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM)
             if mc is not None:
                 out.append(Reading("gpu.mem_clock_mhz", float(mc), i))
-            mw = self._try(i, "power", lambda: nv.nvmlDeviceGetPowerUsage(h))
+            mw = self._try(i, "power", nv.nvmlDeviceGetPowerUsage, h)
             if mw is not None:
                 out.append(Reading("gpu.power_w", float(mw) / 1000.0, i))  # NVML gives milliwatts
             if i in self._gpm:
-                got = self._try(i, "GPM", lambda: self._read_gpm(i, h))
+                got = self._try(i, "GPM", self._read_gpm, i, h)
                 out += got or []
         return out

@@ -35,7 +35,7 @@ class ProcessSource:
         if self._proc is None or self._gone:
             return []
         try:
-            tree = [self._proc] + self._proc.children(recursive=True)
+            tree = [self._proc, *self._proc.children(recursive=True)]
         except psutil.NoSuchProcess:
             self._gone = True
             add_note(self.notes, f"process {self.pid} exited during sampling")
@@ -83,7 +83,7 @@ class DockerStatsSource:
         c = self.container
         if isinstance(c, str):
             try:
-                import docker
+                import docker  # deferred: the docker SDK loads only when a container is named by id
 
                 c = (self.client or docker.from_env()).containers.get(c)
             except Exception as e:

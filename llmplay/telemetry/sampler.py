@@ -1,11 +1,13 @@
 """Background-thread sampling of telemetry sources into one immutable time series with a flat summary."""
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Iterable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # pandas is imported only when a frame is asked for
     import pandas as pd
@@ -75,9 +77,9 @@ class TelemetrySeries:
 
     COLUMNS = ("t_s", "source", "metric", "gpu", "value")
 
-    def to_frame(self) -> "pd.DataFrame":
+    def to_frame(self) -> pd.DataFrame:
         """Long format: one row per sample, columns t_s, source, metric, gpu, value."""
-        import pandas as pd
+        import pandas as pd  # deferred: pandas takes most of a second to import; only archiving asks for frames
 
         rows = [(s.t_s, s.source, s.metric, s.gpu, s.value) for s in self.samples]
         df = pd.DataFrame(rows, columns=list(self.COLUMNS))
@@ -86,11 +88,11 @@ class TelemetrySeries:
 
     @classmethod
     def from_frame(
-        cls, df: "pd.DataFrame", notes: Sequence[str] = (), info: Mapping[str, str] | None = None,
+        cls, df: pd.DataFrame, notes: Sequence[str] = (), info: Mapping[str, str] | None = None,
         duration_s: float | None = None,
-    ) -> "TelemetrySeries":
+    ) -> TelemetrySeries:
         """Rebuild a series from an archived frame, so an old run can be re-summarised."""
-        import pandas as pd
+        import pandas as pd  # deferred: as in to_frame
 
         samples = tuple(
             Sample(float(r.t_s), str(r.source), str(r.metric), float(r.value),
@@ -100,7 +102,7 @@ class TelemetrySeries:
         dur = duration_s if duration_s is not None else max((s.t_s for s in samples), default=0.0)
         return cls(samples, tuple(notes), dict(info or {}), dur)
 
-    def window(self, start_s: float | None = None, end_s: float | None = None) -> "TelemetrySeries":
+    def window(self, start_s: float | None = None, end_s: float | None = None) -> TelemetrySeries:
         """The samples in [start_s, end_s], e.g. the measured part of a trial without warm-up."""
         lo = 0.0 if start_s is None else start_s
         hi = self.duration_s if end_s is None else end_s
@@ -131,7 +133,7 @@ def _per_tick_total(rows: list[Sample]) -> list[float]:
 def counter_delta(values: Sequence[float]) -> float:
     """Increase of a counter over the window; a drop is a restart, after which counting resumes from 0."""
     total = 0.0
-    for prev, cur in zip(values, values[1:]):
+    for prev, cur in itertools.pairwise(values):
         total += cur - prev if cur >= prev else cur
     return total
 
@@ -244,7 +246,7 @@ class TelemetrySampler:
             self._read_once(src)
         self._read_once(src)  # the closing reading, for counter deltas
 
-    def start(self) -> "TelemetrySampler":
+    def start(self) -> TelemetrySampler:
         self._t0_ns = time.perf_counter_ns()
         for src in self.sources:
             try:
@@ -288,7 +290,7 @@ class TelemetrySampler:
             raise RuntimeError("TelemetrySampler.result() is available after the with-block ends")
         return self._result
 
-    def __enter__(self) -> "TelemetrySampler":
+    def __enter__(self) -> TelemetrySampler:
         return self.start()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:

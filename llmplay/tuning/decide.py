@@ -7,21 +7,19 @@ requests are resampled inside each trial (load noise), so both sources of spread
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
 
-from llmplay.catalog import METRICS, metric_info
 from llmplay.archive.model import FAILED, INCONCLUSIVE, KEPT, REJECTED, GateResult, MetricDelta
+from llmplay.catalog import METRICS, RECORD_METRICS, fmt_full, fmt_pct, label_of, metric_info
+from llmplay.metrics import good_mask, per_request_arrays, usd_per_1m_tokens
 from llmplay.spec import Gate, Goals, Trials
 
 PER_REQUEST = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "queue_wait")
-RECORD_METRICS = ("ttft.p50", "ttft.p95", "ttft.p99", "tpot.p95", "itl.p99", "e2el.p95",
-                  "throughput.output_tok_s", "throughput.req_s", "goodput.req_s", "errors.rate",
-                  "cost.usd_per_1m_tokens", "memory.peak_frac", "memory.kv_share")
-
 
 _WINDOWED = {"throughput.output_tok_s": ("output_tokens", "window_output_tokens"),
              "throughput.total_tok_s": ("total_tokens", "window_total_tokens"),
@@ -44,8 +42,6 @@ class TrialSample:
 
 def sample_from_records(records: Any, duration_s: float, summary: Mapping[str, float],
                         slo_s: Mapping[str, float], price_usd_per_hour: float) -> TrialSample:
-    from llmplay.metrics import good_mask, per_request_arrays
-
     measured = records[~records["is_warmup"].astype(bool)] if "is_warmup" in records else records
     ok = measured[measured["error_kind"].isna()] if "error_kind" in measured else measured
     arrays = {k: np.asarray(v, dtype=float) for k, v in per_request_arrays(measured).items()}
@@ -116,9 +112,9 @@ def _value(samples: Sequence[TrialSample], metric: str, pick: Callable[[TrialSam
         total = sum(s.n_requests for s in samples)
         return float(sum(s.n_errors for s in samples) / total) if total else None
     if metric == "cost.usd_per_1m_tokens":
-        price = np.mean([s.price_usd_per_hour for s in samples])
-        tok_s = _value(samples, "throughput.output_tok_s", pick)
-        return float(price / (tok_s * 3600) * 1e6) if price > 0 and tok_s else None
+        price = float(np.mean([s.price_usd_per_hour for s in samples]))
+        cost = usd_per_1m_tokens(price, _value(samples, "throughput.output_tok_s", pick))
+        return None if cost is None else float(cost)
     observed = [s.scalars[metric] for s in samples if metric in s.scalars]
     return float(np.mean(observed)) if observed else None
 
@@ -189,17 +185,29 @@ def _improvement(delta: MetricDelta, lower_better: bool) -> tuple[float, float, 
     return point, min(lo, hi), max(lo, hi)
 
 
-def _pct(x: float) -> str:
-    return f"{x * 100:+.1f}%"
-
-
 def describe_delta(delta: MetricDelta) -> str:
-    info = metric_info(delta.metric)
-    label = info.label if info else delta.metric
+    label = label_of(delta.metric)
     if delta.rel_change is None:
         return f"{label} not comparable"
-    ci = f" [{_pct(delta.ci_low)}, {_pct(delta.ci_high)}]" if delta.ci_low is not None else ""
-    return f"{label} {_pct(delta.rel_change)}{ci}"
+    ci = f" [{fmt_pct(delta.ci_low)}, {fmt_pct(delta.ci_high)}]" if delta.ci_low is not None else ""
+    return f"{label} {fmt_pct(delta.rel_change)}{ci}"
+
+
+def regressed_beyond(delta: MetricDelta, lower_is_better: bool, tolerance: float) -> bool:
+    """The guard rule: worse than `tolerance` (relative), with the CI's best case still worse, so noise alone never
+    fails a guard. From a baseline of exactly 0 a relative tolerance cannot apply: any worsening counts."""
+    a, b = delta.baseline, delta.candidate
+    if a is None or b is None:
+        return False
+    if delta.rel_change is None:
+        return (b > a) if lower_is_better else (b < a)
+    worse_by = delta.rel_change if lower_is_better else -delta.rel_change
+    if worse_by <= tolerance:
+        return False
+    if delta.ci_low is None or delta.ci_high is None:
+        return True
+    best_case = min(delta.ci_low, delta.ci_high) if lower_is_better else -max(delta.ci_low, delta.ci_high)
+    return best_case > 0
 
 
 @dataclass(frozen=True)
@@ -238,15 +246,11 @@ def decide_step(a: Sequence[TrialSample], b: Sequence[TrialSample], goals: Goals
                         obj, guard_deltas, record, MIN_TRIALS_TO_DECIDE - min(len(a), len(b)))
 
     regressed = []
-    for guard, delta in zip(goals.guards, guard_deltas):
-        if delta.rel_change is None:
-            continue
-        worse = delta.rel_change if guard.direction == "minimize" else -delta.rel_change
-        ci_worse_low = (min(delta.ci_low, delta.ci_high) if guard.direction == "minimize"
-                        else -max(delta.ci_low, delta.ci_high)) if delta.ci_low is not None else worse
-        # A guard fails only when the regression is beyond tolerance and not explainable as noise.
-        if worse > guard.tolerance and ci_worse_low > 0:
-            regressed.append(f"{describe_delta(delta)} beyond its {guard.tolerance:.0%} tolerance")
+    for guard, delta in zip(goals.guards, guard_deltas, strict=True):
+        if regressed_beyond(delta, guard.direction == "minimize", guard.tolerance):
+            change = describe_delta(delta) if delta.rel_change is not None else \
+                f"{label_of(delta.metric)} from 0 to {fmt_full(delta.metric, delta.candidate)},"
+            regressed.append(f"{change} beyond its {guard.tolerance:.0%} tolerance")
     guard_text = "; ".join(regressed) if regressed else "no guard regressed"
     head = f"{describe_delta(obj)}, {guard_text}"
 

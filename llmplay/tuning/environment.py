@@ -7,6 +7,8 @@ import socket
 import sys
 from typing import Any
 
+import pynvml
+
 from llmplay import __version__
 from llmplay.runtime.docker import connect
 from llmplay.spec import Playbook
@@ -17,7 +19,7 @@ def _docker_version(playbook: Playbook) -> str | None:
         return None
     try:
         return str(connect(playbook.runtime.docker_host, timeout_s=10).version().get("Version"))
-    except Exception:  # noqa: BLE001 - the header then says "Docker —"; the run itself reports real failures
+    except Exception:  # the header then says "Docker —"; the run itself reports real failures
         return None
 
 
@@ -31,11 +33,10 @@ def describe_environment(playbook: Playbook, *, started_utc: str) -> dict[str, A
 
 def gpu_inventory(nvml: Any = None) -> dict[str, Any] | None:
     """GPU model, driver and CUDA version for the archive header; None on a machine without NVML."""
+    nvml = pynvml if nvml is None else nvml
     try:
-        if nvml is None:
-            import pynvml as nvml
         nvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver/library is the normal CPU case; the report says "CPU only"
+    except Exception:  # no driver/library is the normal CPU case; the report says "CPU only"
         return None
     try:
         count = nvml.nvmlDeviceGetCount()
@@ -43,10 +44,10 @@ def gpu_inventory(nvml: Any = None) -> dict[str, Any] | None:
         cuda = nvml.nvmlSystemGetCudaDriverVersion()
         return {"name": names[0] if names else None, "names": names, "count": count,
                 "driver": str(nvml.nvmlSystemGetDriverVersion()), "cuda": f"{cuda // 1000}.{cuda % 1000 // 10}"}
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # any NVML failure is reported in the header, never fatal to the run
         return {"error": f"NVML query failed: {exc}"}
     finally:
         try:
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:  # shutting down is best effort; the inventory is already taken
             pass

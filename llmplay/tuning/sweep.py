@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import httpx
 
 from llmplay.errors import InfrastructureError
-from llmplay.loadgen.send import LoadResult, run_load_sync
+from llmplay.loadgen.records import LoadResult
+from llmplay.loadgen.runner import run_load_sync
+from llmplay.loadgen.tokenizer import Tokenizer, make_tokenizer
+from llmplay.loadgen.workload import PlannedRequest, iter_requests
 from llmplay.metrics import Summary, summarize
 from llmplay.spec import Workload
-from llmplay.loadgen.tokenizer import Tokenizer, make_tokenizer
-from llmplay.loadgen.workload import iter_requests
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ def run_bench(url: str, workload: Workload, *, model: str | None = None, json_pa
     """Run one workload against `url` and summarize it; writes the summary JSON to json_path if given."""
     model = model or discover_model(url)
     tok = make_tokenizer(tokenizer, url) if isinstance(tokenizer, str) else tokenizer
-    requests = iter_requests(workload, tok, model)
+    requests: Iterable[PlannedRequest] = iter_requests(workload, tok, model)
     if workload.num_requests is not None:
         requests = tuple(requests)  # bounded: build every prompt before the clock starts
     try:
@@ -73,47 +75,7 @@ def run_sweep(url: str, workload: Workload, **kwargs: Any) -> tuple[BenchResult,
     field = "concurrency" if workload.concurrency is not None else "rate"
     out = []
     for value in workload.sweep:
-        point = replace(workload, **{field: int(value) if field == "concurrency" else float(value)})
+        load: dict[str, Any] = {field: int(value) if field == "concurrency" else float(value)}
+        point = replace(workload, **load)
         out.append(run_bench(url, point, **{**kwargs, "json_path": None}))
     return tuple(out)
-
-
-def _ms(value: float | int | None) -> str:
-    return "-" if value is None else f"{value * 1000:.2f}"
-
-
-def _num(value: float | int | None) -> str:
-    return "-" if value is None else f"{value:,.2f}"
-
-
-def format_summary_table(summary: Summary) -> Any:
-    """A rich Table of the headline metrics: latencies in ms, then counts and rates."""
-    from rich import box
-    from rich.table import Table
-
-    v = summary.values
-    table = Table(title="llmplay bench (latencies in ms)", box=box.SIMPLE_HEAD,
-                  caption=f"tokenizer: {summary.tokenizer}; output tokens from {summary.output_tokens_source}")
-    table.add_column("metric", no_wrap=True)
-    stats = ("mean", "std", "p50", "p90", "p95", "p99")
-    for col in stats:
-        table.add_column(col, justify="right", no_wrap=True)
-    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"),
-                        ("ttft_nonstream", "TTFT non-stream")):
-        if v.get(f"{name}.p50") is not None:
-            table.add_row(label, *(_ms(v.get(f"{name}.{s}")) for s in stats))
-    table.add_section()
-    rows = [
-        ("completed / sent", f"{v['requests.completed']} / {v['requests.total']}"),
-        ("errors", f"{v['errors.count']} ({(v['errors.rate'] or 0) * 100:.1f}%)"),
-        ("duration s", _num(summary.duration_s)),
-        ("req/s", _num(v["throughput.req_s"])),
-        ("output tok/s", _num(v["throughput.output_tok_s"])),
-        ("total tok/s", _num(v["throughput.total_tok_s"])),
-        ("goodput req/s", _num(v["goodput.req_s"])),
-    ]
-    if v.get("schedule_lag.p99") is not None:
-        rows.append(("sched. lag p99 ms", _ms(v["schedule_lag.p99"])))
-    for label, value in rows:
-        table.add_row(label, value, *([""] * 5))
-    return table

@@ -1,20 +1,30 @@
-"""Feeding the diagnosis: model facts, memory, roofline and scheduler facts of the final configuration."""
+"""Diagnosing a run's final configuration from its trials: gathers model facts, memory, roofline and
+scheduler facts, then applies the checklist."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import psutil
 
-from llmplay.tuning.decide import TrialSample
 from llmplay.archive.model import to_plain
-from llmplay.spec import Config
-from llmplay.spec import Playbook
-
-# bytes per KV element by dtype name as engines spell them (llama.cpp block formats include their scales)
-KV_DTYPE_BYTES = {"auto": 2.0, "f16": 2.0, "fp16": 2.0, "bf16": 2.0, "float16": 2.0, "f32": 4.0,
-                  "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "int8": 1.0, "q8_0": 34 / 32,
-                  "q4_0": 18 / 32, "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
+from llmplay.runtime.cache import default_cache_dir
+from llmplay.runtime.cpu_image import model_path
+from llmplay.spec import Config, Playbook
+from llmplay.tuning.decide import TrialSample
+from llmplay.tuning.diagnose.checklist import diagnose, targets_from_gates
+from llmplay.tuning.diagnose.gpus import lookup_gpu
+from llmplay.tuning.diagnose.memory import KV_DTYPE_BYTES, MemoryBreakdown, memory_breakdown
+from llmplay.tuning.diagnose.model_facts import (
+    ModelFacts,
+    ModelFactsError,
+    model_facts_from_gguf,
+    model_facts_from_hf_config,
+)
+from llmplay.tuning.diagnose.roofline import Roofline, decode_roofline
+from llmplay.tuning.environment import gpu_inventory
 
 
 def model_file(config: Config) -> Path | None:
@@ -27,9 +37,8 @@ def model_file(config: Config) -> Path | None:
                 return candidate
     if spec.kind == "llamacpp":
         try:
-            from llmplay.runtime import cpu_image as cpuengine
-            path = cpuengine.model_path(cpuengine.default_cache_dir())
-        except Exception:  # noqa: BLE001 - no cached CPU model: diagnosis says the breakdown is unavailable
+            path = model_path(default_cache_dir())
+        except Exception:  # no usable cache directory: the diagnosis says the breakdown is unavailable
             return None
         return Path(path) if path and Path(path).is_file() else None
     return None
@@ -53,19 +62,11 @@ def _tokens_in_flight(config: Config, samples: Sequence[TrialSample]) -> float:
 
 def diagnose_run(playbook: Playbook, config: Config, samples: Sequence[TrialSample],
                  summary: Mapping[str, float]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    import psutil
-
-    from llmplay.tuning.diagnose.rules import (
-        ModelFactsError, decode_roofline, diagnose, memory_breakdown, model_facts_from_gguf,
-        model_facts_from_hf_config, targets_from_gates,
-    )
-    from llmplay.tuning.diagnose.gpus import lookup_gpu
-    from llmplay.tuning.environment import gpu_inventory
-
+    """Findings (plain dicts, most severe first) and the diagnosis (model, memory, roofline, scheduler, notes)."""
     telemetry = {k: v for s in samples for k, v in s.scalars.items()
                  if k.startswith(("gpu.", "engine.", "proc.", "memory."))}
     diagnosis: dict[str, Any] = {"notes": []}
-    facts = None
+    facts: ModelFacts | None = None
     path = model_file(config)
     try:
         if path is not None:
@@ -82,14 +83,15 @@ def diagnose_run(playbook: Playbook, config: Config, samples: Sequence[TrialSamp
     else:
         peak, capacity, device = telemetry.get("proc.rss_peak_bytes"), float(psutil.virtual_memory().total), "cpu"
         diagnosis["notes"].append("CPU engine: GPU utilization, bandwidth and roofline rules were not evaluated")
-    breakdown = roofline = None
+    breakdown: MemoryBreakdown | None = None
+    roofline: Roofline | None = None
     if facts is not None:
         diagnosis["model"] = to_plain(facts)
         kv_dtype = str(config.engine.args.get("kv_cache_dtype") or "auto").lower()
         kv_bytes = KV_DTYPE_BYTES.get(kv_dtype, 2.0)
         breakdown = memory_breakdown(facts, kv_bytes, _tokens_in_flight(config, samples), peak, capacity, device=device)
         diagnosis["memory"] = to_plain(breakdown)
-        spec = lookup_gpu(gpu["name"]) if on_gpu else None
+        spec = lookup_gpu(gpu["name"]) if on_gpu and gpu else None
         if spec is not None:
             kv_step = breakdown.kv_bytes / max(config.workload.concurrency or 1, 1)
             roofline = decode_roofline(facts.weight_bytes, kv_step * (config.workload.concurrency or 1),

@@ -1,171 +1,62 @@
-"""The run report: reads one archive (manifest + files) and writes a self-contained report.html beside it."""
+"""View models of one archived run: everything the report template shows, built from the archive alone.
+
+Strings, lists and inline SVG charts, so the template only lays them out; nothing here touches the network.
+"""
 from __future__ import annotations
 
 import json
-import math
 import re
-import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import yaml
 
-from llmplay.archive.store import REPORT_FILE, RESOLVED_FILE, RunArchive, atomic_write_text, gpu_label
-from llmplay.catalog import metric_info
-from llmplay.errors import ArchiveError
-from llmplay.report import charts
+from llmplay.archive.layout import PLAYBOOK_FILE, RESOLVED_FILE
 from llmplay.archive.model import TRIAL_OK, StepVerdict, TrialRecord
+from llmplay.archive.reader import ArchivedRun, gpu_label
+from llmplay.catalog import (
+    METRIC_DEFINITIONS,
+    PEAK_MEMORY_COLUMN,
+    REPORT_RECORD_COLUMNS,
+    fmt_bytes,
+    fmt_ci,
+    fmt_full,
+    fmt_pct,
+    fmt_value,
+    label_of,
+    metric_info,
+)
+from llmplay.metrics import per_request_arrays, request_timeline
+from llmplay.report import charts
 
 LOG_TAIL_LINES = 60
 _URL = re.compile(r"https?://[^\s,;]+")
-
-# (metric path, column header, short format kind) of the tuning record, as CHECKLIST §3 asks for
-RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("ttft.p50", "TTFT P50"), ("ttft.p95", "TTFT P95"), ("ttft.p99", "TTFT P99"), ("tpot.p95", "TPOT P95"),
-    ("itl.p99", "ITL P99"), ("e2el.p95", "E2EL P95"), ("throughput.output_tok_s", "output tok/s"),
-    ("throughput.req_s", "req/s"), ("goodput.req_s", "goodput req/s"), ("memory.peak", "peak memory"),
-    ("memory.kv_share", "KV share"), ("cost.usd_per_1m_tokens", "$ / 1M tok"), ("errors.rate", "errors"),
-)
-
-METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
-    ("TTFT", "request sent → first chunk carrying generated text (streamed requests)."),
-    ("E2EL", "request sent → last token-bearing chunk (not the usage-only chunk or [DONE])."),
-    ("TPOT", "per request (E2EL − TTFT) / (output tokens − 1), requests with more than one output token."),
-    ("ITL", "every gap between successive content chunks, pooled over requests."),
-    ("Output tokens", "the server's usage figures; counted from the stream where the server sent none "
-                      "(the trial notes say so)."),
-    ("Throughput", "completed requests, output tokens, and input + output tokens ÷ benchmark duration; "
-                   "the duration excludes warm-up."),
-    ("Goodput", "requests per second that met every per-request SLO."),
-    ("Percentiles", "P50/P90/P95/P99 with numpy's linear interpolation, never nearest-rank; means alone mislead."),
-    ("Errors", "HTTP errors, timeouts and truncated streams are counted and gated (errors.rate); "
-               "they never vanish from the sample."),
-    ("95% CI", "bootstrap over trials and requests of the candidate's relative change against the configuration "
-               "it was compared to; a step is kept only when the objective's CI clears zero and no guard regressed."),
-)
-
-
-# ---------------------------------------------------------------------------------------------- formatting
-def fmt_value(metric: str, value: float | None) -> str:
-    """Compact cell text: latencies in ms, fractions in %, throughput to one decimal; "—" when not measured."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "—"
-    info = metric_info(metric)
-    unit = info.unit if info else ""
-    if unit == "s":
-        ms = value * 1000
-        return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
-    if unit == "fraction":
-        return f"{value * 100:.1f}%" if value < 0.1 else f"{value * 100:.0f}%"
-    if unit == "usd":
-        return f"${value:.3g}"
-    if unit == "bytes":
-        return f"{value / 2**30:.2f} GiB"
-    if unit in ("tok/s", "req/s"):
-        return f"{value:.1f}" if value >= 1 else f"{value:.3g}"
-    return f"{value:.4g}"
-
-
-def fmt_full(metric: str, value: float | None) -> str:
-    info = metric_info(metric)
-    if value is None:
-        return "not measured"
-    return info.format(value) if info else f"{value:.4g}"
-
-
-def fmt_pct(x: float | None, signed: bool = True) -> str:
-    if x is None or not math.isfinite(x):
-        return "—"
-    return f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
-
-
-def fmt_ci(lo: float | None, hi: float | None) -> str:
-    if lo is None or hi is None:
-        return ""
-    return f"[{fmt_pct(lo)}, {fmt_pct(hi)}]"
-
-
-def label_of(metric: str) -> str:
-    info = metric_info(metric)
-    return info.label if info else metric
 
 
 def arrow(change: str) -> str:
     return change.replace(" -> ", " → ")
 
 
-def fmt_bytes(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value / 2**30:.2f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.1f} MiB"
-
-
 # ---------------------------------------------------------------------------------------------- records
 @dataclass(frozen=True)
-class RequestArrays:
-    """Per-request values of one trial's measured, completed requests (DESIGN.md definitions), seconds."""
+class TrialRequests:
+    """One trial's measured requests as the charts need them, computed by llmplay.metrics."""
 
-    ttft: np.ndarray
-    tpot: np.ndarray
-    itl: np.ndarray
-    e2el: np.ndarray
-    end_t: np.ndarray  # completion time since the first measured send
-    ttft_t: np.ndarray  # TTFT aligned with end_t (NaN for non-streamed)
-    output_tokens: np.ndarray
-    input_tokens: np.ndarray
-    gaps: np.ndarray  # inter-send gaps of measured requests
+    latency_s: Mapping[str, np.ndarray]  # per_request_arrays: ttft, tpot, itl (pooled), e2el, ... seconds
+    timeline: Mapping[str, np.ndarray]  # request_timeline: done_s, ttft, input/output tokens; send_gap_s
 
     @classmethod
-    def empty(cls) -> "RequestArrays":
-        e = np.array([], dtype=float)
-        return cls(e, e, e, e, e, e, e, e, e)
+    def empty(cls) -> TrialRequests:
+        return cls.of(None)
 
-
-def _col(df: Any, name: str) -> np.ndarray | None:
-    if name not in df.columns:
-        return None
-    import pandas as pd
-
-    return pd.to_numeric(df[name], errors="coerce").astype("float64").to_numpy()
-
-
-def request_arrays(df: Any) -> RequestArrays:
-    """Tolerant of missing or extra columns: what cannot be computed is simply empty."""
-    if df is None or not len(df) or "sent_ns" not in df.columns:
-        return RequestArrays.empty()
-    if "is_warmup" in df.columns:
-        df = df[~df["is_warmup"].astype(bool)]
-    sent_all = _col(df, "sent_ns")
-    gaps = np.diff(np.sort(sent_all[np.isfinite(sent_all)])) / 1e9 if sent_all is not None else np.array([])
-    if "error_kind" in df.columns:
-        df = df[df["error_kind"].isna()]
-    if not len(df):
-        return RequestArrays.empty()
-    sent, first, end = _col(df, "sent_ns"), _col(df, "first_chunk_ns"), _col(df, "end_ns")
-    out_tok = _col(df, "output_tokens")
-    in_tok = _col(df, "input_tokens")
-    n = len(df)
-    stream = df["stream"].astype(bool).to_numpy() if "stream" in df.columns else np.ones(n, dtype=bool)
-    end = end if end is not None else np.full(n, np.nan)
-    first = first if first is not None else np.full(n, np.nan)
-    e2el = (end - sent) / 1e9
-    ttft_all = np.where(stream, (first - sent) / 1e9, np.nan)
-    out_tok = out_tok if out_tok is not None else np.full(n, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot_all = np.where(stream & (out_tok > 1), (e2el - ttft_all) / (out_tok - 1), np.nan)
-    itl: list[np.ndarray] = []
-    if "chunk_ns" in df.columns:
-        for chunks, is_stream in zip(df["chunk_ns"], stream):
-            if is_stream and chunks is not None and len(chunks) > 1:
-                itl.append(np.diff(np.asarray(chunks, dtype=np.int64)) / 1e9)
-    t0 = np.nanmin(sent_all) if sent_all is not None and np.isfinite(sent_all).any() else np.nanmin(sent)
-    ok = np.isfinite(e2el)
-    return RequestArrays(
-        ttft=ttft_all[np.isfinite(ttft_all)], tpot=tpot_all[np.isfinite(tpot_all)],
-        itl=np.concatenate(itl) if itl else np.array([], dtype=float), e2el=e2el[ok],
-        end_t=((end - t0) / 1e9)[ok], ttft_t=ttft_all[ok], output_tokens=np.nan_to_num(out_tok[ok]),
-        input_tokens=in_tok[ok] if in_tok is not None else np.array([], dtype=float), gaps=gaps)
+    @classmethod
+    def of(cls, records: Any) -> TrialRequests:
+        """From an archived records frame; tolerant of missing or extra columns (what cannot be computed is empty)."""
+        if records is None or not len(records):
+            records = ()
+        return cls(per_request_arrays(records), request_timeline(records))
 
 
 def _concat(arrays: Iterable[np.ndarray]) -> np.ndarray:
@@ -174,25 +65,26 @@ def _concat(arrays: Iterable[np.ndarray]) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- the model
-class _Run:
-    """The archive plus lazily loaded per-trial data, shared by all sections."""
+class _ArchivedRunData:
+    """One archived run's manifest, trials, configurations and verdicts as values, each trial's requests read from
+    disk once (several sections chart them) and its telemetry on demand; every section reads through it."""
 
-    def __init__(self, archive: RunArchive):
+    def __init__(self, archive: ArchivedRun):
         self.archive = archive
         self.manifest = archive.manifest()
         self.trials = {t.trial_id: t for t in archive.trials()}
         self.configs = {c.config_id: c for c in archive.configs()}
         self.verdicts = archive.verdicts()
-        self._arrays: dict[str, RequestArrays] = {}
+        self._requests: dict[str, TrialRequests] = {}
 
-    def arrays(self, trial_id: str) -> RequestArrays:
-        if trial_id not in self._arrays:
+    def requests(self, trial_id: str) -> TrialRequests:
+        if trial_id not in self._requests:
             trial = self.trials.get(trial_id)
             if trial is None or "records" not in trial.files:
-                self._arrays[trial_id] = RequestArrays.empty()
+                self._requests[trial_id] = TrialRequests.empty()
             else:
-                self._arrays[trial_id] = request_arrays(self.archive.load_records(trial_id))
-        return self._arrays[trial_id]
+                self._requests[trial_id] = TrialRequests.of(self.archive.load_records(trial_id))
+        return self._requests[trial_id]
 
     def telemetry(self, trial_id: str) -> Any:
         trial = self.trials.get(trial_id)
@@ -209,7 +101,7 @@ class _Run:
         return len(gpus) if isinstance(gpus, (list, tuple)) else int(gpus)
 
 
-def _engine_facts(run: _Run) -> dict[str, str]:
+def _engine_facts(run: _ArchivedRunData) -> dict[str, str]:
     final = run.manifest.get("final_config_id")
     described = [t for t in run.trials.values() if t.engine_describe]
     chosen = [t for t in described if t.config_id == final] or described
@@ -224,7 +116,7 @@ def _engine_facts(run: _Run) -> dict[str, str]:
             "model": str(engine.get("model") or ""), "images": ", ".join(images)}
 
 
-def _header(run: _Run) -> dict[str, Any]:
+def _header(run: _ArchivedRunData) -> dict[str, Any]:
     m = run.manifest
     env = m.get("environment") or {}
     gpu = env.get("gpu") if isinstance(env.get("gpu"), dict) else None
@@ -253,7 +145,7 @@ def _header(run: _Run) -> dict[str, Any]:
     }
 
 
-def _glance(run: _Run) -> dict[str, Any]:
+def _glance(run: _ArchivedRunData) -> dict[str, Any]:
     gates = []
     for g in run.archive.gates():
         state = "not measured" if g.met is None else ("met" if g.met else "failed")
@@ -270,7 +162,7 @@ def _glance(run: _Run) -> dict[str, Any]:
                        for k in ("kept", "rejected", "inconclusive", "failed")}}
 
 
-def _peak_memory(run: _Run, config_id: str, metrics: Mapping[str, Any]) -> str:
+def _peak_memory(run: _ArchivedRunData, config_id: str, metrics: Mapping[str, Any]) -> str:
     trials = run.trials_of(config_id)
     peak = max((t.summary["memory.peak_bytes"] for t in trials if "memory.peak_bytes" in t.summary), default=None)
     frac = metrics.get("memory.peak_frac")
@@ -282,13 +174,13 @@ def _peak_memory(run: _Run, config_id: str, metrics: Mapping[str, Any]) -> str:
     return fmt_value("memory.peak_frac", frac)
 
 
-def _record_rows(run: _Run) -> list[dict[str, Any]]:
+def _record_rows(run: _ArchivedRunData) -> list[dict[str, Any]]:
     rows = list(run.manifest.get("tuning_record") or [])
     if not rows:  # an interrupted run has no record yet: rebuild it from the trials' own summaries
         for config_id in dict.fromkeys(t.config_id for t in run.trials.values()):
             ok = [t for t in run.trials_of(config_id) if t.status == TRIAL_OK]
             metrics = {m: float(np.mean([t.summary[m] for t in ok if m in t.summary]))
-                       for m, _ in RECORD_COLUMNS if any(m in t.summary for t in ok)}
+                       for m, _ in REPORT_RECORD_COLUMNS if any(m in t.summary for t in ok)}
             rows.append({"config_id": config_id, "metrics": metrics, "trials": [t.trial_id for t in ok],
                          "rebuilt": True})
     verdicts = {v.step: v for v in run.verdicts}
@@ -296,8 +188,8 @@ def _record_rows(run: _Run) -> list[dict[str, Any]]:
     for row in rows:
         metrics = row.get("metrics") or {}
         cells = []
-        for metric, _ in RECORD_COLUMNS:
-            text = _peak_memory(run, row["config_id"], metrics) if metric == "memory.peak" else \
+        for metric, _ in REPORT_RECORD_COLUMNS:
+            text = _peak_memory(run, row["config_id"], metrics) if metric == PEAK_MEMORY_COLUMN else \
                 fmt_value(metric, metrics.get(metric))
             cells.append(text)
         verdict = verdicts.get(row.get("step") or "")
@@ -316,7 +208,7 @@ def _record_rows(run: _Run) -> list[dict[str, Any]]:
     return out
 
 
-def _lines(run: _Run, trial_ids: Sequence[str], metric: str, scale: float = 1.0,
+def _lines(run: _ArchivedRunData, trial_ids: Sequence[str], metric: str, scale: float = 1.0,
            gpu_sum: bool = False) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
     out = []
     for tid in trial_ids:
@@ -333,7 +225,7 @@ def _lines(run: _Run, trial_ids: Sequence[str], metric: str, scale: float = 1.0,
     return out
 
 
-def _telemetry_chart(run: _Run, trial_ids: Sequence[str]) -> str:
+def _telemetry_chart(run: _ArchivedRunData, trial_ids: Sequence[str]) -> str:
     memory = _lines(run, trial_ids, "memory.used_bytes", 1 / 2**30, gpu_sum=True)
     memory_title = "GPU memory used"
     if not memory:
@@ -352,14 +244,14 @@ def _tail(text: str | None, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 
-def _section_charts(run: _Run, trial_ids: Sequence[str], objective: str | None) -> dict[str, str]:
+def _section_charts(run: _ArchivedRunData, trial_ids: Sequence[str], objective: str | None) -> dict[str, str]:
     by_role: dict[str, list[str]] = {}
     for tid in trial_ids:
         if tid in run.trials and run.trials[tid].status == TRIAL_OK:
             by_role.setdefault(run.trials[tid].role, []).append(tid)
     cdf_panels = []
     for name, attr in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl")):
-        cdf_panels.append((f"{name} CDF", {role: _concat(getattr(run.arrays(t), attr) for t in tids)
+        cdf_panels.append((f"{name} CDF", {role: _concat(run.requests(t).latency_s[attr] for t in tids)
                                            for role, tids in by_role.items()}))
     out = {"cdf": charts.latency_cdfs(cdf_panels)}
     objective = objective or "throughput.output_tok_s"
@@ -369,14 +261,14 @@ def _section_charts(run: _Run, trial_ids: Sequence[str], objective: str | None) 
     points = [(run.trials[t].role, t, run.trials[t].summary[objective])
               for tids in by_role.values() for t in tids if objective in run.trials[t].summary]
     out["points"] = charts.trial_points(f"{label_of(objective)} per trial", unit, points, scale=scale)
-    series = [(run.trials[t].role, t, a.end_t, a.output_tokens, a.ttft_t)
-              for tids in by_role.values() for t in tids for a in (run.arrays(t),)]
+    series = [(run.trials[t].role, t, line["done_s"], line["output_tokens"], line["ttft"])
+              for tids in by_role.values() for t in tids for line in (run.requests(t).timeline,)]
     out["time"] = charts.over_time(series)
     out["telemetry"] = _telemetry_chart(run, [t for tids in by_role.values() for t in tids])
     return out
 
 
-def _trial_rows(run: _Run, trial_ids: Sequence[str], objective: str | None) -> list[dict[str, Any]]:
+def _trial_rows(run: _ArchivedRunData, trial_ids: Sequence[str], objective: str | None) -> list[dict[str, Any]]:
     rows = []
     for tid in trial_ids:
         t = run.trials.get(tid)
@@ -419,7 +311,7 @@ def _delta_rows(verdict: StepVerdict) -> list[dict[str, Any]]:
     return rows
 
 
-def _notes(run: _Run, trial_ids: Sequence[str]) -> list[str]:
+def _notes(run: _ArchivedRunData, trial_ids: Sequence[str]) -> list[str]:
     notes: dict[str, None] = {}
     for tid in trial_ids:
         for note in run.trials[tid].notes if tid in run.trials else ():
@@ -428,7 +320,7 @@ def _notes(run: _Run, trial_ids: Sequence[str]) -> list[str]:
     return list(notes)
 
 
-def _steps(run: _Run, descriptions: Mapping[str, str]) -> list[dict[str, Any]]:
+def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[str, Any]]:
     out = []
     for v in sorted(run.verdicts, key=lambda v: v.index):
         trial_ids = [*v.trials_baseline, *v.trials_candidate]
@@ -456,7 +348,7 @@ def _steps(run: _Run, descriptions: Mapping[str, str]) -> list[dict[str, Any]]:
     return out
 
 
-def _diagnosis(run: _Run) -> dict[str, Any]:
+def _diagnosis(run: _ArchivedRunData) -> dict[str, Any]:
     d = run.manifest.get("diagnosis") or {}
     out: dict[str, Any] = {"memory_chart": "", "memory": [], "roofline_chart": "", "roofline": [],
                            "notes": list(d.get("notes") or []), "model": [], "scheduler": []}
@@ -512,10 +404,8 @@ def _describe_length(dist: Any) -> str:
             f"{dist.get('max') or '∞'}]")
 
 
-def _archived_playbook(run: _Run) -> dict[str, Any]:
-    import yaml
-
-    for name in (RESOLVED_FILE, run.manifest["playbook"].get("file") or "playbook.yaml"):
+def _archived_playbook(run: _ArchivedRunData) -> dict[str, Any]:
+    for name in (RESOLVED_FILE, run.manifest["playbook"].get("file") or PLAYBOOK_FILE):
         try:
             doc = yaml.safe_load((run.archive.run_dir / name).read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError):
@@ -525,7 +415,7 @@ def _archived_playbook(run: _Run) -> dict[str, Any]:
     return {}
 
 
-def _method(run: _Run, playbook_doc: Mapping[str, Any]) -> dict[str, Any]:
+def _method(run: _ArchivedRunData, playbook_doc: Mapping[str, Any]) -> dict[str, Any]:
     final = run.manifest.get("final_config_id") or "baseline"
     config = run.configs.get("baseline") or run.configs.get(final)
     w = dict(config.workload) if config else {}
@@ -554,7 +444,7 @@ def _method(run: _Run, playbook_doc: Mapping[str, Any]) -> dict[str, Any]:
              ("measured window", f"{w['duration_s']:g} s" if w.get("duration_s") else
               f"{w.get('num_requests')} requests"),
              ("seed", str(w.get("seed", "—")))]
-    trials = playbook_doc.get("trials") if isinstance(playbook_doc.get("trials"), Mapping) else {}
+    trials: Mapping[str, Any] = playbook_doc["trials"] if isinstance(playbook_doc.get("trials"), Mapping) else {}
     overrides = run.manifest.get("overrides") or {}
     repeats = overrides.get("repeats") or trials.get("repeats", 3)
     trial_rows = [("repeats per side", str(repeats) + (" (overridden)" if "repeats" in overrides else "")),
@@ -563,11 +453,11 @@ def _method(run: _Run, playbook_doc: Mapping[str, Any]) -> dict[str, Any]:
                   ("each trial", "a fresh engine start; warm-up discarded"),
                   ("sequential", str(trials.get("sequential", False))),
                   ("confidence", str(trials.get("confidence", 0.95)))]
-    measured = [run.arrays(t) for t in run.trials if run.trials[t].status == TRIAL_OK]
+    measured = [run.requests(t).timeline for t in run.trials if run.trials[t].status == TRIAL_OK]
     histograms = charts.histograms([
-        ("input tokens per request", "tokens", _concat(a.input_tokens for a in measured)),
-        ("output tokens per request", "tokens", _concat(a.output_tokens for a in measured)),
-        ("gap between request sends", "ms", _concat(a.gaps for a in measured) * 1000),
+        ("input tokens per request", "tokens", _concat(line["input_tokens"] for line in measured)),
+        ("output tokens per request", "tokens", _concat(line["output_tokens"] for line in measured)),
+        ("gap between request sends", "ms", _concat(line["send_gap_s"] for line in measured) * 1000),
     ])
     return {"workload": rows, "trials": trial_rows, "histograms": histograms,
             "overrides": [(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in overrides.items()],
@@ -577,9 +467,9 @@ def _method(run: _Run, playbook_doc: Mapping[str, Any]) -> dict[str, Any]:
                                                                              Mapping) else ""}
 
 
-def _goals(run: _Run, playbook_doc: Mapping[str, Any]) -> dict[str, str]:
-    goals = playbook_doc.get("goals") if isinstance(playbook_doc.get("goals"), Mapping) else {}
-    objective = goals.get("objective") if isinstance(goals.get("objective"), Mapping) else {}
+def _goals(run: _ArchivedRunData, playbook_doc: Mapping[str, Any]) -> dict[str, str]:
+    goals: Mapping[str, Any] = playbook_doc["goals"] if isinstance(playbook_doc.get("goals"), Mapping) else {}
+    objective: Mapping[str, Any] = goals["objective"] if isinstance(goals.get("objective"), Mapping) else {}
     obj = next((f"{k} {v}" for k, v in objective.items() if k in ("minimize", "maximize")), "")
     guards = []
     for g in goals.get("guards") or []:
@@ -588,59 +478,22 @@ def _goals(run: _Run, playbook_doc: Mapping[str, Any]) -> dict[str, str]:
     return {"objective": obj, "guards": "; ".join(guards) or "none"}
 
 
-def build_context(archive: RunArchive) -> dict[str, Any]:
+def build_context(archive: ArchivedRun) -> dict[str, Any]:
     """Everything the template shows, as strings, lists and inline SVG; nothing here touches the network."""
-    run = _Run(archive)
+    run = _ArchivedRunData(archive)
     playbook_doc = _archived_playbook(run)
-    descriptions = {s.get("name"): str(s.get("description") or "") for s in playbook_doc.get("steps") or []
-                    if isinstance(s, Mapping)}
+    descriptions = {str(s["name"]): str(s.get("description") or "") for s in playbook_doc.get("steps") or []
+                    if isinstance(s, Mapping) and "name" in s}
     manifest = run.manifest
     return {
         "header": _header(run), "glance": _glance(run), "goals": _goals(run, playbook_doc),
-        "columns": [label for _, label in RECORD_COLUMNS], "record": _record_rows(run),
+        "columns": [label for _, label in REPORT_RECORD_COLUMNS], "record": _record_rows(run),
         "steps": _steps(run, descriptions), "diagnosis": _diagnosis(run), "method": _method(run, playbook_doc),
         "overridden": bool(manifest.get("overrides")),
         "audit": {"run_dir": str(archive.run_dir), "files": len(manifest.get("files") or {}),
                   "manifest_sha256": manifest.get("manifest_sha256", ""), "report_error": manifest.get("report_error")},
-        "playbook_text": (archive.run_dir / (manifest["playbook"].get("file") or "playbook.yaml")).read_text(
-            encoding="utf-8") if (archive.run_dir / (manifest["playbook"].get("file") or "playbook.yaml")).is_file()
+        "playbook_text": (archive.run_dir / (manifest["playbook"].get("file") or PLAYBOOK_FILE)).read_text(
+            encoding="utf-8") if (archive.run_dir / (manifest["playbook"].get("file") or PLAYBOOK_FILE)).is_file()
         else "",
     }
 
-
-def _environment():
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.PackageLoader("llmplay", "report/templates"), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters["svg"] = lambda s: jinja2.utils.markupsafe.Markup(s) if s else ""
-    return env
-
-
-def render_html(template: str, context: Mapping[str, Any]) -> str:
-    return _environment().get_template(template).render(**context)
-
-
-def render_report(run_dir: Path) -> Path:
-    """Write run_dir/report.html from the archive alone and return its path (the manifest hash is the archive's job)."""
-    archive = RunArchive.open(Path(run_dir))
-    html = render_html("report.html.j2", build_context(archive))
-    path = archive.run_dir / REPORT_FILE
-    atomic_write_text(path, html)
-    return path
-
-
-def publish_report(run_dir: Path) -> Path:
-    """(Re-)write report.html and record its hash in the archive; a rendering bug never loses the run."""
-    archive = RunArchive.open(Path(run_dir))
-    try:
-        path = render_report(archive.run_dir)
-    except ArchiveError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the measurements are safe on disk; say how to retry
-        archive.record_report_error(f"{type(exc).__name__}: {exc}")
-        sys.stderr.write(f"warning: report.html not written ({type(exc).__name__}: {exc}); the archive is "
-                         f"complete, re-render with `llmplay report {archive.run_dir}`\n")
-        return archive.run_dir / REPORT_FILE
-    archive.record_report(REPORT_FILE)
-    return path

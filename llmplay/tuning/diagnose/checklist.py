@@ -1,4 +1,4 @@
-"""The checklist made executable: model facts, memory breakdown, decode roofline, and rule-based findings.
+"""The checklist made executable: rule-based findings from a configuration's metrics, memory and roofline.
 
 Everything here is a pure function of plain inputs (numbers, dicts, frozen dataclasses), so the
 report can re-run a diagnosis on any archived run. Thresholds are CHECKLIST.md §4 and §6; each
@@ -6,279 +6,13 @@ finding carries the numbers that triggered it and the next step from the §7 cat
 """
 from __future__ import annotations
 
-import json
-import math
-from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from llmplay.errors import LlmplayError
-
-GiB = 2**30
-
-
-class ModelFactsError(LlmplayError):
-    """The model file or config cannot be read into facts (layers, heads, parameters)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Model facts
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    name: str
-    architecture: str
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden_size: int
-    params: int
-    weight_bytes: int  # exact for GGUF (tensor sizes); estimated for config.json
-    quantization: str  # e.g. "Q4_K_M", "bf16", "fp8", "awq"
-    source: str  # where the facts came from, for the report
-
-    @property
-    def bytes_per_param(self) -> float:
-        return self.weight_bytes / self.params if self.params else 0.0
-
-    def kv_bytes_per_token(self, kv_dtype_bytes: float) -> float:
-        """2 (K and V) × layers × kv_heads × head_dim × dtype bytes (CHECKLIST §4)."""
-        return 2.0 * self.layers * self.kv_heads * self.head_dim * kv_dtype_bytes
-
-
-def _gguf_value(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    return field.contents()
-
-
-def model_facts_from_gguf(path: str | Path) -> ModelFacts:
-    """Facts from GGUF metadata; parameters and bytes are summed over the tensors actually stored."""
-    try:
-        import gguf
-    except ImportError as e:  # optional extra `cpu`
-        raise ModelFactsError(f"reading {path} needs the gguf package: pip install 'llmplay[cpu]' ({e})") from e
-    p = Path(path)
-    if not p.is_file():
-        raise ModelFactsError(f"{p}: no such GGUF file")
-    try:
-        reader = gguf.GGUFReader(str(p))
-    except Exception as e:
-        raise ModelFactsError(f"{p}: not a readable GGUF file ({type(e).__name__}: {e})") from e
-    arch = _gguf_value(reader, "general.architecture")
-    if not arch:
-        raise ModelFactsError(f"{p}: GGUF has no general.architecture")
-
-    def num(key: str) -> int | None:
-        v = _gguf_value(reader, f"{arch}.{key}")
-        if v is None:
-            return None
-        if isinstance(v, (list, tuple)):  # per-layer arrays (e.g. head_count_kv): the largest layer
-            v = max(v) if v else None
-        return None if v is None else int(v)
-
-    layers = num("block_count")
-    heads = num("attention.head_count")
-    hidden = num("embedding_length")
-    if not (layers and heads and hidden):
-        raise ModelFactsError(f"{p}: GGUF lacks {arch}.block_count / attention.head_count / embedding_length")
-    kv_heads = num("attention.head_count_kv") or heads
-    head_dim = num("attention.key_length") or hidden // heads
-    params = sum(int(t.n_elements) for t in reader.tensors)
-    weight_bytes = sum(int(t.n_bytes) for t in reader.tensors)
-    if not params:
-        raise ModelFactsError(f"{p}: GGUF holds no tensors (a vocab-only file?); point at the model weights")
-    ftype = _gguf_value(reader, "general.file_type")
-    if ftype is not None:
-        try:
-            quant = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_")
-        except ValueError:
-            quant = f"file_type {ftype}"
-    else:  # the type holding most bytes
-        by_type: Counter[str] = Counter()
-        for t in reader.tensors:
-            by_type[gguf.GGMLQuantizationType(int(t.tensor_type)).name] += int(t.n_bytes)
-        quant = by_type.most_common(1)[0][0] if by_type else "unknown"
-    name = _gguf_value(reader, "general.name") or p.stem
-    return ModelFacts(str(name), str(arch), layers, heads, kv_heads, head_dim, hidden, params, weight_bytes,
-                      quant, f"gguf:{p}")
-
-
-# bytes per weight; 4-bit group-quantized formats carry scales/zeros (~0.16 bit per weight at group 128)
-QUANT_BYTES: Mapping[str, float] = {
-    "fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "none": 2,
-    "fp8": 1, "int8": 1, "w8a8": 1, "fbgemm_fp8": 1, "compressed-tensors": 1,
-    "awq": 0.52, "gptq": 0.52, "int4": 0.5, "w4a16": 0.52, "marlin": 0.52, "bitsandbytes": 0.52,
-    "nvfp4": 0.5625, "mxfp4": 0.53125,
-}
-
-
-def model_facts_from_hf_config(config_path: str | Path, quantization: str | None = None) -> ModelFacts:
-    """Facts from a Hugging Face config.json; parameters are counted from the shapes (decoder-only,
-    gated MLP, MoE experts counted in full) and embeddings stay at the checkpoint dtype, as
-    weight-only quantizers leave them."""
-    p = Path(config_path)
-    try:
-        cfg = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise ModelFactsError(f"{p}: cannot read config.json ({e})") from e
-    top = cfg
-    cfg = cfg.get("text_config") or cfg  # multimodal wrappers keep the LM under text_config
-
-    def get(*keys: str, default: Any = None) -> Any:
-        for k in keys:
-            if cfg.get(k) is not None:
-                return cfg[k]
-        return default
-
-    layers = get("num_hidden_layers", "n_layer", "num_layers")
-    heads = get("num_attention_heads", "n_head")
-    hidden = get("hidden_size", "n_embd", "d_model")
-    if not (layers and heads and hidden):
-        raise ModelFactsError(f"{p}: config.json lacks num_hidden_layers / num_attention_heads / hidden_size")
-    kv_heads = get("num_key_value_heads", "num_kv_heads", default=heads)
-    head_dim = get("head_dim", default=hidden // heads)
-    inter = get("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
-    vocab = get("vocab_size", default=0)
-    experts = get("num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
-    moe_inter = get("moe_intermediate_size", default=inter)
-    shared = get("n_shared_experts", "num_shared_experts", default=0) or 0
-    tied = bool(top.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)))
-
-    attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
-    if experts:
-        mlp = experts * 3 * hidden * moe_inter + shared * 3 * hidden * moe_inter + hidden * experts
-    else:
-        mlp = 3 * hidden * inter
-    per_layer = attn + mlp + 2 * hidden
-    embed = vocab * hidden * (1 if tied else 2)
-    params = layers * per_layer + embed + hidden
-
-    dtype = str(get("torch_dtype", "dtype", default=top.get("torch_dtype", "bfloat16"))).replace("torch.", "")
-    base_bytes = QUANT_BYTES.get(dtype, 2)
-    q = quantization
-    qcfg = top.get("quantization_config") or cfg.get("quantization_config")
-    if q is None and qcfg:
-        q = str(qcfg.get("quant_method", "")).lower()
-        if q in ("gptq", "awq") or not q:
-            bits = qcfg.get("bits")
-            q = q or (f"int{bits}" if bits else "int8")
-    q = (q or dtype).lower()
-    if q not in QUANT_BYTES:
-        raise ModelFactsError(
-            f"{p}: unknown quantization '{q}'; expected one of {', '.join(sorted(QUANT_BYTES))}")
-    body_bytes = QUANT_BYTES[q]
-    weight_bytes = int(layers * per_layer * body_bytes + (embed + hidden) * base_bytes)
-    name = top.get("_name_or_path") or p.parent.name
-    arch = (top.get("architectures") or [top.get("model_type", "unknown")])[0]
-    return ModelFacts(str(name), str(arch), int(layers), int(heads), int(kv_heads), int(head_dim), int(hidden),
-                      int(params), weight_bytes, q, f"config.json:{p}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Memory breakdown and roofline
-
-
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """Where the peak went (CHECKLIST §4). Peak and capacity are GPU memory for GPU runs and host
-    RSS / RAM for CPU runs (`device`)."""
-
-    weights_bytes: float
-    kv_bytes_per_token: float
-    tokens_in_flight: float
-    kv_bytes: float
-    other_bytes: float | None  # activations + runtime overhead; None without a measured peak
-    peak_bytes: float | None
-    capacity_bytes: float | None
-    kv_share: float | None  # kv_bytes / peak_bytes
-    peak_frac: float | None  # peak_bytes / capacity_bytes
-    device: str = "gpu"
-    notes: tuple[str, ...] = ()
-
-
-def memory_breakdown(
-    facts: ModelFacts,
-    kv_dtype_bytes: float,
-    tokens_in_flight: float,
-    peak_bytes: float | None,
-    capacity_bytes: float | None,
-    *,
-    device: str = "gpu",
-) -> MemoryBreakdown:
-    weights = float(facts.weight_bytes)
-    per_tok = facts.kv_bytes_per_token(kv_dtype_bytes)
-    kv = per_tok * tokens_in_flight
-    notes: list[str] = []
-    other = kv_share = peak_frac = None
-    if peak_bytes is not None and peak_bytes > 0:
-        rest = peak_bytes - weights - kv
-        if rest < 0:
-            # e.g. llama.cpp maps weights lazily so RSS holds only the pages touched
-            notes.append(f"weights + KV ({_gib(weights + kv)}) exceed the measured peak ({_gib(peak_bytes)})")
-        other = max(rest, 0.0)
-        kv_share = kv / peak_bytes
-    if peak_bytes is not None and capacity_bytes:
-        peak_frac = peak_bytes / capacity_bytes
-    return MemoryBreakdown(weights, per_tok, float(tokens_in_flight), kv, other, peak_bytes, capacity_bytes,
-                           kv_share, peak_frac, device, tuple(notes))
-
-
-@dataclass(frozen=True)
-class Roofline:
-    """Decode is bandwidth-bound: each step reads every weight once plus the KV cache in use."""
-
-    bytes_per_step: float
-    bandwidth_bytes_s: float
-    floor_s: float  # per decode step, i.e. the best possible TPOT
-    achieved_tpot_s: float | None
-    achieved_over_floor: float | None  # 1.0 is at the floor
-    bandwidth_util: float | None  # floor / achieved: share of bandwidth the decode uses
-    achieved_bandwidth_bytes_s: float | None
-    bandwidth_source: str = ""  # "table: H100 SXM" | "measured copy" ...
-
-
-def decode_roofline(
-    weight_bytes: float,
-    kv_bytes_per_step: float,
-    bandwidth_bytes_s: float,
-    achieved_tpot_s: float | None,
-    *,
-    bandwidth_source: str = "",
-) -> Roofline:
-    if bandwidth_bytes_s <= 0:
-        raise ValueError("bandwidth_bytes_s must be > 0")
-    moved = float(weight_bytes + kv_bytes_per_step)
-    floor = moved / bandwidth_bytes_s
-    if achieved_tpot_s is None or achieved_tpot_s <= 0 or not math.isfinite(achieved_tpot_s):
-        return Roofline(moved, bandwidth_bytes_s, floor, None, None, None, None, bandwidth_source)
-    return Roofline(moved, bandwidth_bytes_s, floor, achieved_tpot_s, achieved_tpot_s / floor,
-                    floor / achieved_tpot_s, moved / achieved_tpot_s, bandwidth_source)
-
-
-def prefill_mfu(params: float, prompt_tokens_per_s: float, peak_flops: float) -> float:
-    """Model FLOPs utilization of prefill: 2 × params FLOPs per prompt token ÷ peak dense FLOP/s."""
-    if peak_flops <= 0:
-        raise ValueError("peak_flops must be > 0")
-    return 2.0 * params * prompt_tokens_per_s / peak_flops
-
-
-# ---------------------------------------------------------------------------------------------
-# Findings
-
-
-@dataclass(frozen=True)
-class Finding:
-    id: str
-    severity: str  # info | warn | critical
-    title: str
-    evidence: str  # the numbers that triggered it
-    suggestion: str  # next step(s), cheapest first (CHECKLIST §7)
-    checklist_ref: str  # "§4", "§5", "§6"
+from llmplay.archive.model import Finding
+from llmplay.tuning.diagnose.memory import MemoryBreakdown, format_gib
+from llmplay.tuning.diagnose.roofline import Roofline
 
 
 @dataclass(frozen=True)
@@ -311,10 +45,6 @@ def _steps(*steps: str) -> str:
     return "; then ".join(steps)
 
 
-def _gib(b: float) -> str:
-    return f"{b / GiB:.2f} GiB"
-
-
 def _pct(x: float) -> str:
     return f"{x * 100:.1f}%"
 
@@ -339,7 +69,8 @@ def targets_from_gates(gates: Sequence[Any]) -> dict[str, float]:
 
 
 def _latency_high(summary: Mapping[str, float], targets: Mapping[str, float], th: Thresholds) -> tuple[bool | None, str]:
-    over, under = [], []
+    over: list[str] = []
+    under: list[str] = []
     for k, limit in targets.items():
         if not k.startswith(_LATENCY_PREFIXES):
             continue
@@ -413,19 +144,19 @@ def diagnose(
     else:
         b = breakdown
         where = "GPU memory" if b.device == "gpu" else "host memory (RSS)"
-        parts = [f"weights {_gib(b.weights_bytes)}",
-                 f"KV {_gib(b.kv_bytes)} ({b.kv_bytes_per_token / 1024:.1f} KiB/token × {b.tokens_in_flight:.0f} tokens)"]
+        parts = [f"weights {format_gib(b.weights_bytes)}",
+                 f"KV {format_gib(b.kv_bytes)} ({b.kv_bytes_per_token / 1024:.1f} KiB/token × {b.tokens_in_flight:.0f} tokens)"]
         if b.other_bytes is not None:
-            parts.append(f"activations/runtime {_gib(b.other_bytes)}")
+            parts.append(f"activations/runtime {format_gib(b.other_bytes)}")
         if b.peak_bytes is not None:
-            parts.append(f"peak {_gib(b.peak_bytes)}")
+            parts.append(f"peak {format_gib(b.peak_bytes)}")
         if b.capacity_bytes:
-            parts.append(f"capacity {_gib(b.capacity_bytes)}")
+            parts.append(f"capacity {format_gib(b.capacity_bytes)}")
         add("memory.breakdown", "info", f"Memory breakdown ({where})", "; ".join(parts + list(b.notes)), "", "§4")
 
         if b.peak_frac is not None and b.peak_frac > th.peak_frac:
             pre = sched.get("kv_preallocated_frac")
-            ev = f"peak {_gib(b.peak_bytes or 0)} of {_gib(b.capacity_bytes or 0)} = {_pct(b.peak_frac)} > {_pct(th.peak_frac)}"
+            ev = f"peak {format_gib(b.peak_bytes or 0)} of {format_gib(b.capacity_bytes or 0)} = {_pct(b.peak_frac)} > {_pct(th.peak_frac)}"
             if pre is not None and b.peak_frac <= float(pre) + 0.02:
                 add("memory.peak_high", "info", "Memory full by design (engine preallocates the KV cache)",
                     ev + f"; the engine reserves {_pct(float(pre))} up front, so watch KV-cache usage and preemptions instead",
@@ -435,7 +166,7 @@ def diagnose(
                     _steps(S_WEIGHT_QUANT, S_KV_QUANT, S_SEQ, S_SCALE), "§4")
         if b.kv_share is not None and b.kv_share > th.kv_share:
             add("memory.kv_share_high", "warn", "KV cache dominates memory: concurrency / context length limited",
-                f"KV {_gib(b.kv_bytes)} of peak {_gib(b.peak_bytes or 0)} = {_pct(b.kv_share)} > {_pct(th.kv_share)}",
+                f"KV {format_gib(b.kv_bytes)} of peak {format_gib(b.peak_bytes or 0)} = {_pct(b.kv_share)} > {_pct(th.kv_share)}",
                 _steps(S_MAX_TOKENS, S_KV_QUANT, S_SEQ), "§4")
         errors = summary.get("errors.rate")
         if errors and b.peak_frac is not None and b.peak_frac > th.peak_frac:
@@ -456,7 +187,7 @@ def diagnose(
     if roofline is not None:
         r = roofline
         src = f" ({r.bandwidth_source})" if r.bandwidth_source else ""
-        ev = (f"{_gib(r.bytes_per_step)} per step ÷ {r.bandwidth_bytes_s / 1e12:.3g} TB/s{src} = floor {_ms(r.floor_s)}/token")
+        ev = (f"{format_gib(r.bytes_per_step)} per step ÷ {r.bandwidth_bytes_s / 1e12:.3g} TB/s{src} = floor {_ms(r.floor_s)}/token")
         if r.achieved_over_floor is None:
             add("roofline.floor", "info", "Decode floor (no TPOT measured)", ev, "", "§5")
         else:

@@ -1,0 +1,21 @@
+"""The run directory's layout: its path under the archive root, the file names in it, and the manifest's schema id.
+
+`<root>/<playbook>/<UTC %Y%m%dT%H%M%SZ>-<6 hex>/` holds `playbook.yaml` (as run, redacted), `manifest.json`,
+`trials/<trial_id>/{requests,telemetry}.{parquet,csv}` and `engine.log`, and `report.html`.
+"""
+from __future__ import annotations
+
+import re
+
+SCHEMA_ID = "llmplay/manifest.v1"
+MANIFEST = "manifest.json"
+PLAYBOOK_FILE = "playbook.yaml"
+RESOLVED_FILE = "playbook.resolved.yaml"  # after `extends:`: loadable without the files it extended
+REPORT_FILE = "report.html"
+STATUSES = ("running", "complete", "failed", "interrupted")
+ENV_ARCHIVE = "LLMPLAY_ARCHIVE"
+
+
+def safe_name(name: str) -> str:
+    """A playbook or trial name as one path component."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-") or "playbook"

@@ -1,0 +1,224 @@
+"""Writing a run archive: create or reopen a run directory, then trials, verdicts and the finish, atomically and redacted.
+
+Every write is atomic (temp file in the same directory, then os.replace) and the manifest is rewritten after every
+trial, so a crash loses at most the trial in flight. The manifest carries its own hash (`manifest_sha256`, over its
+canonical JSON without that key) so an edited manifest fails `verify` too. Secrets are redacted before anything
+reaches the disk: known values, URL credentials and secret-named keys (llmplay.redaction).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import secrets as _secrets
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from llmplay.archive.layout import ENV_ARCHIVE, MANIFEST, PLAYBOOK_FILE, RESOLVED_FILE, SCHEMA_ID, STATUSES, safe_name
+from llmplay.archive.model import ConfigRecord, GateResult, StepVerdict, TrialRecord, to_plain
+from llmplay.archive.reader import ArchivedRun, have_pyarrow, read_manifest
+from llmplay.archive.verify import manifest_sha256, schema_problems
+from llmplay.errors import ArchiveError
+from llmplay.hashing import sha256_file
+from llmplay.redaction import redact, redact_text, redact_yaml_text
+
+_TMP_PREFIX = ".tmp-"
+
+
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` fills a temp file beside `path`; os.replace then swaps it in, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix="-" + path.name, dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; archives are meant to be read by others
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    _atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _finite(obj: Any) -> Any:
+    """JSON-ready: NaN/inf (a non-finite number means "not measured") become null, unknown types their text."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if hasattr(obj, "item"):  # numpy scalars
+        try:
+            return _finite(obj.item())
+        except (TypeError, ValueError):
+            pass
+    return str(obj)  # Paths, datetimes, anything else a describe() hands over: JSON text, never a crash mid-run
+
+
+def _utc_stamp(now: dt.datetime | None = None) -> tuple[str, str]:
+    now = now or dt.datetime.now(dt.UTC)
+    return now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _upsert(items: list[dict[str, Any]], key: str, item: dict[str, Any]) -> None:
+    for i, existing in enumerate(items):
+        if existing.get(key) == item.get(key):
+            items[i] = item
+            return
+    items.append(item)
+
+
+class RunArchive(ArchivedRun):
+    """One run directory the runner writes through (and reads back from, for --resume)."""
+
+    def __init__(self, run_dir: Path, manifest: dict[str, Any], secrets: Sequence[str] = ()):
+        super().__init__(run_dir, manifest)
+        self._secrets = [s for s in secrets if s]
+
+    # -------------------------------------------------------------------- creating and opening
+    @classmethod
+    def create(cls, root: Path, playbook: Any, *, overrides: Mapping[str, Any], environment: Mapping[str, Any],
+               secrets: list[str]) -> RunArchive:
+        stamp, iso = _utc_stamp()
+        short = _secrets.token_hex(3)
+        run_dir = Path(root) / safe_name(playbook.metadata.name) / f"{stamp}-{short}"
+        try:
+            run_dir.mkdir(parents=True, exist_ok=False)
+        except FileExistsError:  # same second and same 24 random bits: astronomically rare, but never overwrite
+            raise ArchiveError(f"{run_dir} already exists; run again") from None
+        except OSError as exc:
+            raise ArchiveError(f"cannot create the run archive {run_dir}: {exc.strerror}; "
+                               f"expected a writable --archive directory or ${ENV_ARCHIVE}") from None
+        env = redact(_finite(to_plain(dict(environment))), list(secrets))
+        env.setdefault("started_utc", iso)
+        manifest: dict[str, Any] = {
+            "schema": SCHEMA_ID,
+            "run_id": f"{stamp}-{short}",
+            "playbook": {"name": playbook.metadata.name, "version": str(playbook.metadata.version),
+                         "path": str(playbook.path), "sha256": playbook.sha256, "file": PLAYBOOK_FILE,
+                         "api_version": getattr(playbook, "api_version", "")},
+            "environment": env,
+            "overrides": redact(_finite(to_plain(dict(overrides))), list(secrets)),
+            "status": "running",
+            "exit_code": None,
+            "configs": [], "trials": [], "verdicts": [],
+            "final_config_id": None,
+            "gates": [], "findings": [], "diagnosis": {}, "tuning_record": [],
+            "files": {},
+        }
+        archive = cls(run_dir, manifest, secrets)
+        archive._write_text(PLAYBOOK_FILE, redact_yaml_text(playbook.text, archive._secrets))
+        resolved = getattr(playbook, "resolved", None)
+        if resolved:
+            archive._write_text(RESOLVED_FILE, yaml.safe_dump(redact(to_plain(resolved), archive._secrets),
+                                                              sort_keys=False, allow_unicode=True))
+        archive._save()
+        return archive
+
+    @classmethod
+    def open(cls, run_dir: Path, *, secrets: Sequence[str] = ()) -> RunArchive:
+        """Open an existing archive (for --resume, or to record its report). Redaction on later writes is then by
+        name and URL pattern, plus any `secrets` the caller passes again (values are never stored)."""
+        return cls(Path(run_dir), read_manifest(Path(run_dir)), secrets)
+
+    # -------------------------------------------------------------------- writing
+    def _write_text(self, relpath: str, text: str) -> None:
+        atomic_write_text(self.run_dir / relpath, text)
+        self._manifest["files"][relpath] = sha256_file(self.run_dir / relpath)
+
+    def _redact(self, obj: Any) -> Any:
+        return redact(_finite(to_plain(obj)), self._secrets)
+
+    def _save(self) -> None:
+        manifest = _finite(self._manifest)
+        manifest["files"] = dict(sorted(manifest["files"].items()))
+        manifest.pop("manifest_sha256", None)
+        problems = schema_problems(manifest)
+        if problems:  # the runner handed in something the contract does not allow: a bug, say exactly where
+            raise ArchiveError(f"refusing to write an invalid manifest to {self.run_dir}: {problems[0]}")
+        manifest["manifest_sha256"] = manifest_sha256(manifest)
+        self._manifest = manifest
+        atomic_write_text(self.run_dir / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False,
+                                                              allow_nan=False) + "\n")
+
+    def write_config(self, config: ConfigRecord) -> None:
+        _upsert(self._manifest["configs"], "config_id", self._redact(config))
+        self._save()
+
+    def _write_frame(self, relbase: str, frame: pd.DataFrame) -> str:
+        frame = frame.copy()
+        if "chunk_ns" in frame.columns:  # one JSON text per request: same in Parquet and CSV, no list-type guessing
+            frame["chunk_ns"] = [json.dumps([int(x) for x in v]) if v is not None and not isinstance(v, str) else v
+                                 for v in frame["chunk_ns"]]
+        for column in frame.columns:  # pandas 3 stores text as "str", older versions as object
+            if pd.api.types.is_object_dtype(frame[column]) or pd.api.types.is_string_dtype(frame[column]):
+                frame[column] = [redact_text(v, self._secrets) if isinstance(v, str) else v for v in frame[column]]
+        if have_pyarrow():
+            relpath = relbase + ".parquet"
+            _atomic_write(self.run_dir / relpath, lambda tmp: frame.to_parquet(tmp, index=False))
+        else:
+            relpath = relbase + ".csv"
+            _atomic_write(self.run_dir / relpath, lambda tmp: frame.to_csv(tmp, index=False))
+        self._manifest["files"][relpath] = sha256_file(self.run_dir / relpath)
+        return relpath
+
+    def write_trial(self, trial: TrialRecord, records: pd.DataFrame | None, telemetry: pd.DataFrame | None,
+                    engine_log: str) -> None:
+        base = f"trials/{safe_name(trial.trial_id)}"
+        files = dict(trial.files)
+        if records is not None:
+            files["records"] = self._write_frame(f"{base}/requests", records)
+        if telemetry is not None:
+            files["telemetry"] = self._write_frame(f"{base}/telemetry", telemetry)
+        if engine_log:
+            files["log"] = f"{base}/engine.log"
+            self._write_text(files["log"], redact_text(engine_log, self._secrets))
+        _upsert(self._manifest["trials"], "trial_id", self._redact(replace(trial, files=files)))
+        self._save()
+
+    def write_verdict(self, verdict: StepVerdict) -> None:
+        _upsert(self._manifest["verdicts"], "step", self._redact(verdict))
+        self._save()
+
+    def finish(self, *, status: str, exit_code: int, final_config_id: str, gates: Sequence[GateResult],
+               findings: Sequence[Any], diagnosis: Mapping[str, Any],
+               tuning_record: Sequence[Mapping[str, Any]]) -> None:
+        if status not in STATUSES[1:]:
+            raise ArchiveError(f"finish(status={status!r}): expected one of {', '.join(STATUSES[1:])}")
+        m = self._manifest
+        m.update(status=status, exit_code=int(exit_code), final_config_id=final_config_id,
+                 gates=self._redact(list(gates)), findings=self._redact(list(findings)),
+                 diagnosis=self._redact(dict(diagnosis)), tuning_record=self._redact(list(tuning_record)),
+                 finished_utc=_utc_stamp()[1])
+        self._save()
+
+    def record_report(self, relpath: str) -> None:
+        """The report renderer wrote `relpath`: hash it into the manifest and clear any earlier rendering error."""
+        self._manifest.pop("report_error", None)
+        self.record_file(relpath)
+
+    def record_report_error(self, error: str) -> None:
+        """Rendering failed; the measurements are safe on disk and the manifest says why there is no report."""
+        self._manifest["report_error"] = error
+        self._save()
+
+    def record_file(self, relpath: str) -> None:
+        """Hash a file written by someone else (e.g. the report renderer) into the manifest."""
+        self._manifest["files"][relpath] = sha256_file(self.run_dir / relpath)
+        self._save()

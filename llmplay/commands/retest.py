@@ -1,0 +1,59 @@
+"""`llmplay retest`: re-run an archived run's final configuration (optionally on a new image) and compare."""
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from llmplay.archive.listing import archive_root
+from llmplay.commands.run import duration_option_s, playbook_path_of, print_gates, read_manifest, stdout_console
+from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
+from llmplay.errors import ArchiveError, ExitCode
+from llmplay.playbook.load import load_playbook
+from llmplay.report import publish_report
+from llmplay.spec import Config, Playbook, apply_step
+from llmplay.tuning.run import RunOptions, run_playbook
+
+
+def final_playbook_of(run_dir: Path, playbook_file: Path | None = None) -> tuple[Playbook, dict[str, Any]]:
+    """The archived run's final configuration as a step-less playbook: the baseline with every carried step applied."""
+    manifest = read_manifest(run_dir)
+    playbook = load_playbook(playbook_file or playbook_path_of(run_dir))
+    if playbook.sha256 != manifest["playbook"]["sha256"]:
+        raise ArchiveError(f"{playbook.path} changed since {run_dir} was run (sha256 differs); "
+                           "restore it or re-run the playbook instead of re-testing")
+    carried = [v["step"] for v in manifest.get("verdicts", []) if v.get("carried")]
+    config = Config("baseline", playbook.engine, playbook.workload)
+    for step in playbook.steps:
+        if step.name in carried:
+            config, _ = apply_step(config, step)
+    return replace(playbook, engine=config.engine, workload=config.workload, steps=()), manifest
+
+
+def retest_command(run_dir: Path, *, image: str | None, archive_dir: str | None, repeats: int | None,
+                   duration: str | None, html: Path | None = None) -> int:
+    """Re-run the archived final configuration and compare; ExitCode.REGRESSION when the new run regressed."""
+    playbook, manifest = final_playbook_of(run_dir)
+    console = stdout_console()
+    console.print(f"re-testing {run_dir} final configuration '{manifest.get('final_config_id')}'"
+                  + (f" on image {image}" if image else ""), markup=False)
+    repeats = repeats or int(manifest.get("overrides", {}).get("repeats") or playbook.trials.repeats)
+    options = RunOptions(archive_root=archive_root(archive_dir), repeats=repeats,
+                         duration_s=duration_option_s("duration", duration), image=image,
+                         progress=sys.stderr.isatty())
+    outcome = run_playbook(playbook, options, publish=publish_report,
+                           report=lambda line: console.print(line, markup=False))
+    print_gates(console, outcome.gates)
+    if outcome.status != "complete":
+        console.print(f"re-test did not complete ({outcome.status}); archive {outcome.run_dir}", markup=False)
+        return outcome.exit_code or ExitCode.INFRA
+    comparison = compare_runs(run_dir, outcome.run_dir)
+    console.print(format_comparison_table(comparison), markup=False)
+    if html is not None:
+        render_comparison_html(comparison, html)
+    if comparison.has_regression:
+        console.print(f"REGRESSION against {run_dir}; new run {outcome.run_dir}", markup=False)
+        return ExitCode.REGRESSION
+    console.print(f"no regression against {run_dir}; new run {outcome.run_dir}", markup=False)
+    return ExitCode.OK

@@ -1,0 +1,138 @@
+"""When requests leave: the request feed, and the closed-loop (N users) and open-loop (R req/s) arrival loops."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from llmplay.loadgen.send import LoadSender
+from llmplay.loadgen.workload import PlannedRequest
+
+_now = time.perf_counter_ns  # the one clock
+
+
+class RequestFeed:
+    """Hands out planned requests; a lazy iterator is drawn ahead in a thread so prompt building
+    (which may call the engine's tokenizer) never blocks the event loop mid-measurement."""
+
+    def __init__(self, requests: Iterable[PlannedRequest], ahead: int):
+        self._ahead = max(16, ahead)
+        self._seq: Sequence[PlannedRequest] | None = None
+        self._pos = 0
+        self._buf: collections.deque[PlannedRequest] = collections.deque()
+        self._it: Iterator[PlannedRequest] | None = None
+        self._exhausted = False
+        self._refill: asyncio.Future | None = None
+        if isinstance(requests, (list, tuple)):
+            self._seq = requests
+        else:
+            self._it = iter(requests)
+            self._draw(self._ahead)  # before the clock starts
+
+    def _draw(self, n: int) -> list[PlannedRequest]:
+        assert self._it is not None
+        got = []
+        for _ in range(n):
+            try:
+                got.append(next(self._it))
+            except StopIteration:
+                self._exhausted = True
+                break
+        self._buf.extend(got)
+        return got
+
+    def peek(self) -> PlannedRequest | None:
+        if self._seq is not None:
+            return self._seq[self._pos] if self._pos < len(self._seq) else None
+        return self._buf[0] if self._buf else None
+
+    async def next(self) -> PlannedRequest | None:
+        if self._seq is not None:
+            if self._pos >= len(self._seq):
+                return None
+            self._pos += 1
+            return self._seq[self._pos - 1]
+        while not self._buf:
+            if self._exhausted:
+                return None
+            await self._start_refill()
+        item = self._buf.popleft()
+        if len(self._buf) < self._ahead // 2 and not self._exhausted:
+            await self._start_refill(wait=False)
+        return item
+
+    async def _start_refill(self, wait: bool = True) -> None:
+        if self._refill is None or self._refill.done():
+            self._refill = asyncio.ensure_future(asyncio.to_thread(self._draw, self._ahead))
+        if wait:
+            await self._refill
+
+    async def aclose(self) -> None:
+        if self._refill is not None and not self._refill.done():
+            await self._refill
+
+
+async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warmup: bool,
+                      until_ns: int | None) -> None:
+    """`users` users, each sending its next request as soon as its last one finished."""
+
+    async def user() -> None:
+        while True:
+            now = _now()
+            if warmup:
+                nxt = feed.peek()
+                if nxt is None or (not nxt.is_warmup and (until_ns is None or now >= until_ns)):
+                    return
+            elif until_ns is not None and now >= until_ns:
+                return
+            planned = await feed.next()
+            if planned is None:
+                return
+            await sender.send(planned, _now(), warmup)
+
+    await asyncio.gather(*(user() for _ in range(users)))
+
+
+async def open_loop(sender: LoadSender, feed: RequestFeed, rng: np.random.Generator, *, warmup: bool,
+                    until_ns: int | None) -> None:
+    """Requests (or bursts of them) leave on a fixed or Poisson schedule, whether or not earlier ones finished."""
+    wl = sender.workload
+    assert wl.rate is not None and wl.rate > 0
+    burst = max(1, wl.burst)
+    mean_gap_s = burst / wl.rate  # rate counts requests, so bursts arrive rate/burst times a second
+    tasks: set[asyncio.Task] = set()
+    t0 = _now()
+    offset_s = 0.0
+    first = True
+    while True:
+        if not first:
+            offset_s += float(rng.exponential(mean_gap_s)) if wl.arrival == "poisson" else mean_gap_s
+        first = False
+        at_ns = t0 + int(offset_s * 1e9)
+        if warmup:
+            # Warm-up lasts while planned warm-up requests remain or warmup_s has not passed.
+            nxt = feed.peek()
+            if nxt is None or (not nxt.is_warmup and (until_ns is None or at_ns >= until_ns)):
+                break
+        elif until_ns is not None and at_ns >= until_ns:
+            break
+        # Re-check after waking: the loop's timers round to the millisecond and may fire early.
+        while (delay_ns := at_ns - _now()) > 0:
+            await asyncio.sleep(delay_ns / 1e9)
+        stop = False
+        for _ in range(burst):
+            planned = await feed.next()
+            if planned is None:
+                stop = True
+                break
+            task = asyncio.ensure_future(sender.send(planned, at_ns, warmup))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if stop:
+            break
+    if tasks:
+        await asyncio.gather(*tasks)

@@ -1,0 +1,112 @@
+"""What a load run leaves behind: one RequestRecord per request sent, the LoadResult, and their DataFrame codec."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "truncated", "protocol")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as it happened. Times are time.perf_counter_ns; None where it never happened."""
+
+    index: int
+    is_warmup: bool
+    stream: bool
+    scheduled_ns: int  # when the schedule wanted it sent (open loop) / when its user was free (closed)
+    sent_ns: int  # just before the request left the client
+    first_chunk_ns: int | None  # first chunk carrying generated text (content or reasoning): TTFT
+    first_content_ns: int | None  # first chunk carrying non-reasoning content (TTFO)
+    chunk_ns: tuple[int, ...]  # arrival of every text-bearing chunk
+    end_ns: int | None  # last text-bearing chunk (stream) or full body (non-stream); not usage/[DONE]
+    input_tokens: int  # usage.prompt_tokens, else the planned count
+    output_tokens: int  # usage.completion_tokens, else counted (see output_tokens_source)
+    output_tokens_source: str  # "usage" | "counted"
+    finish_reason: str | None
+    http_status: int | None
+    error_kind: str | None  # None | connect | timeout | http_4xx | http_5xx | truncated | protocol
+    error_message: str | None
+    queue_wait_s: float  # time waiting for a client-side slot (semaphore) before scheduling
+    bytes_received: int = 0
+    conversation_id: int = 0
+    turn: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    records: tuple[RequestRecord, ...]
+    mode: str  # "closed" | "open"
+    start_ns: int  # measured window start (after warm-up)
+    end_ns: int  # last measured request finished
+    duration_s: float  # benchmark duration: measured window, warm-up excluded
+    warmup_duration_s: float
+    schedule_lag_p50_s: float | None  # open loop: how late requests left vs the arrival schedule
+    schedule_lag_p99_s: float | None
+    schedule_lag_max_s: float | None
+    tokenizer: str
+    counted_tokens: bool  # some output_tokens were counted because the server sent no usage
+
+    def measured(self) -> tuple[RequestRecord, ...]:
+        return tuple(r for r in self.records if not r.is_warmup)
+
+
+RECORD_COLUMNS = tuple(f.name for f in fields(RequestRecord))
+_NULLABLE_INT_COLUMNS = ("first_chunk_ns", "first_content_ns", "end_ns", "http_status")
+
+
+def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:
+    """One row per request, one column per RequestRecord field; chunk_ns as a list column (Parquet keeps it).
+
+    The archive's table adds each request's latencies to these columns: metrics.per_request_frame.
+    """
+    import pandas as pd  # deferred: pandas takes a second to import and only archiving needs it
+
+    # Column by column: asdict() per record deep-copies every chunk tuple.
+    columns: dict[str, list] = {name: [getattr(r, name) for r in records] for name in RECORD_COLUMNS}
+    columns["chunk_ns"] = [list(r.chunk_ns) for r in records]
+    df = pd.DataFrame(columns, columns=list(RECORD_COLUMNS))
+    for col in _NULLABLE_INT_COLUMNS:
+        df[col] = df[col].astype("Int64")
+    return df
+
+
+def records_from_dataframe(df: Any) -> tuple[RequestRecord, ...]:
+    """Inverse of records_to_dataframe (for re-summarizing an archived run; Parquet or CSV-read frames).
+
+    Columns that are no RequestRecord field (the archive's latency columns) are ignored."""
+    out = []
+    for row in df.to_dict("records"):
+        kw = {name: _none_if_na(row.get(name)) for name in RECORD_COLUMNS}
+        chunks = kw["chunk_ns"]
+        if isinstance(chunks, str):  # a CSV round trip writes the list as text
+            chunks = json.loads(chunks) if chunks.strip() else ()
+        kw["chunk_ns"] = tuple(int(x) for x in (chunks if chunks is not None else ()))
+        for name in _NULLABLE_INT_COLUMNS:
+            kw[name] = None if kw[name] is None else int(kw[name])
+        for name in ("index", "scheduled_ns", "sent_ns", "input_tokens", "output_tokens", "bytes_received",
+                     "conversation_id", "turn"):
+            kw[name] = int(kw[name] or 0)
+        kw["is_warmup"], kw["stream"] = bool(kw["is_warmup"]), bool(kw["stream"])
+        kw["queue_wait_s"] = float(kw["queue_wait_s"] or 0.0)
+        kw["output_tokens_source"] = kw["output_tokens_source"] or "usage"
+        out.append(RequestRecord(**kw))
+    return tuple(out)
+
+
+def _none_if_na(v: Any) -> Any:
+    if v is None or isinstance(v, (str, bytes, list, tuple)) or hasattr(v, "__len__"):
+        return v
+    import pandas as pd  # deferred: pandas takes a second to import and only archived frames reach here
+
+    try:
+        return None if pd.isna(v) else v
+    except (TypeError, ValueError):
+        return v

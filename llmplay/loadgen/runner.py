@@ -1,0 +1,162 @@
+"""One load run, warm-up then measured phase, on a client sized to the load: the load generator's entry (run_load_sync)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+
+import httpx
+import numpy as np
+
+from llmplay.loadgen.arrivals import RequestFeed, closed_loop, open_loop
+from llmplay.loadgen.records import LoadResult, RequestRecord
+from llmplay.loadgen.send import LoadSender
+from llmplay.loadgen.tokenizer import Tokenizer, WordRatioTokenizer
+from llmplay.loadgen.transport import StreamingTransport
+from llmplay.loadgen.workload import PlannedRequest
+from llmplay.spec import Workload
+
+_now = time.perf_counter_ns  # the one clock
+
+
+class LoadInterrupted(BaseException):
+    """The load was cancelled (a signal): `partial` holds every request that had finished by then.
+
+    A BaseException, like the cancellation it replaces, so nothing between here and the runner swallows it."""
+
+    def __init__(self, partial: LoadResult):
+        super().__init__("load interrupted")
+        self.partial = partial
+
+
+async def _progress_loop(sender: LoadSender, total: int | None, duration_s: float | None, t0: int) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # deferred: only on a terminal
+
+    cols = [TextColumn("[bold]load"), BarColumn(), TextColumn("{task.completed}/{task.total} req" if total
+                                                              else "{task.completed:.0f}s"),
+            TextColumn("{task.fields[stats]}"), TimeElapsedColumn()]
+    with Progress(*cols, transient=True) as bar:
+        task = bar.add_task("load", total=total or duration_s or None, stats="")
+        while True:
+            await asyncio.sleep(0.5)
+            el = max((_now() - t0) / 1e9, 1e-9)
+            done = len(sender.records)
+            stats = (f"{done / el:.1f} req/s  {sender.out_tokens / el:.0f} tok/s  {sender.errors} errors  "
+                     f"{sender.inflight} in flight")
+            bar.update(task, completed=done if total else min(el, duration_s or el), stats=stats)
+
+
+async def run_load(client: httpx.AsyncClient, base_url: str, workload: Workload,
+                   requests: Iterable[PlannedRequest], *, progress: bool = False,
+                   tokenizer: Tokenizer | None = None, transport: StreamingTransport | None = None) -> LoadResult:
+    """Warm-up phase (warmup_requests and/or warmup_s, flagged), then the measured phase until
+    num_requests are done or duration_s has passed. Every request sent yields exactly one record.
+
+    transport: the StreamingTransport `client` was built on, to send straight to it (see LoadSender)."""
+    if (workload.concurrency is None) == (workload.rate is None):
+        raise ValueError("workload needs exactly one of concurrency (closed loop) or rate (open loop)")
+    mode = "closed" if workload.concurrency is not None else "open"
+    ahead = (workload.concurrency or 0) * 4 + int((workload.rate or 0) * 4) + workload.warmup_requests
+    feed = RequestFeed(requests, ahead)
+    sender = LoadSender(client, base_url, workload, transport)
+    arrival_rng = np.random.default_rng([workload.seed, 7])
+    show = progress and sys.stderr.isatty()
+    bar: asyncio.Task | None = None
+    t_warm = start_ns = _now()
+    interrupted = False
+    try:
+        if workload.warmup_requests or workload.warmup_s:
+            until = t_warm + int(workload.warmup_s * 1e9) if workload.warmup_s else None
+            if mode == "closed":
+                await closed_loop(sender, feed, workload.concurrency or 1, warmup=True, until_ns=until)
+            else:
+                await open_loop(sender, feed, arrival_rng, warmup=True, until_ns=until)
+        start_ns = _now()
+        until = start_ns + int(workload.duration_s * 1e9) if workload.duration_s is not None else None
+        if show:
+            bar = asyncio.ensure_future(_progress_loop(sender, workload.num_requests, workload.duration_s, start_ns))
+        if mode == "closed":
+            await closed_loop(sender, feed, workload.concurrency or 1, warmup=False, until_ns=until)
+        else:
+            await open_loop(sender, feed, arrival_rng, warmup=False, until_ns=until)
+        end_wall = _now()
+    except asyncio.CancelledError:
+        interrupted, end_wall = True, _now()
+    finally:
+        if bar is not None:
+            bar.cancel()
+            await asyncio.gather(bar, return_exceptions=True)
+        try:
+            await feed.aclose()
+        except asyncio.CancelledError:
+            interrupted = True
+    # Interrupted: no more calls to the engine (its tokenizer may be the reason we stop); keep what finished.
+    records = list(sender.records) if interrupted else _count_missing_tokens(sender.records, sender.texts, tokenizer)
+    measured = [r for r in records if not r.is_warmup]
+    ends = [r.end_ns for r in measured if r.end_ns is not None]
+    end_ns = max(ends) if ends else end_wall
+    lag = np.array([(r.sent_ns - r.scheduled_ns) / 1e9 for r in measured]) if mode == "open" else np.array([])
+    result = LoadResult(
+        records=tuple(sorted(records, key=lambda r: r.index)), mode=mode, start_ns=start_ns, end_ns=end_ns,
+        duration_s=max(end_ns - start_ns, 0) / 1e9, warmup_duration_s=(start_ns - t_warm) / 1e9,
+        schedule_lag_p50_s=float(np.percentile(lag, 50)) if lag.size else None,
+        schedule_lag_p99_s=float(np.percentile(lag, 99)) if lag.size else None,
+        schedule_lag_max_s=float(lag.max()) if lag.size else None,
+        tokenizer=tokenizer.name if tokenizer is not None else "none",
+        counted_tokens=any(r.output_tokens_source == "counted" and r.ok for r in measured),
+    )
+    if interrupted:
+        raise LoadInterrupted(result)
+    return result
+
+
+def _count_missing_tokens(records: list[RequestRecord], texts: dict[int, str],
+                          tokenizer: Tokenizer | None) -> list[RequestRecord]:
+    """Server sent no usage: count the generated text with the tokenizer (after the timed run), or
+    fall back to one token per text chunk (streams) / the word ratio (non-streamed)."""
+    out = []
+    fallback = WordRatioTokenizer()
+    for r in records:
+        if r.output_tokens_source == "counted" and r.index in texts:
+            text = texts[r.index]
+            if tokenizer is not None and tokenizer.exact and text:
+                r = replace(r, output_tokens=tokenizer.count(text))
+            elif not r.stream:
+                r = replace(r, output_tokens=fallback.count(text))
+        out.append(r)
+    return out
+
+
+def client_limits(workload: Workload) -> httpx.Limits:
+    """One connection per user (closed loop); unbounded for open loop so no request queues in the pool."""
+    if workload.concurrency is not None:
+        n = workload.concurrency
+        return httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=30)
+    return httpx.Limits(max_connections=None, max_keepalive_connections=max(64, int((workload.rate or 1) * 4)),
+                        keepalive_expiry=30)
+
+
+def make_client(workload: Workload, transport: StreamingTransport) -> httpx.AsyncClient:
+    """A plain client over `transport` (which holds the connection limits: httpx gives a custom transport none)."""
+    t = workload.request_timeout_s
+    return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(t, connect=min(t, 10.0)), trust_env=False)
+
+
+def run_load_sync(base_url: str, workload: Workload, requests: Iterable[PlannedRequest], *,
+                  progress: bool = False, tokenizer: Tokenizer | None = None) -> LoadResult:
+    """run_load with its own client and transport sized to the load, on uvloop where installed."""
+
+    async def main() -> LoadResult:
+        transport = StreamingTransport(limits=client_limits(workload))
+        async with make_client(workload, transport) as client:
+            return await run_load(client, base_url, workload, requests, progress=progress, tokenizer=tokenizer,
+                                  transport=transport)
+
+    try:
+        import uvloop  # deferred: optional, and only the event loop of a run needs it
+    except ImportError:
+        return asyncio.run(main())
+    return uvloop.run(main())

@@ -1,0 +1,177 @@
+"""One trial: a fresh engine start, warm-up, measured load and telemetry, reduced to a record and a sample."""
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pandas as pd
+
+from llmplay.archive.model import TRIAL_FAILED, TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
+from llmplay.engines.base import Engine
+from llmplay.errors import EngineStartError, InfrastructureError
+from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
+from llmplay.loadgen.tokenizer import make_tokenizer
+from llmplay.loadgen.workload import iter_requests
+from llmplay.metrics import per_request_frame, summarize, usd_per_1m_tokens
+from llmplay.redaction import resolve_env
+from llmplay.spec import Config, EngineSpec, Playbook
+from llmplay.telemetry.nvml import NvmlSource
+from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
+from llmplay.telemetry.prom import PrometheusSource
+from llmplay.telemetry.sampler import Source, TelemetrySampler
+from llmplay.tuning.decide import TrialSample, sample_from_records
+from llmplay.tuning.signals import TrialInterrupted
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """What one trial leaves: its record, the raw data the archive keeps, and the sample decisions use."""
+
+    trial: TrialRecord
+    records: pd.DataFrame | None = None  # one row per request; None when no load ran
+    telemetry: pd.DataFrame | None = None  # the sampler's readings; None when none were taken
+    engine_log: str = ""
+    sample: TrialSample | None = None  # None unless the trial is ok and measured at least one request
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def price_per_hour(playbook: Playbook, config: Config) -> float:
+    """The playbook's price of this configuration: its GPUs plus the host, in USD per hour."""
+    gpus = config.engine.gpus
+    n_gpus = len(gpus) if isinstance(gpus, tuple) else int(gpus or 0)
+    return playbook.cost.gpu_usd_per_hour * n_gpus + playbook.cost.host_usd_per_hour
+
+
+def trial_sample(playbook: Playbook, config: Config, trial: TrialRecord,
+                 records: pd.DataFrame | None) -> TrialSample | None:
+    """The sample decisions use, from an ok trial's request records (fresh, or read back from the archive)."""
+    if trial.status != TRIAL_OK or records is None or not len(records):
+        return None
+    return sample_from_records(records, trial.summary.get("duration_s", 0.0), trial.summary,
+                               playbook.goals.slo_s, price_per_hour(playbook, config))
+
+
+def telemetry_sources(runtime: Any, endpoint: Any, engine: Engine, spec: EngineSpec) -> list[Source]:
+    """What can be sampled for this engine: its /metrics, its container or process, and its GPUs."""
+    sources: list[Source] = [PrometheusSource(endpoint.base_url, engine.metric_names)]
+    container = getattr(runtime, "container", None)
+    pid = getattr(runtime, "pid", None)
+    if container is not None:
+        sources.append(DockerStatsSource(container))
+    elif pid:
+        sources.append(ProcessSource(pid))
+    if isinstance(spec.gpus, tuple):
+        sources.append(NvmlSource([int(g) for g in spec.gpus if str(g).isdigit()] or None))
+    elif spec.gpus:
+        sources.append(NvmlSource(list(range(spec.gpus))))
+    return sources
+
+
+_MEMORY_CAUSE = re.compile(r"out of memory|insufficient memory|failed to allocate|cannot allocate|bad_alloc|"
+                           r"\bOOM\b|OutOfMemory", re.I)
+_ERROR_LINE = re.compile(r"(^|\s)(E|ERROR|FATAL|CRITICAL)\s|error|exception|fatal", re.I)
+_LOG_STAMP = re.compile(r"^[\d.:T\-Z\[\]]+\s+")
+
+
+def start_failure_cause(exc: EngineStartError) -> str:
+    """One line for a trial that never became healthy: what happened plus the engine's own reason, taken from
+    its log (the first out-of-memory line, else the last error line), so the cause is in the tuning record."""
+    head = re.sub(r";?\s*last \d+ log lines:\s*$", "", str(exc).splitlines()[0])
+    lines = [line.strip() for line in (exc.log_tail or "").splitlines() if line.strip()]
+    cause = next((line for line in lines if _MEMORY_CAUSE.search(line)), None)
+    if cause is None:
+        cause = next((line for line in reversed(lines) if _ERROR_LINE.search(line)), None)
+    return f"{head}: {_LOG_STAMP.sub('', cause)[:300]}" if cause else head
+
+
+def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factory: Callable[..., Any], *,
+              trial_id: str, step: str | None, role: str, repeat: int, run_id: str, progress: bool = False
+              ) -> TrialResult:
+    """One fresh engine start, warm-up, measured load, telemetry; failures become a failed TrialRecord.
+
+    A signal mid-load raises TrialInterrupted carrying what finished, after the engine has stopped."""
+    started, t0 = utc_now(), time.perf_counter()
+    labels = {"llmplay.run": run_id, "llmplay.trial": trial_id, "llmplay.config": config.label}
+    runtime = runtime_factory(playbook.runtime)
+    spec = replace(config.engine, env=resolve_env(config.engine.env))
+    base: dict[str, Any] = dict(trial_id=trial_id, config_id=config.label, step=step, role=role, repeat=repeat,
+                                started_utc=started)
+    log = ""
+    try:
+        with runtime.start(spec, engine, labels) as endpoint:
+            try:
+                sources = telemetry_sources(runtime, endpoint, engine, spec)
+                with TelemetrySampler(sources) as sampler:
+                    sampler_origin_ns = time.perf_counter_ns() - int(sampler.elapsed_s() * 1e9)
+                    tokenizer = make_tokenizer("auto", endpoint.base_url, model_dir=spec.model_dir)
+                    try:
+                        requests: Any = iter_requests(config.workload, tokenizer, endpoint.model)
+                        if config.workload.num_requests is not None:
+                            requests = tuple(requests)  # bounded: every prompt built before the clock starts
+                        load = run_load_sync(endpoint.base_url, config.workload, requests, progress=progress,
+                                             tokenizer=tokenizer)
+                    finally:
+                        getattr(tokenizer, "close", lambda: None)()
+            except LoadInterrupted as exc:
+                # A signal mid-load: keep what finished (and the engine's log, while the container exists),
+                # then let the interrupt go on unwinding; --resume runs this trial again.
+                partial = exc.partial
+                measured = partial.measured()
+                partial_summary: dict[str, Any] = summarize(partial.records, partial.duration_s,
+                                                            playbook.goals.slo_s).as_dict()
+                trial = TrialRecord(**base, status=TRIAL_INTERRUPTED, wall_s=time.perf_counter() - t0,
+                                    summary=partial_summary, engine_describe=dict(runtime.describe()),
+                                    error=f"interrupted by a signal; {sum(r.ok for r in measured)} finished "
+                                          "request(s) kept, requests in flight were not recorded")
+                raise TrialInterrupted(trial, per_request_frame(partial.records), runtime.logs()) from None
+            except InfrastructureError as exc:
+                # The engine was healthy, then failed us (e.g. froze while its tokenizer was asked): this
+                # trial failed, the run goes on. Not EngineStartError's path: the container is still ours here.
+                failed = TrialRecord(**base, status=TRIAL_FAILED, wall_s=time.perf_counter() - t0, summary={},
+                                     error=f"the engine failed during the trial: {str(exc).splitlines()[0]}",
+                                     engine_describe=dict(runtime.describe()))
+                return TrialResult(failed, engine_log=runtime.logs())
+            telemetry = sampler.result()
+            describe = dict(runtime.describe())
+            alive = getattr(runtime, "alive", lambda: True)()
+            log = runtime.logs()
+    except EngineStartError as exc:
+        never_started = TrialRecord(**base, status=TRIAL_FAILED, wall_s=time.perf_counter() - t0, summary={},
+                                    error=start_failure_cause(exc), engine_describe={})
+        return TrialResult(never_started, engine_log=exc.log_tail or log)
+    records = per_request_frame(load.records)
+    summary: dict[str, Any] = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
+    summary["duration_s"] = load.duration_s
+    # Telemetry of the measured window only, like the load metrics: warm-up and engine start excluded.
+    summary.update(telemetry.summary(start_s=max(0.0, (load.start_ns - sampler_origin_ns) / 1e9)))
+    cost = usd_per_1m_tokens(price_per_hour(playbook, config), summary.get("throughput.output_tok_s"))
+    if cost is not None:
+        summary["cost.usd_per_1m_tokens"] = cost
+    notes = (*telemetry.notes, f"tokenizer: {load.tokenizer}")
+    error = None
+    status = TRIAL_OK
+    if not alive:
+        status, error = TRIAL_FAILED, "the engine exited during the load"
+    elif summary.get("requests.completed", 0) == 0:
+        status, error = TRIAL_FAILED, f"no request completed ({summary.get('errors.count', 0):.0f} errors)"
+    trial = TrialRecord(**base, status=status, wall_s=time.perf_counter() - t0, summary=summary,
+                        engine_describe=describe, error=error, notes=notes)
+    return TrialResult(trial, records, telemetry.to_frame(), log, trial_sample(playbook, config, trial, records))
+
+
+def describe_trial(trial: TrialRecord) -> str:
+    """The console line of a finished trial: its headline numbers, or why it failed."""
+    role = f"{trial.step or 'baseline'}/{trial.role} #{trial.repeat + 1}"
+    if trial.status != TRIAL_OK:
+        return f"  trial {trial.trial_id} {role}: FAILED: {trial.error}"
+    s: Mapping[str, float] = trial.summary
+    return (f"  trial {trial.trial_id} {role}: {s.get('throughput.output_tok_s', 0):.1f} output tok/s, "
+            f"TTFT p95 {s.get('ttft.p95', float('nan')) * 1000:.1f} ms, TPOT p95 "
+            f"{s.get('tpot.p95', float('nan')) * 1000:.2f} ms, errors {s.get('errors.rate', 0):.1%}")
