@@ -7,6 +7,7 @@ so their plausibility is visible. The measured copy bandwidth is the roofline's 
 
     python benchmarks/gpu_check.py            # ~30 s; writes $OUT/gpu_check.json when OUT is set
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from llmplay.telemetry.nvml import NvmlSource  # noqa: E402 - must follow the sys.path line
-from llmplay.telemetry.sampler import TelemetrySampler  # noqa: E402 - must follow the sys.path line
-from llmplay.tuning.diagnose.gpus import lookup_gpu  # noqa: E402 - must follow the sys.path line
+from llmplay.telemetry.nvml import NvmlSource
+from llmplay.telemetry.sampler import TelemetrySampler
+from llmplay.tuning.diagnose.gpus import lookup_gpu
 
 GiB = 2**30
 PYNVML_HELP = (
@@ -36,7 +37,9 @@ PYNVML_HELP = (
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seconds", type=float, default=10.0, help="duration of each load phase (default 10)")
     ap.add_argument("--idle-seconds", type=float, default=2.0, help="idle baseline phase (default 2)")
     ap.add_argument("--matmul-n", type=int, default=8192, help="square bf16 matmul size (default 8192)")
@@ -53,8 +56,10 @@ def require_cuda() -> Any:
     except ImportError:
         raise SystemExit("gpu_check: PyTorch is not installed; run this on the GPU machine, which has it") from None
     if not torch.cuda.is_available():
-        raise SystemExit("gpu_check: CUDA is not available (torch.cuda.is_available() is False); "
-                         "run this on a machine with an NVIDIA GPU and driver")
+        raise SystemExit(
+            "gpu_check: CUDA is not available (torch.cuda.is_available() is False); "
+            "run this on a machine with an NVIDIA GPU and driver"
+        )
     return torch
 
 
@@ -97,14 +102,22 @@ def timed_loop(torch: Any, seconds: float, body: Callable[[], None], batch: int)
     return iters, gpu_ms / 1000.0
 
 
-def phase(name: str, nvml_index: int, interval: float, run: Callable[[], dict[str, float]], skip_s: float) -> dict[str, Any]:
+def phase(
+    name: str, nvml_index: int, interval: float, run: Callable[[], dict[str, float]], skip_s: float
+) -> dict[str, Any]:
     """One load under the sampler; telemetry is summarised after `skip_s` so ramp-up does not dilute it."""
     with TelemetrySampler([NvmlSource([nvml_index])], interval_s=interval) as s:
         measured = run()
     series = s.result()
-    return {"name": name, "measured": measured, "telemetry": series.summary(start_s=min(skip_s, series.duration_s / 2)),
-            "samples": len(series.samples), "notes": list(series.notes), "info": dict(series.info),
-            "duration_s": series.duration_s}
+    return {
+        "name": name,
+        "measured": measured,
+        "telemetry": series.summary(start_s=min(skip_s, series.duration_s / 2)),
+        "samples": len(series.samples),
+        "notes": list(series.notes),
+        "info": dict(series.info),
+        "duration_s": series.duration_s,
+    }
 
 
 def fmt(x: float | None, scale: float = 1.0, unit: str = "", digits: int = 1) -> str:
@@ -122,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(dev)
     nvml_index, uuid = nvml_index_for(torch, dev)
     spec = lookup_gpu(props.name)
-    print(f"GPU {dev}: {props.name} ({props.total_memory / GiB:.1f} GiB), NVML index {nvml_index}, "
-          f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+    print(
+        f"GPU {dev}: {props.name} ({props.total_memory / GiB:.1f} GiB), NVML index {nvml_index}, "
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+    )
     print(f"datasheet: {spec}" if spec else "datasheet: GPU not in llmplay.gpus table; ratios not shown")
 
     n = args.matmul_n
@@ -152,16 +167,20 @@ def main(argv: list[str] | None = None) -> int:
         return {"iterations": iters, "gpu_s": gpu_s, "bandwidth_bytes_s": 2.0 * nbytes * iters / gpu_s}  # read + write
 
     skip = 1.0
-    phases = [phase("idle", nvml_index, args.interval, idle, 0.5),
-              phase("bf16 matmul", nvml_index, args.interval, matmul, skip),
-              phase("d2d copy", nvml_index, args.interval, copy, skip)]
+    phases = [
+        phase("idle", nvml_index, args.interval, idle, 0.5),
+        phase("bf16 matmul", nvml_index, args.interval, matmul, skip),
+        phase("d2d copy", nvml_index, args.interval, copy, skip),
+    ]
     idle_p, mm, cp = phases
     flops = mm["measured"]["flops_s"]
     bw = cp["measured"]["bandwidth_bytes_s"]
 
     print()
-    head = f"{'phase':<12} {'measured':>16} {'÷ datasheet':>12} {'NVML util':>10} {'mem-ctl util':>12} " \
-           f"{'SM act (GPM)':>13} {'DRAM bw (GPM)':>14} {'mem peak':>11} {'power':>8} {'SM clock':>9}"
+    head = (
+        f"{'phase':<12} {'measured':>16} {'÷ datasheet':>12} {'NVML util':>10} {'mem-ctl util':>12} "
+        f"{'SM act (GPM)':>13} {'DRAM bw (GPM)':>14} {'mem peak':>11} {'power':>8} {'SM clock':>9}"
+    )
     print(head)
     print("-" * len(head))
     for p, meas, ratio in (
@@ -170,11 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         (cp, f"{bw / 1e12:.2f} TB/s", bw / spec.memory_bandwidth_bytes_s if spec else None),
     ):
         t = p["telemetry"]
-        print(f"{p['name']:<12} {meas:>16} {fmt(ratio, 100, '%'):>12} {fmt(t.get('gpu.util_mean'), 100, '%'):>10} "
-              f"{fmt(t.get('gpu.mem_bw_util_mean'), 100, '%'):>12} {fmt(t.get('gpu.sm_activity_mean'), 100, '%'):>13} "
-              f"{fmt(t.get('gpu.dram_bw_util_mean'), 100, '%'):>14} "
-              f"{fmt(t.get('memory.peak_bytes'), 1 / GiB, ' GiB'):>11} {fmt(t.get('gpu.power_w_mean'), 1, ' W', 0):>8} "
-              f"{fmt(t.get('gpu.sm_clock_mhz_mean'), 1, ' MHz', 0):>9}")
+        print(
+            f"{p['name']:<12} {meas:>16} {fmt(ratio, 100, '%'):>12} {fmt(t.get('gpu.util_mean'), 100, '%'):>10} "
+            f"{fmt(t.get('gpu.mem_bw_util_mean'), 100, '%'):>12} {fmt(t.get('gpu.sm_activity_mean'), 100, '%'):>13} "
+            f"{fmt(t.get('gpu.dram_bw_util_mean'), 100, '%'):>14} "
+            f"{fmt(t.get('memory.peak_bytes'), 1 / GiB, ' GiB'):>11} {fmt(t.get('gpu.power_w_mean'), 1, ' W', 0):>8} "
+            f"{fmt(t.get('gpu.sm_clock_mhz_mean'), 1, ' MHz', 0):>9}"
+        )
     for p in phases:
         for note in p["notes"]:
             print(f"  note ({p['name']}): {note}")
@@ -187,39 +208,75 @@ def main(argv: list[str] | None = None) -> int:
 
     tm, tc, ti = mm["telemetry"], cp["telemetry"], idle_p["telemetry"]
     if have_nvml and tm:
-        check("NVML util ≥ 90% during matmul", tm.get("gpu.util_mean", 0) >= 0.9, fmt(tm.get("gpu.util_mean"), 100, "%"))
+        check(
+            "NVML util ≥ 90% during matmul", tm.get("gpu.util_mean", 0) >= 0.9, fmt(tm.get("gpu.util_mean"), 100, "%")
+        )
         check("NVML util ≤ 10% at idle", ti.get("gpu.util_mean", 1) <= 0.1, fmt(ti.get("gpu.util_mean"), 100, "%"))
         peak = tm.get("memory.peak_bytes")
-        check("NVML memory peak ≥ PyTorch allocation", peak is not None and peak >= allocated,
-              f"{fmt(peak, 1 / GiB, ' GiB', 2)} vs {allocated / GiB:.2f} GiB allocated")
+        check(
+            "NVML memory peak ≥ PyTorch allocation",
+            peak is not None and peak >= allocated,
+            f"{fmt(peak, 1 / GiB, ' GiB', 2)} vs {allocated / GiB:.2f} GiB allocated",
+        )
         if "gpu.sm_activity_mean" in tm:
-            check("GPM SM activity ≥ 80% during matmul", tm["gpu.sm_activity_mean"] >= 0.8,
-                  fmt(tm["gpu.sm_activity_mean"], 100, "%"))
+            check(
+                "GPM SM activity ≥ 80% during matmul",
+                tm["gpu.sm_activity_mean"] >= 0.8,
+                fmt(tm["gpu.sm_activity_mean"], 100, "%"),
+            )
         if "gpu.dram_bw_util_mean" in tc and spec:
             expect = bw / spec.memory_bandwidth_bytes_s
             got = tc["gpu.dram_bw_util_mean"]
-            check("GPM DRAM bw util within ±20 points of measured ÷ datasheet", abs(got - expect) <= 0.2,
-                  f"GPM {got * 100:.1f}% vs measured {expect * 100:.1f}%")
-        check("NVML memory-controller util higher in copy than idle",
-              tc.get("gpu.mem_bw_util_mean", 0) > ti.get("gpu.mem_bw_util_mean", 1),
-              f"{fmt(tc.get('gpu.mem_bw_util_mean'), 100, '%')} vs {fmt(ti.get('gpu.mem_bw_util_mean'), 100, '%')}")
+            check(
+                "GPM DRAM bw util within ±20 points of measured ÷ datasheet",
+                abs(got - expect) <= 0.2,
+                f"GPM {got * 100:.1f}% vs measured {expect * 100:.1f}%",
+            )
+        check(
+            "NVML memory-controller util higher in copy than idle",
+            tc.get("gpu.mem_bw_util_mean", 0) > ti.get("gpu.mem_bw_util_mean", 1),
+            f"{fmt(tc.get('gpu.mem_bw_util_mean'), 100, '%')} vs {fmt(ti.get('gpu.mem_bw_util_mean'), 100, '%')}",
+        )
     if spec:
-        check("copy bandwidth 50–100% of datasheet", 0.5 <= bw / spec.memory_bandwidth_bytes_s <= 1.0,
-              f"{bw / spec.memory_bandwidth_bytes_s * 100:.1f}%")
-        check("matmul 30–100% of datasheet dense bf16", 0.3 <= flops / spec.bf16_dense_flops <= 1.0,
-              f"{flops / spec.bf16_dense_flops * 100:.1f}%")
+        check(
+            "copy bandwidth 50–100% of datasheet",
+            0.5 <= bw / spec.memory_bandwidth_bytes_s <= 1.0,
+            f"{bw / spec.memory_bandwidth_bytes_s * 100:.1f}%",
+        )
+        check(
+            "matmul 30–100% of datasheet dense bf16",
+            0.3 <= flops / spec.bf16_dense_flops <= 1.0,
+            f"{flops / spec.bf16_dense_flops * 100:.1f}%",
+        )
     print()
     for ch in checks:
         print(f"  [{'PASS' if ch['ok'] else 'FAIL'}] {ch['check']}: {ch['seen']}")
-    print(f"\nroofline input: measured copy bandwidth {bw / 1e12:.3f} TB/s"
-          + (f" = {bw / spec.memory_bandwidth_bytes_s * 100:.1f}% of the {spec.model} datasheet "
-             f"{spec.memory_bandwidth_bytes_s / 1e12:.2f} TB/s" if spec else ""))
+    print(
+        f"\nroofline input: measured copy bandwidth {bw / 1e12:.3f} TB/s"
+        + (
+            f" = {bw / spec.memory_bandwidth_bytes_s * 100:.1f}% of the {spec.model} datasheet "
+            f"{spec.memory_bandwidth_bytes_s / 1e12:.2f} TB/s"
+            if spec
+            else ""
+        )
+    )
 
     result = {
-        "gpu": {"name": props.name, "uuid": uuid, "nvml_index": nvml_index, "total_memory_bytes": props.total_memory,
-                "spec": spec.__dict__ if spec else None},
-        "host": platform.node(), "torch": torch.__version__, "cuda": torch.version.cuda, "pynvml": have_nvml,
-        "args": vars(args), "allocated_bytes": allocated, "phases": phases, "checks": checks,
+        "gpu": {
+            "name": props.name,
+            "uuid": uuid,
+            "nvml_index": nvml_index,
+            "total_memory_bytes": props.total_memory,
+            "spec": spec.__dict__ if spec else None,
+        },
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "pynvml": have_nvml,
+        "args": vars(args),
+        "allocated_bytes": allocated,
+        "phases": phases,
+        "checks": checks,
         "roofline": {"measured_copy_bandwidth_bytes_s": bw, "measured_bf16_flops_s": flops},
     }
     out = args.json or (os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None)

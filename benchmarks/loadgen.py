@@ -8,6 +8,7 @@ TTFT_true = first chunk write − request read, ITL_true = gaps between chunk wr
 is measured − true, per request (TTFT) and per chunk gap (ITL). With --peers, AIPerf and guidellm from
 /tmp/peers-venv run against the same instrument where they install and start offline.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ import numpy as np
 import psutil
 
 from llmplay.loadgen.runner import run_load_sync
-from llmplay.loadgen.tokenizer import WordRatioTokenizer
+from llmplay.loadgen.tokenizer import WORDS, WordRatioTokenizer
 from llmplay.loadgen.workload import build_requests
 from llmplay.spec import LengthDist, Workload
 from llmplay_testing.instrument import InstrumentServer
@@ -35,12 +36,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS_VENV = Path("/tmp/peers-venv")
 
 
-def measure_llmplay(srv: InstrumentServer, streams: int, *, ttft_ms: float, itl_ms: float, tokens: int,
-                    seconds: float) -> dict:
+def measure_llmplay(
+    srv: InstrumentServer, streams: int, *, ttft_ms: float, itl_ms: float, tokens: int, seconds: float
+) -> dict:
     per_request_s = (ttft_ms + (tokens - 1) * itl_ms) / 1000
     per_user = max(2, round(seconds / per_request_s))
-    wl = Workload(concurrency=streams, num_requests=streams * per_user, input=LengthDist("fixed", value=4),
-                  output=LengthDist("fixed", value=tokens), request_timeout_s=120)
+    wl = Workload(
+        concurrency=streams,
+        num_requests=streams * per_user,
+        input=LengthDist("fixed", value=4),
+        output=LengthDist("fixed", value=tokens),
+        request_timeout_s=120,
+    )
     reqs = tuple(replace(r, prompt=f"req {r.index}") for r in build_requests(wl, WordRatioTokenizer(), "m"))
     srv.fetch_log()
     server = psutil.Process(srv._proc.pid) if srv._proc else None
@@ -73,11 +80,17 @@ def measure_llmplay(srv: InstrumentServer, streams: int, *, ttft_ms: float, itl_
         server_late.extend(((sent - scripted) / 1e6).tolist())
     te, ie, sl = np.abs(ttft_err), np.abs(itl_err), np.asarray(server_late)
     return {
-        "tool": "llmplay", "streams": streams, "requests": len(res.records), "errors": errors,
-        "chunks": chunks, "wall_s": wall, "chunks_per_s": chunks / wall,
+        "tool": "llmplay",
+        "streams": streams,
+        "requests": len(res.records),
+        "errors": errors,
+        "chunks": chunks,
+        "wall_s": wall,
+        "chunks_per_s": chunks / wall,
         "cpu_s_per_1k_chunks": cpu / chunks * 1000 if chunks else float("nan"),
         "server_cpu_s_per_1k_chunks": s_cpu / chunks * 1000 if chunks else float("nan"),
-        "ttft_err_p50_ms": float(np.percentile(te, 50)), "ttft_err_p99_ms": float(np.percentile(te, 99)),
+        "ttft_err_p50_ms": float(np.percentile(te, 50)),
+        "ttft_err_p99_ms": float(np.percentile(te, 99)),
         "itl_err_p50_ms": float(np.percentile(ie, 50)) if ie.size else float("nan"),
         "itl_err_p99_ms": float(np.percentile(ie, 99)) if ie.size else float("nan"),
         "server_late_p99_ms": float(np.percentile(sl, 99)) if sl.size else float("nan"),
@@ -106,15 +119,31 @@ fast.save_pretrained(sys.argv[1])
 def peer_tokenizer() -> Path:
     """A word-level tokenizer.json made here (peers insist on a HF tokenizer; none can be downloaded)."""
     if not (TOKENIZER_DIR / "tokenizer.json").exists():
-        from llmplay.loadgen.tokenizer import WORDS
-
-        subprocess.run([str(PEERS_VENV / "bin" / "python"), "-c", _MAKE_TOKENIZER, str(TOKENIZER_DIR),
-                        ",".join(sorted(set(WORDS)))], check=True, capture_output=True)
+        subprocess.run(
+            [
+                str(PEERS_VENV / "bin" / "python"),
+                "-c",
+                _MAKE_TOKENIZER,
+                str(TOKENIZER_DIR),
+                ",".join(sorted(set(WORDS))),
+            ],
+            check=True,
+            capture_output=True,
+        )
     return TOKENIZER_DIR
 
 
-def try_peer(name: str, srv: InstrumentServer, streams: int, *, ttft_ms: float, itl_ms: float, tokens: int,
-             seconds: float, workdir: Path) -> dict:
+def try_peer(
+    name: str,
+    srv: InstrumentServer,
+    streams: int,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    tokens: int,
+    seconds: float,
+    workdir: Path,
+) -> dict:
     """Run a peer tool on the same instrument; report its own TTFT/ITL p50/p99 beside the truth."""
     exe = PEERS_VENV / "bin" / name
     if not exe.exists():
@@ -128,16 +157,49 @@ def try_peer(name: str, srv: InstrumentServer, streams: int, *, ttft_ms: float, 
     # Not HF_HUB_OFFLINE: aiperf then insists on a hub cache snapshot instead of the local directory.
     env = {**os.environ, "NO_COLOR": "1"}
     if name == "aiperf":
-        cmd = [str(exe), "profile", "--model", "instrument", "--url", url, "--endpoint-type", "completions",
-               "--streaming", "--concurrency", str(streams), "--request-count", str(count),
-               "--synthetic-input-tokens-mean", "4", "--output-tokens-mean", str(tokens),
-               "--tokenizer", str(peer_tokenizer()), "--artifact-dir", str(out), "--ui-type", "none"]
+        cmd = [
+            str(exe),
+            "profile",
+            "--model",
+            "instrument",
+            "--url",
+            url,
+            "--endpoint-type",
+            "completions",
+            "--streaming",
+            "--concurrency",
+            str(streams),
+            "--request-count",
+            str(count),
+            "--synthetic-input-tokens-mean",
+            "4",
+            "--output-tokens-mean",
+            str(tokens),
+            "--tokenizer",
+            str(peer_tokenizer()),
+            "--artifact-dir",
+            str(out),
+            "--ui-type",
+            "none",
+        ]
     else:
-        cmd = [str(exe), "run", "--backend", f"kind=openai_http,target={url},model=instrument",
-               "--profile", f"kind=concurrent,streams={streams}", "--constraint", f"kind=max_requests,count={count}",
-               "--tokenizer", f"kind=hf_auto,model={peer_tokenizer()}",
-               "--data", f"kind=synthetic_text,prompt_tokens=4,output_tokens={tokens}",
-               "--output", f"kind=json,path={out / 'benchmarks.json'}", "--disable-progress"]
+        cmd = [
+            str(exe),
+            "run",
+            "--backend",
+            f"kind=openai_http,target={url},model=instrument",
+            "--profile",
+            f"kind=concurrent,streams={streams}",
+            "--constraint",
+            f"kind=max_requests,count={count}",
+            "--tokenizer",
+            f"kind=hf_auto,model={peer_tokenizer()}",
+            "--data",
+            f"kind=synthetic_text,prompt_tokens=4,output_tokens={tokens}",
+            "--output",
+            f"kind=json,path={out / 'benchmarks.json'}",
+            "--disable-progress",
+        ]
     srv.fetch_log()
     t0 = time.perf_counter()
     try:
@@ -167,14 +229,21 @@ def try_peer(name: str, srv: InstrumentServer, streams: int, *, ttft_ms: float, 
     cpu = _cpu_between(samples, w0, w1)
     true_ttft = np.array([(e["send_ns"][0] - e["recv_ns"]) / 1e6 for e in log if e["send_ns"]])
     true_itl = np.concatenate([np.diff(e["send_ns"]) / 1e6 for e in log if len(e["send_ns"]) > 1])
-    row = {"tool": name, "streams": streams, "status": "ok", "chunks": chunks, "wall_s": wall,
-           "window_s": (w1 - w0) / 1e9, "chunks_per_s": chunks / ((w1 - w0) / 1e9),
-           "cpu_s_per_1k_chunks": cpu / chunks * 1000 if cpu is not None else float("nan"),
-           "true_ttft_p50_ms": float(np.percentile(true_ttft, 50)),
-           "true_ttft_p99_ms": float(np.percentile(true_ttft, 99)),
-           "true_itl_p50_ms": float(np.percentile(true_itl, 50)),
-           "true_itl_p99_ms": float(np.percentile(true_itl, 99)),
-           "raw_output_tail": (text or "")[-2000:]}
+    row = {
+        "tool": name,
+        "streams": streams,
+        "status": "ok",
+        "chunks": chunks,
+        "wall_s": wall,
+        "window_s": (w1 - w0) / 1e9,
+        "chunks_per_s": chunks / ((w1 - w0) / 1e9),
+        "cpu_s_per_1k_chunks": cpu / chunks * 1000 if cpu is not None else float("nan"),
+        "true_ttft_p50_ms": float(np.percentile(true_ttft, 50)),
+        "true_ttft_p99_ms": float(np.percentile(true_ttft, 99)),
+        "true_itl_p50_ms": float(np.percentile(true_itl, 50)),
+        "true_itl_p99_ms": float(np.percentile(true_itl, 99)),
+        "raw_output_tail": (text or "")[-2000:],
+    }
     row.update(_peer_reported(name, out))
     return row
 
@@ -213,34 +282,47 @@ def _peer_reported(name: str, out: Path) -> dict:
     try:
         if name == "aiperf":
             d = json.loads((out / "profile_export_aiperf.json").read_text())
-            return {"their_ttft_p50_ms": d["time_to_first_token"]["p50"],
-                    "their_ttft_p99_ms": d["time_to_first_token"]["p99"],
-                    "their_itl_p50_ms": d["inter_token_latency"]["p50"],
-                    "their_itl_p99_ms": d["inter_token_latency"]["p99"]}
+            return {
+                "their_ttft_p50_ms": d["time_to_first_token"]["p50"],
+                "their_ttft_p99_ms": d["time_to_first_token"]["p99"],
+                "their_itl_p50_ms": d["inter_token_latency"]["p50"],
+                "their_itl_p99_ms": d["inter_token_latency"]["p99"],
+            }
         files = sorted(out.rglob("*.json"))
         d = json.loads(files[-1].read_text()) if files else {}
         bench = d["benchmarks"][0]["metrics"]
         ttft, itl = bench["time_to_first_token_ms"]["successful"], bench["inter_token_latency_ms"]["successful"]
-        return {"their_ttft_p50_ms": ttft["median"], "their_ttft_p99_ms": ttft["percentiles"]["p99"],
-                "their_itl_p50_ms": itl["median"], "their_itl_p99_ms": itl["percentiles"]["p99"]}
+        return {
+            "their_ttft_p50_ms": ttft["median"],
+            "their_ttft_p99_ms": ttft["percentiles"]["p99"],
+            "their_itl_p50_ms": itl["median"],
+            "their_itl_p99_ms": itl["percentiles"]["p99"],
+        }
     except (OSError, KeyError, IndexError, TypeError, ValueError) as exc:
         return {"their_metrics": f"unreadable: {type(exc).__name__}: {exc}"}
 
 
 def fmt_table(rows: list[dict], peers: list[dict]) -> str:
-    head = ("| streams | chunks/s (ideal) | client CPU s / 1k chunks | TTFT err p50 / p99 ms | "
-            "ITL err p50 / p99 ms | server CPU s / 1k | server late p99 ms | req transit p99 ms | errors |")
+    head = (
+        "| streams | chunks/s (ideal) | client CPU s / 1k chunks | TTFT err p50 / p99 ms | "
+        "ITL err p50 / p99 ms | server CPU s / 1k | server late p99 ms | req transit p99 ms | errors |"
+    )
     lines = [head, "|" + "---|" * 9]
     for r in rows:
-        lines.append(f"| {r['streams']} | {r['chunks_per_s']:,.0f} ({r['ideal_chunks_per_s']:,.0f}) | "
-                     f"{r['cpu_s_per_1k_chunks']:.3f} | {r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} | "
-                     f"{r['itl_err_p50_ms']:.2f} / {r['itl_err_p99_ms']:.2f} | {r['server_cpu_s_per_1k_chunks']:.3f} | "
-                     f"{r['server_late_p99_ms']:.2f} | {r['request_transit_p99_ms']:.2f} | "
-                     f"{r['errors']} |")
+        lines.append(
+            f"| {r['streams']} | {r['chunks_per_s']:,.0f} ({r['ideal_chunks_per_s']:,.0f}) | "
+            f"{r['cpu_s_per_1k_chunks']:.3f} | {r['ttft_err_p50_ms']:.2f} / {r['ttft_err_p99_ms']:.2f} | "
+            f"{r['itl_err_p50_ms']:.2f} / {r['itl_err_p99_ms']:.2f} | {r['server_cpu_s_per_1k_chunks']:.3f} | "
+            f"{r['server_late_p99_ms']:.2f} | {r['request_transit_p99_ms']:.2f} | "
+            f"{r['errors']} |"
+        )
     if peers:
-        lines += ["", "| peer | streams | chunks/s (ratio to llmplay) | CPU s / 1k chunks (ratio) | "
-                  "its TTFT p50 / p99 ms (truth) | its ITL p50 / p99 ms (truth) | status |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| peer | streams | chunks/s (ratio to llmplay) | CPU s / 1k chunks (ratio) | "
+            "its TTFT p50 / p99 ms (truth) | its ITL p50 / p99 ms (truth) | status |",
+            "|---|---|---|---|---|---|---|",
+        ]
         ours = {r["streams"]: r for r in rows}
         for p in peers:
             if p.get("status") != "ok":
@@ -249,13 +331,19 @@ def fmt_table(rows: list[dict], peers: list[dict]) -> str:
             o = ours.get(p["streams"])
             ratio_c = p["chunks_per_s"] / o["chunks_per_s"] if o else float("nan")
             ratio_cpu = p["cpu_s_per_1k_chunks"] / o["cpu_s_per_1k_chunks"] if o else float("nan")
-            ttft = (f"{p.get('their_ttft_p50_ms', float('nan')):.2f} / {p.get('their_ttft_p99_ms', float('nan')):.2f}"
-                    f" ({p['true_ttft_p50_ms']:.2f} / {p['true_ttft_p99_ms']:.2f})")
-            itl = (f"{p.get('their_itl_p50_ms', float('nan')):.2f} / {p.get('their_itl_p99_ms', float('nan')):.2f}"
-                   f" ({p['true_itl_p50_ms']:.2f} / {p['true_itl_p99_ms']:.2f})")
-            lines.append(f"| {p['tool']} | {p['streams']} | {p['chunks_per_s']:,.0f} ({ratio_c:.2f}x) | "
-                         f"{p['cpu_s_per_1k_chunks']:.3f} ({ratio_cpu:.2f}x) | {ttft} | {itl} | "
-                         f"{p.get('their_metrics', 'ok')} |")
+            ttft = (
+                f"{p.get('their_ttft_p50_ms', float('nan')):.2f} / {p.get('their_ttft_p99_ms', float('nan')):.2f}"
+                f" ({p['true_ttft_p50_ms']:.2f} / {p['true_ttft_p99_ms']:.2f})"
+            )
+            itl = (
+                f"{p.get('their_itl_p50_ms', float('nan')):.2f} / {p.get('their_itl_p99_ms', float('nan')):.2f}"
+                f" ({p['true_itl_p50_ms']:.2f} / {p['true_itl_p99_ms']:.2f})"
+            )
+            lines.append(
+                f"| {p['tool']} | {p['streams']} | {p['chunks_per_s']:,.0f} ({ratio_c:.2f}x) | "
+                f"{p['cpu_s_per_1k_chunks']:.3f} ({ratio_cpu:.2f}x) | {ttft} | {itl} | "
+                f"{p.get('their_metrics', 'ok')} |"
+            )
     return "\n".join(lines)
 
 
@@ -272,19 +360,31 @@ def main() -> None:
     rows, peers = [], []
     with InstrumentServer(process=True, use_uvloop=True) as srv:
         for n in (int(x) for x in args.streams.split(",")):
-            row = measure_llmplay(srv, n, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens,
-                                  seconds=args.seconds)
+            row = measure_llmplay(
+                srv, n, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens, seconds=args.seconds
+            )
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
             if args.peers:
                 for name in ("aiperf", "guidellm"):
-                    p = try_peer(name, srv, n, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens=args.tokens,
-                                 seconds=args.seconds, workdir=Path("/tmp/loadgen-peers"))
+                    p = try_peer(
+                        name,
+                        srv,
+                        n,
+                        ttft_ms=args.ttft_ms,
+                        itl_ms=args.itl_ms,
+                        tokens=args.tokens,
+                        seconds=args.seconds,
+                        workdir=Path("/tmp/loadgen-peers"),
+                    )
                     peers.append(p)
-                    print(json.dumps({k: v for k, v in p.items() if k != "raw_output_tail"}), file=sys.stderr,
-                          flush=True)
-    print(f"instrument: TTFT {args.ttft_ms:g} ms, ITL {args.itl_ms:g} ms, {args.tokens} tokens/request; "
-          f"{os.cpu_count()} CPUs; python {sys.version.split()[0]}")
+                    print(
+                        json.dumps({k: v for k, v in p.items() if k != "raw_output_tail"}), file=sys.stderr, flush=True
+                    )
+    print(
+        f"instrument: TTFT {args.ttft_ms:g} ms, ITL {args.itl_ms:g} ms, {args.tokens} tokens/request; "
+        f"{os.cpu_count()} CPUs; python {sys.version.split()[0]}"
+    )
     print(fmt_table(rows, peers))
     if args.json:
         Path(args.json).write_text(json.dumps({"llmplay": rows, "peers": peers}, indent=2))

@@ -1,4 +1,5 @@
 """`python -m llmplay`: the same entry point as the `llmplay` console script."""
+
 from llmplay.cli import main
 
 main()

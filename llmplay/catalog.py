@@ -1,4 +1,5 @@
 """Every metric path: its unit, which direction is better, its label, how to show it, and the lists that pick from it."""
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,14 @@ class MetricInfo:
         return f"{value:.4g} {self.unit}" if self.unit != "count" else f"{value:.4g}"
 
 
-_LATENCY_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency",
-                   "ttft_nonstream": "TTFT (non-streamed)", "queue_wait": "client queue wait"}
+_LATENCY_LABELS = {
+    "ttft": "TTFT",
+    "tpot": "TPOT",
+    "itl": "ITL",
+    "e2el": "E2E latency",
+    "ttft_nonstream": "TTFT (non-streamed)",
+    "queue_wait": "client queue wait",
+}
 _STATS = ("mean", "std", "p50", "p90", "p95", "p99")
 
 METRICS: dict[str, MetricInfo] = {}
@@ -71,30 +78,73 @@ def metric_info(path: str) -> MetricInfo | None:
 # The metrics the archive keeps for the tuning record: each configuration's row and each step's deltas
 # (tuning.decide, tuning.run); the console and the HTML report show the subsets below.
 RECORD_METRICS: tuple[str, ...] = (
-    "ttft.p50", "ttft.p95", "ttft.p99", "tpot.p95", "itl.p99", "e2el.p95", "throughput.output_tok_s",
-    "throughput.req_s", "goodput.req_s", "errors.rate", "cost.usd_per_1m_tokens", "memory.peak_frac",
+    "ttft.p50",
+    "ttft.p95",
+    "ttft.p99",
+    "tpot.p95",
+    "itl.p99",
+    "e2el.p95",
+    "throughput.output_tok_s",
+    "throughput.req_s",
+    "goodput.req_s",
+    "errors.rate",
+    "cost.usd_per_1m_tokens",
+    "memory.peak_frac",
     "memory.kv_share",
 )
 # The tuning record as printed on the console after a run (commands.run).
 TUNING_RECORD_METRICS: tuple[str, ...] = (
-    "ttft.p50", "ttft.p95", "tpot.p95", "itl.p99", "e2el.p95", "throughput.output_tok_s", "throughput.req_s",
-    "goodput.req_s", "cost.usd_per_1m_tokens", "errors.rate",
+    "ttft.p50",
+    "ttft.p95",
+    "tpot.p95",
+    "itl.p99",
+    "e2el.p95",
+    "throughput.output_tok_s",
+    "throughput.req_s",
+    "goodput.req_s",
+    "cost.usd_per_1m_tokens",
+    "errors.rate",
 )
 # What `llmplay compare` shows of each run's final configuration, besides the goals' own metrics.
 COMPARED_METRICS: tuple[str, ...] = (
-    "ttft.p50", "ttft.p95", "ttft.p99", "tpot.p50", "tpot.p95", "itl.p50", "itl.p99", "e2el.p50", "e2el.p95",
-    "throughput.output_tok_s", "throughput.total_tok_s", "throughput.req_s", "goodput.req_s", "errors.rate",
-    "cost.usd_per_1m_tokens", "memory.peak_frac", "memory.peak_bytes", "memory.kv_share",
-    "engine.kv_cache_usage_max", "engine.preemptions",
+    "ttft.p50",
+    "ttft.p95",
+    "ttft.p99",
+    "tpot.p50",
+    "tpot.p95",
+    "itl.p50",
+    "itl.p99",
+    "e2el.p50",
+    "e2el.p95",
+    "throughput.output_tok_s",
+    "throughput.total_tok_s",
+    "throughput.req_s",
+    "goodput.req_s",
+    "errors.rate",
+    "cost.usd_per_1m_tokens",
+    "memory.peak_frac",
+    "memory.peak_bytes",
+    "memory.kv_share",
+    "engine.kv_cache_usage_max",
+    "engine.preemptions",
 )
 # The HTML report's tuning-record table as CHECKLIST §3 asks for: (metric path, column header). "memory.peak"
 # is no metric of its own: the report shows peak bytes with their share of capacity, or the engine's RSS.
 PEAK_MEMORY_COLUMN = "memory.peak"
 REPORT_RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("ttft.p50", "TTFT P50"), ("ttft.p95", "TTFT P95"), ("ttft.p99", "TTFT P99"), ("tpot.p95", "TPOT P95"),
-    ("itl.p99", "ITL P99"), ("e2el.p95", "E2EL P95"), ("throughput.output_tok_s", "output tok/s"),
-    ("throughput.req_s", "req/s"), ("goodput.req_s", "goodput req/s"), (PEAK_MEMORY_COLUMN, "peak memory"),
-    ("memory.kv_share", "KV share"), ("cost.usd_per_1m_tokens", "$ / 1M tok"), ("errors.rate", "errors"),
+    ("ttft.p50", "TTFT P50"),
+    ("ttft.p95", "TTFT P95"),
+    ("ttft.p99", "TTFT P99"),
+    ("tpot.p95", "TPOT P95"),
+    ("itl.p99", "ITL P99"),
+    ("e2el.p95", "E2EL P95"),
+    ("throughput.output_tok_s", "output tok/s"),
+    ("throughput.req_s", "req/s"),
+    ("goodput.req_s", "goodput req/s"),
+    (PEAK_MEMORY_COLUMN, "peak memory"),
+    ("memory.kv_share", "KV share"),
+    ("cost.usd_per_1m_tokens", "$ / 1M tok"),
+    ("errors.rate", "errors"),
 )
 
 # What each figure means (DESIGN.md's definitions), as the report's method section states them.
@@ -103,16 +153,27 @@ METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
     ("E2EL", "request sent → last token-bearing chunk (not the usage-only chunk or [DONE])."),
     ("TPOT", "per request (E2EL − TTFT) / (output tokens − 1), requests with more than one output token."),
     ("ITL", "every gap between successive content chunks, pooled over requests."),
-    ("Output tokens", "the server's usage figures; counted from the stream where the server sent none "
-                      "(the trial notes say so)."),
-    ("Throughput", "completed requests, output tokens, and input + output tokens ÷ benchmark duration; "
-                   "the duration excludes warm-up."),
+    (
+        "Output tokens",
+        "the server's usage figures; counted from the stream where the server sent none (the trial notes say so).",
+    ),
+    (
+        "Throughput",
+        "completed requests, output tokens, and input + output tokens ÷ benchmark duration; "
+        "the duration excludes warm-up.",
+    ),
     ("Goodput", "requests per second that met every per-request SLO."),
     ("Percentiles", "P50/P90/P95/P99 with numpy's linear interpolation, never nearest-rank; means alone mislead."),
-    ("Errors", "HTTP errors, timeouts and truncated streams are counted and gated (errors.rate); "
-               "they never vanish from the sample."),
-    ("95% CI", "bootstrap over trials and requests of the candidate's relative change against the configuration "
-               "it was compared to; a step is kept only when the objective's CI clears zero and no guard regressed."),
+    (
+        "Errors",
+        "HTTP errors, timeouts and truncated streams are counted and gated (errors.rate); "
+        "they never vanish from the sample.",
+    ),
+    (
+        "95% CI",
+        "bootstrap over trials and requests of the candidate's relative change against the configuration "
+        "it was compared to; a step is kept only when the objective's CI clears zero and no guard regressed.",
+    ),
 )
 
 

@@ -1,4 +1,5 @@
 """The `llmplay` command line: each command parses options, makes one call into commands/, and exits with its code."""
+
 from __future__ import annotations
 
 import functools
@@ -80,8 +81,17 @@ def plan(file: Path, allow_outside_extends: bool) -> None:
 @click.option("--warmup", "warmup", help="Override workload.warmup (e.g. 2s).")
 @click.option("--allow-outside-extends", is_flag=True)
 @handles_errors
-def run(file: Path | None, archive_dir: str | None, resume: Path | None, dry_run: bool, only: tuple[str, ...],
-        repeats: int | None, duration: str | None, warmup: str | None, allow_outside_extends: bool) -> None:
+def run(
+    file: Path | None,
+    archive_dir: str | None,
+    resume: Path | None,
+    dry_run: bool,
+    only: tuple[str, ...],
+    repeats: int | None,
+    duration: str | None,
+    warmup: str | None,
+    allow_outside_extends: bool,
+) -> None:
     """Run a tuning playbook: baseline, then each step, with repeats, verdicts and gates.
 
     Exit 0: the final configuration meets every gate; 3: a gate fails; 2: playbook error;
@@ -89,8 +99,19 @@ def run(file: Path | None, archive_dir: str | None, resume: Path | None, dry_run
     """
     from llmplay.commands.run import run_command  # deferred: loaded only when this command runs
 
-    sys.exit(run_command(file, archive_dir=archive_dir, resume=resume, dry_run=dry_run, only=only, repeats=repeats,
-                         duration=duration, warmup=warmup, allow_outside_extends=allow_outside_extends))
+    sys.exit(
+        run_command(
+            file,
+            archive_dir=archive_dir,
+            resume=resume,
+            dry_run=dry_run,
+            only=only,
+            repeats=repeats,
+            duration=duration,
+            warmup=warmup,
+            allow_outside_extends=allow_outside_extends,
+        )
+    )
 
 
 @cli.command()
@@ -101,19 +122,31 @@ def run(file: Path | None, archive_dir: str | None, resume: Path | None, dry_run
 @click.option("--duration")
 @click.option("--html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML.")
 @handles_errors
-def retest(run_dir: Path, image: str | None, archive_dir: str | None, repeats: int | None, duration: str | None,
-           html: Path | None) -> None:
+def retest(
+    run_dir: Path,
+    image: str | None,
+    archive_dir: str | None,
+    repeats: int | None,
+    duration: str | None,
+    html: Path | None,
+) -> None:
     """Re-run an archived run's final configuration and compare; exit 4 on regression."""
     from llmplay.commands.retest import retest_command  # deferred: loaded only when this command runs
 
-    sys.exit(retest_command(run_dir, image=image, archive_dir=archive_dir, repeats=repeats, duration=duration,
-                            html=html))
+    sys.exit(
+        retest_command(run_dir, image=image, archive_dir=archive_dir, repeats=repeats, duration=duration, html=html)
+    )
 
 
 @cli.command()
 @click.option("--url", required=True, help="Base URL of a running OpenAI-compatible engine, e.g. http://127.0.0.1:8080")
-@click.option("--workload", "workload_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="A playbook, or a YAML file holding a workload mapping.")
+@click.option(
+    "--workload",
+    "workload_file",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A playbook, or a YAML file holding a workload mapping.",
+)
 @click.option("--model", help="Model name to request (default: the first of GET /v1/models).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the summary as JSON.")
 @handles_errors
@@ -137,9 +170,17 @@ def report(run_dir: Path) -> None:
 @cli.command()
 @click.argument("run_a", type=_RUN_DIR)
 @click.argument("run_b", type=_RUN_DIR)
-@click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML.")
-@click.option("--bootstrap", "n_boot", type=click.IntRange(100, 100_000), default=1000, show_default=True,
-              help="Bootstrap resamples for the confidence intervals.")
+@click.option(
+    "--html", "html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML."
+)
+@click.option(
+    "--bootstrap",
+    "n_boot",
+    type=click.IntRange(100, 100_000),
+    default=1000,
+    show_default=True,
+    help="Bootstrap resamples for the confidence intervals.",
+)
 @handles_errors
 def compare(run_a: Path, run_b: Path, html: Path | None, n_boot: int) -> None:
     """Compare the final configurations of two runs; exit 4 when B regressed against A's playbook tolerances."""

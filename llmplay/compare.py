@@ -5,6 +5,7 @@ guard metric worse than its tolerance (with its CI clear of zero on the worse si
 re-test), the objective worse than its min_effect the same way, or a
 gate that A met and B fails. Other metrics are shown and marked worse/better but never fail the comparison.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -92,8 +93,11 @@ class Comparison:
 def _goals_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
     """Run A's goals from its archived playbook (resolved first, as written next, the original file last)."""
     manifest = archive.manifest()
-    candidates = [archive.run_dir / RESOLVED_FILE, archive.run_dir / (manifest["playbook"].get("file") or ""),
-                  Path(manifest["playbook"].get("path") or "")]
+    candidates = [
+        archive.run_dir / RESOLVED_FILE,
+        archive.run_dir / (manifest["playbook"].get("file") or ""),
+        Path(manifest["playbook"].get("path") or ""),
+    ]
     errors = []
     for path in candidates:
         if not path.is_file():
@@ -102,8 +106,11 @@ def _goals_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
             return load_playbook(path).goals, None
         except LlmplayError as exc:
             errors.append(str(exc).splitlines()[0])
-    return None, ("run A's playbook could not be loaded (" + ("; ".join(errors) or "no playbook file") +
-                  "): no guard tolerances, only gates decide regressions")
+    return None, (
+        "run A's playbook could not be loaded ("
+        + ("; ".join(errors) or "no playbook file")
+        + "): no guard tolerances, only gates decide regressions"
+    )
 
 
 def _final_trials(archive: ArchivedRun) -> tuple[str, list[TrialRecord]]:
@@ -126,9 +133,16 @@ def _sample(archive: ArchivedRun, trial: TrialRecord, slo_s: Mapping[str, float]
 
 def _side(archive: ArchivedRun, config_id: str, trials: Sequence[TrialRecord]) -> RunSide:
     m = archive.manifest()
-    return RunSide(str(archive.run_dir), m["run_id"], m["playbook"]["name"], config_id,
-                   tuple(t.trial_id for t in trials), engine_label(m), (m.get("environment") or {}).get("started_utc", ""),
-                   m.get("status", "?"))
+    return RunSide(
+        str(archive.run_dir),
+        m["run_id"],
+        m["playbook"]["name"],
+        config_id,
+        tuple(t.trial_id for t in trials),
+        engine_label(m),
+        (m.get("environment") or {}).get("started_utc", ""),
+        m.get("status", "?"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- judging
@@ -148,8 +162,9 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
     guards = {g.metric: g for g in goals.guards} if goals is not None else {}
     objective = goals.objective if goals is not None else None
     gate_metrics = [g.metric for g in goals.gates] if goals is not None else []
-    metrics = list(dict.fromkeys([*( [objective.metric] if objective else []), *guards, *COMPARED_METRICS,
-                                  *gate_metrics]))
+    metrics = list(
+        dict.fromkeys([*([objective.metric] if objective else []), *guards, *COMPARED_METRICS, *gate_metrics])
+    )
     rows: list[MetricComparison] = []
     for i, metric in enumerate(metrics):
         info = metric_info(metric)
@@ -172,27 +187,56 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
             regression = regressed_beyond(d, lower_better, tolerance)
             if regression:
                 change = fmt_pct(d.rel_change) if d.rel_change is not None else "from 0"
-                why = (f"{role} {label_of(metric)}: {fmt_full(metric, d.baseline)} -> {fmt_full(metric, d.candidate)} "
-                       f"({change} [{fmt_pct(d.ci_low)}, {fmt_pct(d.ci_high)}]), beyond its {tolerance:.0%} tolerance")
+                why = (
+                    f"{role} {label_of(metric)}: {fmt_full(metric, d.baseline)} -> {fmt_full(metric, d.candidate)} "
+                    f"({change} [{fmt_pct(d.ci_low)}, {fmt_pct(d.ci_high)}]), beyond its {tolerance:.0%} tolerance"
+                )
         better = None  # only a change whose CI clears zero is called better or worse; the rest is noise
         clear = d.ci_low is not None and d.ci_high is not None and (d.ci_low > 0 or d.ci_high < 0)
         if d.rel_change not in (None, 0) and clear:
             better = (d.rel_change < 0) if lower_better else (d.rel_change > 0)
-        rows.append(MetricComparison(metric, label_of(metric), d.baseline, d.candidate, d.rel_change,
-                                     d.ci_low, d.ci_high, d.p_value, better, role, tolerance, regression, why))
+        rows.append(
+            MetricComparison(
+                metric,
+                label_of(metric),
+                d.baseline,
+                d.candidate,
+                d.rel_change,
+                d.ci_low,
+                d.ci_high,
+                d.p_value,
+                better,
+                role,
+                tolerance,
+                regression,
+                why,
+            )
+        )
     gates_a = {g.gate: g for g in archive_a.gates()}
     gates_b = {g.gate: g for g in archive_b.gates()}
     either = {**gates_a, **{text: g for text, g in gates_b.items() if text not in gates_a}}  # A's gates first
     gate_rows = []
     for text, gate in either.items():
         ga, gb = gates_a.get(text), gates_b.get(text)
-        gate_rows.append(GateComparison(text, gate.metric, ga, gb,
-                                        bool(ga and ga.met and gb is not None and gb.met is False)))
-    cdf: dict[str, dict[str, Any]] = {name: {"A": np.concatenate([s.values.get(head, np.array([])) for s in samples_a]) if samples_a else [],
-                  "B": np.concatenate([s.values.get(head, np.array([])) for s in samples_b]) if samples_b else []}
-           for name, head in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2EL", "e2el"))}
-    return Comparison(_side(archive_a, config_a, trials_a), _side(archive_b, config_b, trials_b), tuple(rows),
-                      tuple(gate_rows), next((r for r in rows if r.role == "objective"), None), tuple(notes), cdf)
+        gate_rows.append(
+            GateComparison(text, gate.metric, ga, gb, bool(ga and ga.met and gb is not None and gb.met is False))
+        )
+    cdf: dict[str, dict[str, Any]] = {
+        name: {
+            "A": np.concatenate([s.values.get(head, np.array([])) for s in samples_a]) if samples_a else [],
+            "B": np.concatenate([s.values.get(head, np.array([])) for s in samples_b]) if samples_b else [],
+        }
+        for name, head in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2EL", "e2el"))
+    }
+    return Comparison(
+        _side(archive_a, config_a, trials_a),
+        _side(archive_b, config_b, trials_b),
+        tuple(rows),
+        tuple(gate_rows),
+        next((r for r in rows if r.role == "objective"), None),
+        tuple(notes),
+        cdf,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -200,7 +244,9 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
@@ -208,21 +254,35 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int
 def format_comparison_table(comparison: Comparison) -> str:
     """Plain text for a terminal or a CI log: metrics, gates, verdict line."""
     a, b = comparison.a, comparison.b
-    out = [f"A: {a.run_dir} ({a.config_id}, {len(a.trials)} trials, {a.engine})",
-           f"B: {b.run_dir} ({b.config_id}, {len(b.trials)} trials, {b.engine})", ""]
+    out = [
+        f"A: {a.run_dir} ({a.config_id}, {len(a.trials)} trials, {a.engine})",
+        f"B: {b.run_dir} ({b.config_id}, {len(b.trials)} trials, {b.engine})",
+        "",
+    ]
     rows = []
     for m in comparison.metrics:
         flag = "REGRESSION" if m.regression else ("worse" if m.better is False else ("better" if m.better else ""))
-        rows.append([m.label, m.role, fmt_full(m.metric, m.a), fmt_full(m.metric, m.b), fmt_pct(m.rel_change),
-                     f"[{fmt_pct(m.ci_low)}, {fmt_pct(m.ci_high)}]" if m.ci_low is not None else "",
-                     f"{m.tolerance:.0%}" if m.tolerance is not None else "", flag])
+        rows.append(
+            [
+                m.label,
+                m.role,
+                fmt_full(m.metric, m.a),
+                fmt_full(m.metric, m.b),
+                fmt_pct(m.rel_change),
+                f"[{fmt_pct(m.ci_low)}, {fmt_pct(m.ci_high)}]" if m.ci_low is not None else "",
+                f"{m.tolerance:.0%}" if m.tolerance is not None else "",
+                flag,
+            ]
+        )
     out += _table(["metric", "role", "A", "B", "change", "95% CI", "tolerance", ""], rows, {2, 3, 4, 5, 6})
     if comparison.gates:
         out.append("")
         grows = []
         for g in comparison.gates:
+
             def state(r: GateResult | None) -> str:
                 return "—" if r is None else ("not measured" if r.met is None else ("met" if r.met else "FAILED"))
+
             grows.append([g.gate, state(g.a), state(g.b), "REGRESSION" if g.regression else ""])
         out += _table(["gate", "A", "B", ""], grows, set())
     for note in comparison.notes:
@@ -237,25 +297,41 @@ def format_comparison_table(comparison: Comparison) -> str:
 
 def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
     """One self-contained HTML page (inline CSS and SVG, no script, no network)."""
-    rows = [{"label": m.label, "role": m.role, "a": fmt_full(m.metric, m.a), "b": fmt_full(m.metric, m.b),
-             "delta": fmt_pct(m.rel_change), "ci": f"[{fmt_pct(m.ci_low)}, {fmt_pct(m.ci_high)}]" if m.ci_low is not None else "",
-             "tolerance": f"{m.tolerance:.0%}" if m.tolerance is not None else "",
-             "flag": "regression" if m.regression else ("worse" if m.better is False else
-                                                        ("better" if m.better else "")), "why": m.why}
-            for m in comparison.metrics]
+    rows = [
+        {
+            "label": m.label,
+            "role": m.role,
+            "a": fmt_full(m.metric, m.a),
+            "b": fmt_full(m.metric, m.b),
+            "delta": fmt_pct(m.rel_change),
+            "ci": f"[{fmt_pct(m.ci_low)}, {fmt_pct(m.ci_high)}]" if m.ci_low is not None else "",
+            "tolerance": f"{m.tolerance:.0%}" if m.tolerance is not None else "",
+            "flag": "regression"
+            if m.regression
+            else ("worse" if m.better is False else ("better" if m.better else "")),
+            "why": m.why,
+        }
+        for m in comparison.metrics
+    ]
 
     def state(r: GateResult | None) -> str:
         return "—" if r is None else ("not measured" if r.met is None else ("met" if r.met else "failed"))
 
     gates = [{"gate": g.gate, "a": state(g.a), "b": state(g.b), "regression": g.regression} for g in comparison.gates]
-    panels = [(f"{name} CDF", {"A": np.asarray(v["A"], dtype=float),
-                               "B": np.asarray(v["B"], dtype=float)})
-              for name, v in comparison.cdf.items()]
-    context = {"a": comparison.a, "b": comparison.b, "rows": rows, "gates": gates,
-               "regressions": comparison.regressions, "notes": list(comparison.notes),
-               "cdf": charts.latency_cdfs(panels) if panels else ""}
+    panels = [
+        (f"{name} CDF", {"A": np.asarray(v["A"], dtype=float), "B": np.asarray(v["B"], dtype=float)})
+        for name, v in comparison.cdf.items()
+    ]
+    context = {
+        "a": comparison.a,
+        "b": comparison.b,
+        "rows": rows,
+        "gates": gates,
+        "regressions": comparison.regressions,
+        "notes": list(comparison.notes),
+        "cdf": charts.latency_cdfs(panels) if panels else "",
+    }
     html = render_html("compare.html.j2", context)
     out_path = Path(out_path)
     atomic_write_text(out_path, html)
     return out_path
-

@@ -1,4 +1,5 @@
 """Exit codes and the error classes a user can act on; the CLI maps each error to a one-line message and its code."""
+
 from __future__ import annotations
 
 from enum import IntEnum

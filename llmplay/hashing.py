@@ -1,4 +1,5 @@
 """Content hashes of files: archive integrity and build-cache keys use the same one."""
+
 from __future__ import annotations
 
 import hashlib

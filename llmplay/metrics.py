@@ -10,6 +10,7 @@
 - Errors are counted over every measured request sent; errors.rate = errors / requests sent.
 Only completed (error-free), non-warm-up requests enter latency and throughput figures.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,6 +44,19 @@ def _as_records(records: Any) -> Sequence[RequestRecord]:
     return tuple(records)
 
 
+def _e2el_s(r: RequestRecord) -> float:
+    return (r.end_ns - r.sent_ns) / 1e9  # type: ignore[operator]
+
+
+def _ttft_s(r: RequestRecord) -> float:
+    return (r.first_chunk_ns - r.sent_ns) / 1e9  # type: ignore[operator]
+
+
+def _tpot_s(r: RequestRecord, ttft_s: float, e2el_s: float) -> float | None:
+    """Defined for streamed requests with more than one output token."""
+    return (e2el_s - ttft_s) / (r.output_tokens - 1) if r.stream and r.output_tokens > 1 else None
+
+
 def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
     """Per-request values (seconds) of measured, completed requests, for bootstrapping over requests.
 
@@ -54,24 +68,28 @@ def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
     for r in recs:
         if r.end_ns is None or r.first_chunk_ns is None:
             continue
-        e = (r.end_ns - r.sent_ns) / 1e9
+        e = _e2el_s(r)
         e2el.append(e)
         qwait.append(r.queue_wait_s)
         if not r.stream:
             nonstream.append(e)
             continue
-        t = (r.first_chunk_ns - r.sent_ns) / 1e9
+        t = _ttft_s(r)
         ttft.append(t)
         if r.first_content_ns is not None:
             ttfo.append((r.first_content_ns - r.sent_ns) / 1e9)
-        if r.output_tokens > 1:
-            tpot.append((e - t) / (r.output_tokens - 1))
+        tp = _tpot_s(r, t, e)
+        if tp is not None:
+            tpot.append(tp)
         if len(r.chunk_ns) > 1:
             itl.append(np.diff(np.asarray(r.chunk_ns, dtype=np.int64)) / 1e9)
     return {
-        "ttft": np.asarray(ttft, dtype=float), "tpot": np.asarray(tpot, dtype=float),
-        "e2el": np.asarray(e2el, dtype=float), "ttft_nonstream": np.asarray(nonstream, dtype=float),
-        "ttfo": np.asarray(ttfo, dtype=float), "queue_wait": np.asarray(qwait, dtype=float),
+        "ttft": np.asarray(ttft, dtype=float),
+        "tpot": np.asarray(tpot, dtype=float),
+        "e2el": np.asarray(e2el, dtype=float),
+        "ttft_nonstream": np.asarray(nonstream, dtype=float),
+        "ttfo": np.asarray(ttfo, dtype=float),
+        "queue_wait": np.asarray(qwait, dtype=float),
         "itl": np.concatenate(itl) if itl else np.asarray([], dtype=float),
     }
 
@@ -88,19 +106,27 @@ def per_request_frame(records: Sequence[RequestRecord]) -> Any:
 
 
 def meets_slo(r: RequestRecord, slo_s: Mapping[str, float]) -> bool:
-    e2el = (r.end_ns - r.sent_ns) / 1e9  # type: ignore[operator]
-    ttft = (r.first_chunk_ns - r.sent_ns) / 1e9 if r.stream else e2el  # type: ignore[operator]
+    e2el = _e2el_s(r)
+    ttft = _ttft_s(r) if r.stream else e2el
     values = {"ttft": ttft, "e2el": e2el}
-    if r.stream and r.output_tokens > 1:
-        values["tpot"] = (e2el - ttft) / (r.output_tokens - 1)
+    tpot = _tpot_s(r, ttft, e2el)
+    if tpot is not None:
+        values["tpot"] = tpot
     # A metric undefined for this request (TPOT of a one-token reply) cannot violate its SLO.
     return all(values.get(k) is None or values[k] <= limit for k, limit in slo_s.items() if k in SLO_KEYS)
 
 
 def good_mask(records: Any, slo_s: Mapping[str, float]) -> np.ndarray:
     """1.0 per record that completed with text and met every SLO (goodput's numerator), else 0.0."""
-    return np.asarray([float(r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None
-                             and meets_slo(r, slo_s)) for r in _as_records(records)], dtype=float)
+    return np.asarray(
+        [
+            float(
+                r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None and meets_slo(r, slo_s)
+            )
+            for r in _as_records(records)
+        ],
+        dtype=float,
+    )
 
 
 @dataclass(frozen=True)
@@ -124,15 +150,21 @@ class Summary:
 
     def to_json(self) -> dict[str, Any]:
         """Metrics plus the facts a reader needs to trust them."""
-        return {"metrics": self.as_dict(), "duration_s": self.duration_s, "tokenizer": self.tokenizer,
-                "output_tokens_source": self.output_tokens_source, "slo_s": dict(self.slo_s)}
+        return {
+            "metrics": self.as_dict(),
+            "duration_s": self.duration_s,
+            "tokenizer": self.tokenizer,
+            "output_tokens_source": self.output_tokens_source,
+            "slo_s": dict(self.slo_s),
+        }
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=True)
 
 
-def summarize(records: Any, duration_s: float, slo_s: Mapping[str, float] | None = None, *,
-              tokenizer: str = "none") -> Summary:
+def summarize(
+    records: Any, duration_s: float, slo_s: Mapping[str, float] | None = None, *, tokenizer: str = "none"
+) -> Summary:
     """records: a list of RequestRecord or their DataFrame; duration_s: the benchmark duration (warm-up
     excluded, LoadResult.duration_s); slo_s: per-request SLOs in seconds keyed ttft/tpot/e2el."""
     slo = dict(slo_s or {})
@@ -175,8 +207,13 @@ def summarize(records: Any, duration_s: float, slo_s: Mapping[str, float] | None
     sources = {r.output_tokens_source for r in ok}
     source = "mixed" if len(sources) > 1 else (sources.pop() if sources else "usage")
     values["tokens.output_counted"] = int(source != "usage")
-    return Summary(values=MappingProxyType(values), duration_s=duration_s, tokenizer=tokenizer,
-                   output_tokens_source=source, slo_s=MappingProxyType(slo))
+    return Summary(
+        values=MappingProxyType(values),
+        duration_s=duration_s,
+        tokenizer=tokenizer,
+        output_tokens_source=source,
+        slo_s=MappingProxyType(slo),
+    )
 
 
 def usd_per_1m_tokens(usd_per_hour: float, output_tok_s: float | None) -> float | None:
@@ -205,8 +242,13 @@ def request_timeline(records: Any) -> dict[str, np.ndarray]:
     start = sends[0] if sends.size else 0.0
     return {
         "done_s": np.asarray([(r.end_ns - start) / 1e9 for r in done], dtype=float),  # type: ignore[operator]
-        "ttft": np.asarray([(r.first_chunk_ns - r.sent_ns) / 1e9 if r.stream and r.first_chunk_ns is not None
-                            else np.nan for r in done], dtype=float),
+        "ttft": np.asarray(
+            [
+                (r.first_chunk_ns - r.sent_ns) / 1e9 if r.stream and r.first_chunk_ns is not None else np.nan
+                for r in done
+            ],
+            dtype=float,
+        ),
         "input_tokens": np.asarray([r.input_tokens for r in done], dtype=float),
         "output_tokens": np.asarray([r.output_tokens for r in done], dtype=float),
         "send_gap_s": np.diff(sends) / 1e9,

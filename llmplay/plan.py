@@ -1,4 +1,5 @@
 """From a playbook to concrete configurations: the baseline, and each step applied to a configuration."""
+
 from __future__ import annotations
 
 import shlex
@@ -55,7 +56,7 @@ def docker_run_argv(spec: EngineSpec, engine: Engine) -> list[str]:
     else:
         argv += ["-p", f"127.0.0.1:{port}:{port}"]
     if isinstance(spec.gpus, tuple):
-        argv += ["--gpus", f"\"device={','.join(spec.gpus)}\""]
+        argv += ["--gpus", f'"device={",".join(spec.gpus)}"']
     elif spec.gpus:
         argv += ["--gpus", str(spec.gpus)]
     if spec.shm_size:

@@ -1,4 +1,5 @@
 """Secrets enter only by reference (`${env:NAME}`), are resolved at launch, and are redacted wherever text is written."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,11 @@ ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 # A name is secret when it *ends* in a secret word (HF_TOKEN, OPENAI_API_KEY, db_password, GITHUBTOKEN, x-api-key):
 # `tokenizer`, `prefix_tokens` or `max_tokens` are not, and blanking them would make an archived playbook unloadable.
 # AUTH counts only as a whole part (proxy_auth, X-AUTH): a longer word that merely ends in it need not be a secret.
-SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|SECRET[_-]?KEY|"
-                         r"CREDENTIALS?|(^|[_.-])AUTH)$", re.I)
+SECRET_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|SECRET[_-]?KEY|"
+    r"CREDENTIALS?|(^|[_.-])AUTH)$",
+    re.I,
+)
 URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@", re.I)
 REDACTED = "***"
 # In YAML text: `KEY: value` lines (a list item or quoted key too), and the values that are plain data, never secret.
@@ -28,8 +32,10 @@ def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None
     def sub(match: re.Match) -> str:
         name = match.group(1)
         if name not in source:
-            raise PlaybookError(f"engine.env references ${{env:{name}}} but {name} is not set in llmplay's "
-                                f"environment; expected `export {name}=...` before running")
+            raise PlaybookError(
+                f"engine.env references ${{env:{name}}} but {name} is not set in llmplay's "
+                f"environment; expected `export {name}=...` before running"
+            )
         return source[name]
 
     return {k: ENV_REF.sub(sub, str(v)) for k, v in env.items()}
@@ -75,7 +81,12 @@ def redact(obj: Any, secrets: Sequence[str] = ()) -> Any:
     if isinstance(obj, Mapping):
         out = {}
         for key, value in obj.items():
-            if isinstance(key, str) and SECRET_NAME.search(key) and isinstance(value, str) and not ENV_REF.fullmatch(value):
+            if (
+                isinstance(key, str)
+                and SECRET_NAME.search(key)
+                and isinstance(value, str)
+                and not ENV_REF.fullmatch(value)
+            ):
                 out[key] = REDACTED
             else:
                 out[key] = redact(value, secrets)
@@ -97,8 +108,11 @@ def redact_yaml_text(text: str, secrets: Sequence[str] = ()) -> str:
         if match and SECRET_NAME.search(match.group("key")):
             value = match.group("value")
             bare = value.strip("\"'")
-            if not ENV_REF.fullmatch(bare) and not value.startswith(("{", "[", "#", "|", ">")) and \
-                    not _PLAIN_SCALAR.fullmatch(value):
+            if (
+                not ENV_REF.fullmatch(bare)
+                and not value.startswith(("{", "[", "#", "|", ">"))
+                and not _PLAIN_SCALAR.fullmatch(value)
+            ):
                 line = f"{match.group('head')}{REDACTED}{end}"
         lines.append(line)
     return "".join(lines)

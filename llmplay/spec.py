@@ -5,6 +5,7 @@ requests per second, US dollars. Nothing here parses or validates; that is
 the playbook package's job at the edge. A step applied to a configuration is a pure function of
 these values, so it lives here too: the loader checks steps with it and the plan builds with it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

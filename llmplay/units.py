@@ -1,4 +1,5 @@
 """Strict parsing of the units a playbook may write: durations, percentages, dollars."""
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """Helpers for tests that run real tuning runs on the CPU engine: short playbooks, the CLI as a subprocess,
 and the containers one llmplay process or run owns (other runs may share the machine)."""
+
 from __future__ import annotations
 
 import os
@@ -15,16 +16,31 @@ ROOT = Path(__file__).resolve().parents[1]
 SPAWNED: list[subprocess.Popen] = []
 
 
-def tiny_playbook(tmp_path: Path, *, steps: list[dict], name: str = "cpu-e2e", duration: str = "2s",
-                  warmup: str = "0.5s", repeats: int = 1, on_failure: str = "continue", bootstrap_samples: int = 200,
-                  engine: dict | None = None, runtime: Any = None, gates: list[str] | None = None,
-                  **workload: Any) -> Path:
+def tiny_playbook(
+    tmp_path: Path,
+    *,
+    steps: list[dict],
+    name: str = "cpu-e2e",
+    duration: str = "2s",
+    warmup: str = "0.5s",
+    repeats: int = 1,
+    on_failure: str = "continue",
+    bootstrap_samples: int = 200,
+    engine: dict | None = None,
+    runtime: Any = None,
+    gates: list[str] | None = None,
+    **workload: Any,
+) -> Path:
     """cpu-tiny with short trials; `engine` entries are merged into the engine mapping."""
     doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny.yaml").read_text())
     doc["metadata"]["name"] = name
     doc["steps"] = steps
-    doc["trials"] = {"repeats": repeats, "interleave": True, "bootstrap_samples": bootstrap_samples,
-                     "on_failure": on_failure}
+    doc["trials"] = {
+        "repeats": repeats,
+        "interleave": True,
+        "bootstrap_samples": bootstrap_samples,
+        "on_failure": on_failure,
+    }
     doc["workload"].update({"duration": duration, "warmup": warmup, **workload})
     if "num_requests" in workload:
         doc["workload"].pop("duration")
@@ -47,8 +63,14 @@ def containers_of(docker_client, *, pid: int | None = None, run_id: str | None =
 def cli(*args: str, env_extra: dict | None = None) -> subprocess.Popen:
     """`llmplay ARGS` as the console script runs it; reaped by `reap_cli_processes` whatever the test's outcome."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
-    proc = subprocess.Popen([sys.executable, "-c", "from llmplay.cli import main; main()", *args], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from llmplay.cli import main; main()", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     SPAWNED.append(proc)
     return proc
 

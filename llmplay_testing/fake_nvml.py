@@ -4,6 +4,7 @@ Tests only: the real pynvml path runs on a GPU machine via benchmarks/gpu_check.
 `nvmlDeviceGetMemoryInfo` etc. advances nothing by itself; values come from per-GPU lists indexed by
 how many times that query was made, so a test can script a time series.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,7 +22,10 @@ NVML_GPM_METRICS_GET_VERSION = 1
 
 
 class NVMLError(Exception):
-    _text: ClassVar[dict[int, str]] = {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found"}
+    _text: ClassVar[dict[int, str]] = {
+        NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+        NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    }
 
     def __init__(self, value: int):
         super().__init__(value)
@@ -141,8 +145,9 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
         g = self.gpus[h]
-        return SimpleNamespace(gpu=self._next(h, "utilization", g.util_pct),
-                               memory=self._next(h, "mem_util", g.mem_util_pct))
+        return SimpleNamespace(
+            gpu=self._next(h, "utilization", g.util_pct), memory=self._next(h, "mem_util", g.mem_util_pct)
+        )
 
     def nvmlDeviceGetClockInfo(self, h: int, kind: int) -> int:
         g = self.gpus[h]

@@ -11,6 +11,7 @@ Faults (the kind names are the keys of `stats["faults"]`):
 - `http_500`: a complete `500 Internal Server Error` with a JSON body, connection kept alive;
 - `close_before`: a clean FIN without a response (the client may retry a reused connection once).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,10 +42,15 @@ class Stats:
     peak_connections: int = 0  # most connections open at once: the concurrency the client really reached
 
     def as_dict(self) -> dict:
-        return {"requests": self.requests, "ok": self.ok, "faults": dict(self.faults),
-                "faults_total": sum(self.faults.values()), "passthrough": self.passthrough,
-                "connections": self.connections,
-                "peak_connections": self.peak_connections}
+        return {
+            "requests": self.requests,
+            "ok": self.ok,
+            "faults": dict(self.faults),
+            "faults_total": sum(self.faults.values()),
+            "passthrough": self.passthrough,
+            "connections": self.connections,
+            "peak_connections": self.peak_connections,
+        }
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -89,19 +95,24 @@ def _sse_events(prompt_tokens: int, tokens: int) -> list[bytes]:
     for i in range(tokens):
         finish = "length" if i == tokens - 1 else None
         choice = {"index": 0, "text": f" t{i}", "finish_reason": finish}
-        events.append(b"data: " + json.dumps({"id": "f", "object": "text_completion", "choices": [choice]}).encode()
-                      + b"\n\n")
+        events.append(
+            b"data: " + json.dumps({"id": "f", "object": "text_completion", "choices": [choice]}).encode() + b"\n\n"
+        )
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": tokens, "total_tokens": prompt_tokens + tokens}
     events.append(b"data: " + json.dumps({"id": "f", "choices": [], "usage": usage}).encode() + b"\n\n")
     events.append(b"data: [DONE]\n\n")
     return events
 
 
-STREAM_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-               b"connection: keep-alive\r\n\r\n")
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+    b"connection: keep-alive\r\n\r\n"
+)
 ERROR_BODY = b'{"error": {"message": "injected fault", "type": "server_error", "code": 500}}'
-ERROR_RESPONSE = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
-                  b"content-length: %d\r\nconnection: keep-alive\r\n\r\n%s" % (len(ERROR_BODY), ERROR_BODY))
+ERROR_RESPONSE = (
+    b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\nconnection: keep-alive\r\n\r\n%s" % (len(ERROR_BODY), ERROR_BODY)
+)
 
 
 class FaultServer:
@@ -109,9 +120,20 @@ class FaultServer:
     mode "proxy": relays to `upstream`; requests n with n % burst_every < burst_len (n counts POSTs) are
     faulted, the kind cycling per burst through `faults`."""
 
-    def __init__(self, mode: str = "server", *, upstream: str | None = None, seed: int = 0, fault_rate: float = 0.3,
-                 faults: tuple[str, ...] = FAULTS, tokens: int = 8, burst_every: int = 20, burst_len: int = 4,
-                 host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        mode: str = "server",
+        *,
+        upstream: str | None = None,
+        seed: int = 0,
+        fault_rate: float = 0.3,
+        faults: tuple[str, ...] = FAULTS,
+        tokens: int = 8,
+        burst_every: int = 20,
+        burst_len: int = 4,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
         if mode not in ("server", "proxy"):
             raise ValueError(f"mode {mode!r}: expected server or proxy")
         if mode == "proxy" and not upstream:
@@ -158,8 +180,10 @@ class FaultServer:
                 target = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"/"
                 if target == b"/stats":
                     payload = json.dumps(self.stats.as_dict()).encode()
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                                 % (len(payload), payload))
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                        % (len(payload), payload)
+                    )
                     await writer.drain()
                     continue
                 faulted = target.startswith(b"/v1/")
@@ -237,8 +261,9 @@ class FaultServer:
 
     # ---------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port, backlog=4096,
-                                                  limit=MAX_HEAD_BYTES)
+        self._server = await asyncio.start_server(
+            self._handle, self.host, self.port, backlog=4096, limit=MAX_HEAD_BYTES
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         async with self._server:
@@ -250,6 +275,7 @@ class FaultServer:
 
     def start(self) -> FaultServer:
         """Serve from a daemon thread with its own event loop; returns once listening."""
+
         def run() -> None:
             self._loop = asyncio.new_event_loop()
             try:
@@ -299,8 +325,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
-    server = FaultServer(args.mode, upstream=args.upstream, seed=args.seed, fault_rate=args.fault_rate,
-                         faults=tuple(f for f in args.faults.split(",") if f), tokens=args.tokens, port=args.port)
+    server = FaultServer(
+        args.mode,
+        upstream=args.upstream,
+        seed=args.seed,
+        fault_rate=args.fault_rate,
+        faults=tuple(f for f in args.faults.split(",") if f),
+        tokens=args.tokens,
+        port=args.port,
+    )
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

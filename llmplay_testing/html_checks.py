@@ -1,4 +1,5 @@
 """Checks on rendered HTML pages (report and compare): their structure, and that they are self-contained."""
+
 from __future__ import annotations
 
 import re

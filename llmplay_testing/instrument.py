@@ -16,6 +16,7 @@ streams cost little CPU and chunk times stay close to the script.
 Run in-process (`InstrumentServer()` context manager, thread) or as a process
 (`python tests/instrument.py --port 0`, prints the port) so it does not share the client's GIL.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,16 @@ from typing import Any
 
 import httpx
 
-DEFAULTS: dict[str, Any] = {"ttft_ms": 20.0, "itl_ms": 5.0, "tokens": None, "usage": 1, "done": 1, "role": 1,
-                            "fault": "none", "fault_after": 0}
+DEFAULTS: dict[str, Any] = {
+    "ttft_ms": 20.0,
+    "itl_ms": 5.0,
+    "tokens": None,
+    "usage": 1,
+    "done": 1,
+    "role": 1,
+    "fault": "none",
+    "fault_after": 0,
+}
 
 
 def parse_config(segment: str) -> dict[str, Any]:
@@ -65,14 +74,15 @@ def _sse(obj: Any) -> bytes:
 
 _DONE = _chunk(b"data: [DONE]\n\n")
 _LAST = b"0\r\n\r\n"
-_STREAM_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-                b"transfer-encoding: chunked\r\n\r\n")
+_STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+    b"transfer-encoding: chunked\r\n\r\n"
+)
 
 
 def _response(status: int, body: bytes, ctype: str = "application/json") -> bytes:
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}.get(status, "X")
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ctype}\r\ncontent-length: {len(body)}\r\n\r\n"
-            .encode() + body)
+    return f"HTTP/1.1 {status} {reason}\r\ncontent-type: {ctype}\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
 
 
 @dataclass
@@ -130,8 +140,15 @@ class InstrumentCore:
             if not writer.is_closing():
                 writer.close()
 
-    async def dispatch(self, method: str, path: str, body: bytes, recv_ns: int,
-                       reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def dispatch(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        recv_ns: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
         cfg = dict(DEFAULTS)
         if path.startswith("/c/"):
             segment, _, rest = path[3:].partition("/")
@@ -156,21 +173,37 @@ class InstrumentCore:
         req = json.loads(body)
         chat = path.endswith("chat/completions")
         key = req["messages"][-1]["content"] if chat else req.get("prompt", "")
-        prompt_tokens = (sum(len(str(m.get("content", "")).split()) for m in req["messages"]) if chat
-                         else len(str(key).split()))
+        prompt_tokens = (
+            sum(len(str(m.get("content", "")).split()) for m in req["messages"]) if chat else len(str(key).split())
+        )
         n_tokens = int(cfg["tokens"] if cfg["tokens"] is not None else req.get("max_tokens") or 16)
         stream = bool(req.get("stream"))
         want_usage = (not stream) or bool((req.get("stream_options") or {}).get("include_usage"))
-        usage = ({"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens,
-                  "total_tokens": prompt_tokens + n_tokens} if cfg["usage"] and want_usage else None)
-        log = {"key": key, "recv_ns": recv_ns, "send_ns": [], "stream": stream, "tokens": n_tokens,
-               "ttft_ms": cfg["ttft_ms"], "itl_ms": cfg["itl_ms"], "fault": cfg["fault"], "headers_ns": None}
+        usage = (
+            {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens, "total_tokens": prompt_tokens + n_tokens}
+            if cfg["usage"] and want_usage
+            else None
+        )
+        log = {
+            "key": key,
+            "recv_ns": recv_ns,
+            "send_ns": [],
+            "stream": stream,
+            "tokens": n_tokens,
+            "ttft_ms": cfg["ttft_ms"],
+            "itl_ms": cfg["itl_ms"],
+            "fault": cfg["fault"],
+            "headers_ns": None,
+        }
         self.log.append(log)
         fault = cfg["fault"]
         if fault in ("500", "400"):
             status = int(fault)
-            writer.write(_response(status, json.dumps({"error": {"message": f"instrument fault {status}",
-                                                                 "code": status}}).encode()))
+            writer.write(
+                _response(
+                    status, json.dumps({"error": {"message": f"instrument fault {status}", "code": status}}).encode()
+                )
+            )
             return True
         if fault in ("reset", "close", "stall") and cfg["fault_after"] == 0:
             return await self._fault(fault, reader, writer)
@@ -239,8 +272,12 @@ class InstrumentCore:
                 choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
             else:
                 choice = {"index": 0, "text": text, "finish_reason": "length"}
-            obj: dict = {"id": "instrument", "object": "chat.completion" if st.chat else "text_completion",
-                         "model": "instrument", "choices": [choice]}
+            obj: dict = {
+                "id": "instrument",
+                "object": "chat.completion" if st.chat else "text_completion",
+                "model": "instrument",
+                "choices": [choice],
+            }
             if st.usage:
                 obj["usage"] = st.usage
             body = json.dumps(obj).encode()
@@ -267,8 +304,15 @@ class InstrumentCore:
             return
         tail = b""
         if st.usage:
-            tail += _sse({"id": "instrument", "object": "text_completion", "model": "instrument", "choices": [],
-                          "usage": st.usage})
+            tail += _sse(
+                {
+                    "id": "instrument",
+                    "object": "text_completion",
+                    "model": "instrument",
+                    "choices": [],
+                    "usage": st.usage,
+                }
+            )
         if cfg["done"]:
             tail += _DONE
         st.writer.write(tail + _LAST)
@@ -283,15 +327,25 @@ class InstrumentCore:
             if chat:
                 data = _sse(self._chat_obj({"content": f" t{k}"}, finish))
             else:
-                data = _sse({"id": "instrument", "object": "text_completion", "model": "instrument",
-                             "choices": [{"index": 0, "text": f" t{k}", "finish_reason": finish}]})
+                data = _sse(
+                    {
+                        "id": "instrument",
+                        "object": "text_completion",
+                        "model": "instrument",
+                        "choices": [{"index": 0, "text": f" t{k}", "finish_reason": finish}],
+                    }
+                )
             self._chunks[key] = data
         return data
 
     @staticmethod
     def _chat_obj(delta: dict, finish: str | None) -> dict:
-        return {"id": "instrument", "object": "chat.completion.chunk", "model": "instrument",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return {
+            "id": "instrument",
+            "object": "chat.completion.chunk",
+            "model": "instrument",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
 
     # --- a word-level stand-in for llama.cpp's /tokenize and /detokenize -----------------------
     def tokenize(self, path: str, req: dict) -> dict:
@@ -392,6 +446,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.uvloop:
         import uvloop
+
         uvloop.run(_serve(args.port))
     else:
         asyncio.run(_serve(args.port))

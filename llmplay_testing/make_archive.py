@@ -4,6 +4,7 @@ Three steps on a baseline: one kept, one rejected (with a failed trial and its e
 per-request records with seeded random timings, telemetry with NVML on some trials and without on others.
 Secrets are planted where a careless writer would leak them (env, log, URLs, error messages).
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -92,12 +93,23 @@ class Speed:
     itl_s: float
 
 
-SPEEDS = {"baseline": Speed(0.30, 0.030), "parallel-4": Speed(0.12, 0.012),
-          "flash-attention": Speed(0.16, 0.017), "kv-cache-q8": Speed(0.12, 0.0121)}
+SPEEDS = {
+    "baseline": Speed(0.30, 0.030),
+    "parallel-4": Speed(0.12, 0.012),
+    "flash-attention": Speed(0.16, 0.017),
+    "kv-cache-q8": Speed(0.12, 0.0121),
+}
 
 
-def fake_records(rng: np.random.Generator, speed: Speed, *, n: int = 48, errors: int = 0,
-                 concurrency: int = 4, output_tokens: int = 32) -> tuple[list[RequestRecord], float]:
+def fake_records(
+    rng: np.random.Generator,
+    speed: Speed,
+    *,
+    n: int = 48,
+    errors: int = 0,
+    concurrency: int = 4,
+    output_tokens: int = 32,
+) -> tuple[list[RequestRecord], float]:
     """Closed-loop requests with lognormal TTFT and jittered inter-token gaps; returns records and measured duration."""
     t0 = 10_000_000_000_000  # perf_counter_ns-like origin
     users = [t0] * concurrency
@@ -114,12 +126,47 @@ def fake_records(rng: np.random.Generator, speed: Speed, *, n: int = 48, errors:
         failed = i >= warmup and (i - warmup) < errors
         if failed:
             end = first
-            rec = RequestRecord(i, i < warmup, True, users[u], sent, None, None, (), None, in_tok, 0, "usage", None,
-                                503, "http_5xx", f"503 from http://admin:{URL_PASSWORD}@127.0.0.1:8080/v1", 0.0)
+            rec = RequestRecord(
+                i,
+                i < warmup,
+                True,
+                users[u],
+                sent,
+                None,
+                None,
+                (),
+                None,
+                in_tok,
+                0,
+                "usage",
+                None,
+                503,
+                "http_5xx",
+                f"503 from http://admin:{URL_PASSWORD}@127.0.0.1:8080/v1",
+                0.0,
+            )
         else:
             end = int(chunks[-1])
-            rec = RequestRecord(i, i < warmup, True, users[u], sent, first, first, tuple(int(c) for c in chunks), end,
-                                in_tok, output_tokens, "usage", "length", 200, None, None, 0.0, 2048)
+            rec = RequestRecord(
+                i,
+                i < warmup,
+                True,
+                users[u],
+                sent,
+                first,
+                first,
+                tuple(int(c) for c in chunks),
+                end,
+                in_tok,
+                output_tokens,
+                "usage",
+                "length",
+                200,
+                None,
+                None,
+                0.0,
+                2048,
+            )
         records.append(rec)
         users[u] = end + int(rng.uniform(0, 1e6))
     measured = [r for r in records if not r.is_warmup]
@@ -132,22 +179,28 @@ def fake_telemetry(rng: np.random.Generator, duration_s: float, *, nvml: bool, b
     cpu = 0.0
     for t in np.arange(0.0, duration_s, 0.5):
         cpu += 0.5 * 2 * busy
-        rows += [(t, "proc", "proc.cpu_s", None, cpu), (t, "proc", "proc.rss_bytes", None, 6.0e8 + 1e6 * t),
-                 (t, "engine", "engine.kv_cache_usage_frac", None, float(np.clip(busy * rng.uniform(0.3, 0.6), 0, 1))),
-                 (t, "engine", "engine.running", None, float(rng.integers(1, 5))),
-                 (t, "engine", "engine.waiting", None, float(max(0, int(rng.integers(-2, 3)))))]
+        rows += [
+            (t, "proc", "proc.cpu_s", None, cpu),
+            (t, "proc", "proc.rss_bytes", None, 6.0e8 + 1e6 * t),
+            (t, "engine", "engine.kv_cache_usage_frac", None, float(np.clip(busy * rng.uniform(0.3, 0.6), 0, 1))),
+            (t, "engine", "engine.running", None, float(rng.integers(1, 5))),
+            (t, "engine", "engine.waiting", None, float(max(0, int(rng.integers(-2, 3))))),
+        ]
         if nvml:
-            rows += [(t, "nvml", "gpu.util_frac", 0, float(np.clip(busy + rng.normal(0, 0.05), 0, 1))),
-                     (t, "nvml", "memory.used_bytes", 0, 6.2e10 + 1e8 * rng.random()),
-                     (t, "nvml", "memory.total_bytes", 0, 8.0e10)]
+            rows += [
+                (t, "nvml", "gpu.util_frac", 0, float(np.clip(busy + rng.normal(0, 0.05), 0, 1))),
+                (t, "nvml", "memory.used_bytes", 0, 6.2e10 + 1e8 * rng.random()),
+                (t, "nvml", "memory.total_bytes", 0, 8.0e10),
+            ]
     df = pd.DataFrame(rows, columns=["t_s", "source", "metric", "gpu", "value"])
     df["gpu"] = df["gpu"].astype("Int64")
     return df
 
 
 def _summary(records: list[RequestRecord], duration_s: float, telemetry: pd.DataFrame | None) -> dict[str, float]:
-    out = {k: v for k, v in summarize(records, duration_s, {"ttft": 2.0, "tpot": 0.2}).as_dict().items()
-           if v is not None}
+    out = {
+        k: v for k, v in summarize(records, duration_s, {"ttft": 2.0, "tpot": 0.2}).as_dict().items() if v is not None
+    }
     out["duration_s"] = duration_s
     if telemetry is not None:
         out.update(TelemetrySeries.from_frame(telemetry, duration_s=duration_s).summary())
@@ -157,8 +210,10 @@ def _summary(records: list[RequestRecord], duration_s: float, telemetry: pd.Data
     return out
 
 
-LOG_TAIL = (f"llama server listening at http://0.0.0.0:8080\nHF_TOKEN={SECRET}\n"
-            "ggml_vulkan: no devices\nerror: flash attention not supported on this build\nexit 1\n")
+LOG_TAIL = (
+    f"llama server listening at http://0.0.0.0:8080\nHF_TOKEN={SECRET}\n"
+    "ggml_vulkan: no devices\nerror: flash attention not supported on this build\nexit 1\n"
+)
 
 
 def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffix: str = "") -> Path:
@@ -169,32 +224,60 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
     root.mkdir(parents=True, exist_ok=True)
     pb_path.write_text(PLAYBOOK_TEXT)
     playbook = load_playbook(pb_path)
-    env = {"host": "bench-01", "user": "tester", "llmplay_version": "0.1.0", "python": "3.11.9",
-           "gpu": {"name": "NVIDIA H100 80GB HBM3", "driver": "550.54.15", "cuda": "12.4", "count": 1},
-           "docker": "26.1.4", "seed": 42, "started_utc": "2025-01-02T03:04:05Z",
-           "proxy": f"http://bob:{URL_PASSWORD}@proxy.internal:3128", "HF_TOKEN": SECRET}
-    archive = RunArchive.create(root / "reports", playbook, overrides={"repeats": 2}, environment=env,
-                                secrets=list(SECRETS))
+    env = {
+        "host": "bench-01",
+        "user": "tester",
+        "llmplay_version": "0.1.0",
+        "python": "3.11.9",
+        "gpu": {"name": "NVIDIA H100 80GB HBM3", "driver": "550.54.15", "cuda": "12.4", "count": 1},
+        "docker": "26.1.4",
+        "seed": 42,
+        "started_utc": "2025-01-02T03:04:05Z",
+        "proxy": f"http://bob:{URL_PASSWORD}@proxy.internal:3128",
+        "HF_TOKEN": SECRET,
+    }
+    archive = RunArchive.create(
+        root / "reports", playbook, overrides={"repeats": 2}, environment=env, secrets=list(SECRETS)
+    )
     rng = np.random.default_rng(seed)
 
     def config(cid: str, args: dict[str, Any]) -> ConfigRecord:
         argv = ("llama-server", "-m", "/models/tiny.gguf", *(f"--{k.replace('_', '-')}={v}" for k, v in args.items()))
-        return ConfigRecord(cid, {"kind": "llamacpp", "image": "llmplay/llamacpp-cpu:local", "gpus": 1, "args": args,
-                                  "env": {"HF_TOKEN": SECRET}}, {"concurrency": 4, "seed": 42}, argv,
-                            "docker run --rm -e HF_TOKEN=*** llmplay/llamacpp-cpu:local " + " ".join(argv[1:]))
+        return ConfigRecord(
+            cid,
+            {
+                "kind": "llamacpp",
+                "image": "llmplay/llamacpp-cpu:local",
+                "gpus": 1,
+                "args": args,
+                "env": {"HF_TOKEN": SECRET},
+            },
+            {"concurrency": 4, "seed": 42},
+            argv,
+            "docker run --rm -e HF_TOKEN=*** llmplay/llamacpp-cpu:local " + " ".join(argv[1:]),
+        )
 
     args = {"parallel": 1, "ctx_size": 4096, "threads": 2}
     archive.write_config(config("baseline", args))
     counter = [0]
     by_config: dict[str, list[dict[str, float]]] = {}
 
-    def trial(cid: str, step: str | None, role: str, repeat: int, *, fail: bool = False,
-              errors: int = 0) -> str:
+    def trial(cid: str, step: str | None, role: str, repeat: int, *, fail: bool = False, errors: int = 0) -> str:
         counter[0] += 1
         tid = f"t{counter[0]:03d}"
         if fail:
-            rec = TrialRecord(tid, cid, step, role, repeat, "failed", "2025-01-02T03:05:00Z", 3.2, {},
-                              error="engine exited with code 1 before becoming healthy")
+            rec = TrialRecord(
+                tid,
+                cid,
+                step,
+                role,
+                repeat,
+                "failed",
+                "2025-01-02T03:05:00Z",
+                3.2,
+                {},
+                error="engine exited with code 1 before becoming healthy",
+            )
             archive.write_trial(rec, None, None, LOG_TAIL)
             return tid
         sp = SPEEDS[cid]
@@ -205,12 +288,27 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
         summary = _summary(records, duration, tele)
         by_config.setdefault(cid, []).append(summary)
         notes = () if nvml else ("no NVML: libnvidia-ml.so.1 not found",)
-        rec = TrialRecord(tid, cid, step, role, repeat, "ok", "2025-01-02T03:05:00Z", duration + 4.0, summary,
-                          engine_describe={"version": "b4567 (abc123)", "image": "llmplay/llamacpp-cpu:local",
-                                           "image_digest": "sha256:" + "ab" * 32, "container": "c0ffee"},
-                          notes=(*notes, "tokenizer: engine /tokenize"))
-        archive.write_trial(rec, records_to_dataframe(records), tele,
-                            f"server started\nHF_TOKEN={SECRET}\nslot 0 ready\n")
+        rec = TrialRecord(
+            tid,
+            cid,
+            step,
+            role,
+            repeat,
+            "ok",
+            "2025-01-02T03:05:00Z",
+            duration + 4.0,
+            summary,
+            engine_describe={
+                "version": "b4567 (abc123)",
+                "image": "llmplay/llamacpp-cpu:local",
+                "image_digest": "sha256:" + "ab" * 32,
+                "container": "c0ffee",
+            },
+            notes=(*notes, "tokenizer: engine /tokenize"),
+        )
+        archive.write_trial(
+            rec, records_to_dataframe(records), tele, f"server started\nHF_TOKEN={SECRET}\nslot 0 ready\n"
+        )
         return tid
 
     def delta(metric: str, a: float, b: float, spread: float, lower_better: bool) -> MetricDelta:
@@ -222,18 +320,27 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
         return float(np.mean(vals))
 
     def row(cid: str, trials: list[str], verdict: StepVerdict | None, failed: int = 0) -> dict[str, Any]:
-        r: dict[str, Any] = {"config_id": cid, "trials": trials, "failed_trials": failed,
-                             "metrics": {m: mean(cid, m) for m in RECORD_METRICS
-                                         if any(m in s for s in by_config[cid])}}
+        r: dict[str, Any] = {
+            "config_id": cid,
+            "trials": trials,
+            "failed_trials": failed,
+            "metrics": {m: mean(cid, m) for m in RECORD_METRICS if any(m in s for s in by_config[cid])},
+        }
         if verdict:
-            r.update(step=verdict.step, verdict=verdict.verdict, reason=verdict.reason,
-                     compared_with=verdict.baseline_config, changes=list(verdict.changes))
+            r.update(
+                step=verdict.step,
+                verdict=verdict.verdict,
+                reason=verdict.reason,
+                compared_with=verdict.baseline_config,
+                changes=list(verdict.changes),
+            )
         return r
 
     plan: list[tuple[str, dict[str, Any], str, str]] = [
         ("parallel-4", {"parallel": 4}, "kept", "args.parallel: 1 -> 4"),
         ("flash-attention", {"flash_attn": True}, "rejected", "args.flash_attn: (unset) -> true"),
-        ("kv-cache-q8", {"kv_cache_dtype": "q8_0"}, "inconclusive", "args.kv_cache_dtype: (unset) -> q8_0")]
+        ("kv-cache-q8", {"kv_cache_dtype": "q8_0"}, "inconclusive", "args.kv_cache_dtype: (unset) -> q8_0"),
+    ]
     best, best_args = "baseline", args
     rows = []
     verdicts = []
@@ -248,19 +355,37 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
         a, b = mean(best, "throughput.output_tok_s"), mean(step, "throughput.output_tok_s")
         objective = delta("throughput.output_tok_s", a, b, 0.04 if verdict_kind != "inconclusive" else 0.06, False)
         guard_t = delta("ttft.p95", mean(best, "ttft.p95"), mean(step, "ttft.p95"), 0.1, True)
-        guard_e = MetricDelta("errors.rate", mean(best, "errors.rate"), mean(step, "errors.rate"),
-                              None, None, None, None, None)
-        deltas = tuple(delta(m, mean(best, m), mean(step, m), 0.05, m.split(".")[0] not in ("throughput", "goodput"))
-                       for m in RECORD_METRICS if m in by_config[step][0] and mean(best, m))
+        guard_e = MetricDelta(
+            "errors.rate", mean(best, "errors.rate"), mean(step, "errors.rate"), None, None, None, None, None
+        )
+        deltas = tuple(
+            delta(m, mean(best, m), mean(step, m), 0.05, m.split(".")[0] not in ("throughput", "goodput"))
+            for m in RECORD_METRICS
+            if m in by_config[step][0] and mean(best, m)
+        )
         pct = f"{objective.rel_change:+.0%} [{objective.ci_low:+.0%}, {objective.ci_high:+.0%}]"
-        reason = {"kept": f"output tokens/s {pct}, no guard regressed; kept",
-                  "rejected": f"output tokens/s {pct}; error rate regressed beyond its 0% tolerance; rejected",
-                  "inconclusive": f"output tokens/s {pct}: within noise; about 4 more trials per side would decide"
-                  }[verdict_kind]
-        verdict = StepVerdict(step, index, verdict_kind, reason, (described,), False, best, step, objective,
-                              (guard_t, guard_e), deltas, tuple(tb), tuple(tc),
-                              more_trials_needed=4 if verdict_kind == "inconclusive" else None,
-                              carried=verdict_kind == "kept")
+        reason = {
+            "kept": f"output tokens/s {pct}, no guard regressed; kept",
+            "rejected": f"output tokens/s {pct}; error rate regressed beyond its 0% tolerance; rejected",
+            "inconclusive": f"output tokens/s {pct}: within noise; about 4 more trials per side would decide",
+        }[verdict_kind]
+        verdict = StepVerdict(
+            step,
+            index,
+            verdict_kind,
+            reason,
+            (described,),
+            False,
+            best,
+            step,
+            objective,
+            (guard_t, guard_e),
+            deltas,
+            tuple(tb),
+            tuple(tc),
+            more_trials_needed=4 if verdict_kind == "inconclusive" else None,
+            carried=verdict_kind == "kept",
+        )
         archive.write_verdict(verdict)
         verdicts.append(verdict)
         if index == 1:
@@ -271,28 +396,72 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
     final = {m: mean(best, m) for m in RECORD_METRICS if any(m in s for s in by_config[best])}
     gates: list[GateResult] = evaluate_gates(playbook.goals.gates, final)
     findings = [
-        {"id": "kv-share-high", "severity": "warn", "title": "KV cache holds most of the memory",
-         "evidence": "KV share 71% of peak (threshold 60%)", "suggestion": "quantize the KV cache (kv_cache_dtype q8_0)",
-         "checklist_ref": "§4"},
-        {"id": "queueing", "severity": "info", "title": "Requests queue in the engine",
-         "evidence": "waiting > 0 in 55% of samples", "suggestion": "raise parallel slots or scale out",
-         "checklist_ref": "§6"},
+        {
+            "id": "kv-share-high",
+            "severity": "warn",
+            "title": "KV cache holds most of the memory",
+            "evidence": "KV share 71% of peak (threshold 60%)",
+            "suggestion": "quantize the KV cache (kv_cache_dtype q8_0)",
+            "checklist_ref": "§4",
+        },
+        {
+            "id": "queueing",
+            "severity": "info",
+            "title": "Requests queue in the engine",
+            "evidence": "waiting > 0 in 55% of samples",
+            "suggestion": "raise parallel slots or scale out",
+            "checklist_ref": "§6",
+        },
     ]
     diagnosis = {
         "notes": ["synthetic diagnosis"],
-        "model": {"name": "tiny", "architecture": "llama", "layers": 4, "heads": 8, "kv_heads": 4, "head_dim": 64,
-                  "hidden_size": 512, "params": 30_000_000, "weight_bytes": 60_000_000, "quantization": "f16",
-                  "source": "GGUF /models/tiny.gguf"},
-        "memory": {"weights_bytes": 1.4e10, "kv_bytes_per_token": 131072.0, "tokens_in_flight": 400000.0,
-                   "kv_bytes": 5.2e10, "other_bytes": 0.3e10, "peak_bytes": 6.9e10, "capacity_bytes": 8.0e10,
-                   "kv_share": 0.75, "peak_frac": 0.86, "device": "gpu", "notes": []},
-        "roofline": {"bytes_per_step": 1.5e10, "bandwidth_bytes_s": 3.35e12, "floor_s": 0.0045,
-                     "achieved_tpot_s": final.get("tpot.p95"), "achieved_over_floor": 2.7, "bandwidth_util": 0.37,
-                     "achieved_bandwidth_bytes_s": 1.24e12, "bandwidth_source": "table: H100 SXM"},
+        "model": {
+            "name": "tiny",
+            "architecture": "llama",
+            "layers": 4,
+            "heads": 8,
+            "kv_heads": 4,
+            "head_dim": 64,
+            "hidden_size": 512,
+            "params": 30_000_000,
+            "weight_bytes": 60_000_000,
+            "quantization": "f16",
+            "source": "GGUF /models/tiny.gguf",
+        },
+        "memory": {
+            "weights_bytes": 1.4e10,
+            "kv_bytes_per_token": 131072.0,
+            "tokens_in_flight": 400000.0,
+            "kv_bytes": 5.2e10,
+            "other_bytes": 0.3e10,
+            "peak_bytes": 6.9e10,
+            "capacity_bytes": 8.0e10,
+            "kv_share": 0.75,
+            "peak_frac": 0.86,
+            "device": "gpu",
+            "notes": [],
+        },
+        "roofline": {
+            "bytes_per_step": 1.5e10,
+            "bandwidth_bytes_s": 3.35e12,
+            "floor_s": 0.0045,
+            "achieved_tpot_s": final.get("tpot.p95"),
+            "achieved_over_floor": 2.7,
+            "bandwidth_util": 0.37,
+            "achieved_bandwidth_bytes_s": 1.24e12,
+            "bandwidth_source": "table: H100 SXM",
+        },
         "scheduler": {"continuous_batching": True, "max_batch": 4, "concurrency": 4},
     }
-    archive.finish(status="complete", exit_code=0 if all(g.met for g in gates) else 3, final_config_id=best,
-                   gates=gates, findings=findings, diagnosis=diagnosis, tuning_record=rows)
+    archive.finish(
+        status="complete",
+        exit_code=0 if all(g.met for g in gates) else 3,
+        final_config_id=best,
+        gates=gates,
+        findings=findings,
+        diagnosis=diagnosis,
+        tuning_record=rows,
+    )
     publish_report(archive.run_dir)
     return archive.run_dir
 

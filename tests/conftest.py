@@ -1,5 +1,6 @@
 """Session fixtures for the real things: dockerd, the CPU engine (llama-server, tiny GGUF, local image),
 and a running llama.cpp container. In CI (CI=true) a missing Docker fails the tests instead of skipping."""
+
 from __future__ import annotations
 
 import os
@@ -66,9 +67,13 @@ def cpu_engine(docker_client: Any) -> Any:
 @pytest.fixture(scope="session")
 def llama_server_spec(cpu_engine: Any) -> EngineSpec:
     """llama.cpp in the CPU image: small context, 2 threads, 2 slots, metrics on."""
-    return EngineSpec(kind="llamacpp", model=cpu_engine.model_in_image, image=cpu_engine.image,
-                      args=frozen_map({"threads": 2, "ctx_size": 1024, "parallel": 2, "metrics": True}),
-                      health_timeout_s=60.0)
+    return EngineSpec(
+        kind="llamacpp",
+        model=cpu_engine.model_in_image,
+        image=cpu_engine.image,
+        args=frozen_map({"threads": 2, "ctx_size": 1024, "parallel": 2, "metrics": True}),
+        health_timeout_s=60.0,
+    )
 
 
 @pytest.fixture(scope="module")

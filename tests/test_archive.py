@@ -1,4 +1,5 @@
 """The run archive: atomic manifest with hashes, verify catches any change, secrets never reach the disk, ls, root."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,14 @@ def test_fresh_archive_verifies_and_lists_every_file(run_dir):
     manifest = json.loads((run_dir / MANIFEST).read_text())
     on_disk = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()} - {MANIFEST}
     assert set(manifest["files"]) == on_disk
-    assert {"playbook.yaml", "playbook.resolved.yaml", "report.html", "trials/t001/requests.parquet",
-            "trials/t001/telemetry.parquet", "trials/t001/engine.log"} <= on_disk
+    assert {
+        "playbook.yaml",
+        "playbook.resolved.yaml",
+        "report.html",
+        "trials/t001/requests.parquet",
+        "trials/t001/telemetry.parquet",
+        "trials/t001/engine.log",
+    } <= on_disk
     assert manifest["schema"] == "llmplay/manifest.v1" and manifest["status"] == "complete"
     assert schema_problems({k: v for k, v in manifest.items() if k != "manifest_sha256"}) == []
     assert not list(run_dir.rglob(".tmp-*"))
@@ -78,7 +85,8 @@ def test_edited_manifest_fails_verify(run_dir):
     manifest["trials"][0]["summary"]["ttft.p95"] = 0.001  # a prettier number, same schema
     path.write_text(json.dumps(manifest, indent=1))
     assert verify(run_dir) == [
-        "manifest.json: changed after llmplay wrote it (its manifest_sha256 does not match its content)"]
+        "manifest.json: changed after llmplay wrote it (its manifest_sha256 does not match its content)"
+    ]
 
 
 def test_schema_errors_are_reported(run_dir):
@@ -110,7 +118,7 @@ def test_secrets_never_reach_any_file(run_dir):
     assert manifest["environment"]["proxy"] == "http://***@proxy.internal:3128"
     assert manifest["configs"][0]["engine"]["env"]["HF_TOKEN"] == "***"
     assert "HF_TOKEN=***" in (run_dir / "trials" / "t006" / "engine.log").read_text()
-    assert '${env:HF_TOKEN}' in (run_dir / "playbook.yaml").read_text()  # references are kept, they are not secret
+    assert "${env:HF_TOKEN}" in (run_dir / "playbook.yaml").read_text()  # references are kept, they are not secret
 
 
 def test_archived_playbook_is_the_playbook_as_run(run_dir):
@@ -133,18 +141,40 @@ def test_redact_yaml_text_blanks_literal_secret_values():
 
 # One name per form a secret-named key takes: each word of llmplay.redaction.SECRET_NAME, with and without a
 # separator before it (both the env redaction's and the playbook text's former patterns, now one).
-SECRET_NAMES = ("HF_TOKEN", "GITHUBTOKEN", "my.secret", "DB_PASSWORD", "mysql-passwd", "OPENAI_API_KEY", "x-api-key",
-                "APIKEY", "AWS_ACCESS_KEY", "ACCESSKEY", "SSH_PRIVATE_KEY", "PRIVATEKEY", "AWS_SECRET_KEY",
-                "SECRET-KEY", "GOOGLE_CREDENTIALS", "credential", "proxy_auth", "AUTH")
+SECRET_NAMES = (
+    "HF_TOKEN",
+    "GITHUBTOKEN",
+    "my.secret",
+    "DB_PASSWORD",
+    "mysql-passwd",
+    "OPENAI_API_KEY",
+    "x-api-key",
+    "APIKEY",
+    "AWS_ACCESS_KEY",
+    "ACCESSKEY",
+    "SSH_PRIVATE_KEY",
+    "PRIVATEKEY",
+    "AWS_SECRET_KEY",
+    "SECRET-KEY",
+    "GOOGLE_CREDENTIALS",
+    "credential",
+    "proxy_auth",
+    "AUTH",
+)
 
 
 @pytest.mark.parametrize("name", SECRET_NAMES)
 def test_every_secret_name_form_is_blanked_in_the_archive(tmp_path, name):
     value = "literal-" + name.lower() + "-value"
     text = f"apiVersion: llmplay/v1\nengine:\n  env:\n    {name}: {value}\n"
-    playbook = SimpleNamespace(metadata=SimpleNamespace(name="secret-names", version="1"), path=tmp_path / "p.yaml",
-                               sha256="0" * 64, text=text, api_version="llmplay/v1",
-                               resolved={"engine": {"env": {name: value}}})
+    playbook = SimpleNamespace(
+        metadata=SimpleNamespace(name="secret-names", version="1"),
+        path=tmp_path / "p.yaml",
+        sha256="0" * 64,
+        text=text,
+        api_version="llmplay/v1",
+        resolved={"engine": {"env": {name: value}}},
+    )
     archive = RunArchive.create(tmp_path, playbook, overrides={}, environment={name: value}, secrets=[])
     for path in archive.run_dir.rglob("*"):
         if path.is_file():
@@ -157,9 +187,18 @@ def test_every_secret_name_form_is_blanked_in_the_archive(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["prefix_tokens", "max_tokens", "tokenizer", "OAUTH", "author", "secrets_dir"])
 def test_names_that_merely_contain_a_secret_word_are_kept(tmp_path, name):
-    archive = RunArchive.create(tmp_path, SimpleNamespace(
-        metadata=SimpleNamespace(name="kept-names", version="1"), path=tmp_path / "p.yaml", sha256="0" * 64,
-        text=f"workload:\n  {name}: kept-text\n"), overrides={}, environment={name: "kept-text"}, secrets=[])
+    archive = RunArchive.create(
+        tmp_path,
+        SimpleNamespace(
+            metadata=SimpleNamespace(name="kept-names", version="1"),
+            path=tmp_path / "p.yaml",
+            sha256="0" * 64,
+            text=f"workload:\n  {name}: kept-text\n",
+        ),
+        overrides={},
+        environment={name: "kept-text"},
+        secrets=[],
+    )
     assert archive.manifest()["environment"][name] == "kept-text"
     assert f"  {name}: kept-text\n" in (archive.run_dir / "playbook.yaml").read_text()
 
@@ -198,9 +237,23 @@ def test_open_rejects_non_archives(tmp_path):
 
 def test_resume_appends_and_keeps_verifying(run_dir):
     archive = RunArchive.open(run_dir, secrets=["late-secret-value"])
-    archive.write_trial(TrialRecord("t013", "kv-cache-q8", "kv-cache-q8", "candidate", 2, "failed",
-                                    "2025-01-02T04:00:00Z", 1.0, {}, error="boom"), None, None,
-                        "late-secret-value in http://me:pw@host/\n")
+    archive.write_trial(
+        TrialRecord(
+            "t013",
+            "kv-cache-q8",
+            "kv-cache-q8",
+            "candidate",
+            2,
+            "failed",
+            "2025-01-02T04:00:00Z",
+            1.0,
+            {},
+            error="boom",
+        ),
+        None,
+        None,
+        "late-secret-value in http://me:pw@host/\n",
+    )
     assert verify(run_dir) == []
     text = (run_dir / "trials" / "t013" / "engine.log").read_text()
     assert "late-secret-value" not in text and "me:pw" not in text

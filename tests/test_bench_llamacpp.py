@@ -1,4 +1,5 @@
 """`llmplay bench` against a real llama.cpp server (the engines' `llama_endpoint` fixture)."""
+
 from dataclasses import replace
 
 import pytest
@@ -10,25 +11,28 @@ from llmplay.tuning.sweep import discover_model, run_bench
 
 pytestmark = pytest.mark.docker
 
-WORKLOAD = Workload(concurrency=2, num_requests=6, warmup_requests=1, input=LengthDist("fixed", value=16),
-                    output=LengthDist("fixed", value=8), ignore_eos=True, temperature=0.0, seed=1,
-                    request_timeout_s=60.0)
+WORKLOAD = Workload(
+    concurrency=2,
+    num_requests=6,
+    warmup_requests=1,
+    input=LengthDist("fixed", value=16),
+    output=LengthDist("fixed", value=8),
+    ignore_eos=True,
+    temperature=0.0,
+    seed=1,
+    request_timeout_s=60.0,
+)
 
 
 @pytest.fixture(scope="module")
-def llama_url(request) -> str:
-    try:
-        endpoint = request.getfixturevalue("llama_endpoint")
-    except pytest.FixtureLookupError:
-        pytest.skip("no llama_endpoint fixture in this tree")
-    return str(getattr(endpoint, "base_url", endpoint)).rstrip("/")
+def llama_url(llama_endpoint) -> str:
+    return str(llama_endpoint.base_url).rstrip("/")
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
 def test_short_bench_gives_sane_numbers(llama_url, tmp_path, api):
     out = tmp_path / "bench.json"
-    result = run_bench(llama_url, replace(WORKLOAD, api=api, streaming_fraction=0.5), json_path=out,
-                       progress=False)
+    result = run_bench(llama_url, replace(WORKLOAD, api=api, streaming_fraction=0.5), json_path=out, progress=False)
     s = result.summary
     assert result.model == discover_model(llama_url)
     assert s["errors.count"] == 0 and s["requests.completed"] == 6

@@ -1,4 +1,5 @@
 """`llmplay validate` and `llmplay plan` through click's runner, exactly as users call them."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """compare: a planted regression is caught by run A's guards and objective, noise is not, and the exit codes hold."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,11 @@ BOOT = 200
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, Path, Path]:
     """A, a re-run of A's configuration with other random draws, and a 60% slower re-run."""
-    return (shared_archive(tmp_path_factory), shared_archive(tmp_path_factory, seed=11),
-            shared_archive(tmp_path_factory, slowdown=1.6))
+    return (
+        shared_archive(tmp_path_factory),
+        shared_archive(tmp_path_factory, seed=11),
+        shared_archive(tmp_path_factory, slowdown=1.6),
+    )
 
 
 def test_same_configuration_again_is_no_regression(runs):

@@ -1,4 +1,5 @@
 """Statistics on synthetic samples with known effects: real effects found, null effects not kept, guards bite."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,10 +26,21 @@ def trial(rng, *, ttft_ms=100.0, tok_s=1000.0, n=200, duration=20.0, noise=0.03,
     scale = 1 + rng.normal(0, noise)  # trial-to-trial drift
     ttft = rng.lognormal(np.log(ttft_ms / 1000 * scale), 0.3, n)
     out_tokens = np.full(n, tok_s * duration * scale / n)
-    return TrialSample(duration_s=duration, n_requests=n + errors, n_errors=errors,
-                       values={"ttft": ttft, "tpot": ttft / 10, "e2el": ttft * 5, "itl": ttft / 10,
-                               "output_tokens": out_tokens, "total_tokens": out_tokens * 3,
-                               "good": np.ones(n)}, price_usd_per_hour=1.0)
+    return TrialSample(
+        duration_s=duration,
+        n_requests=n + errors,
+        n_errors=errors,
+        values={
+            "ttft": ttft,
+            "tpot": ttft / 10,
+            "e2el": ttft * 5,
+            "itl": ttft / 10,
+            "output_tokens": out_tokens,
+            "total_tokens": out_tokens * 3,
+            "good": np.ones(n),
+        },
+        price_usd_per_hour=1.0,
+    )
 
 
 def goals(direction="maximize", metric="throughput.output_tok_s", guards=()):
@@ -108,10 +120,14 @@ def test_metric_values_follow_definitions():
 
 
 def test_gates_with_margins():
-    results = evaluate_gates([Gate("ttft.p95", "<", 0.5, "ttft.p95 < 500ms"),
-                              Gate("throughput.output_tok_s", ">", 3000, "throughput.output_tok_s > 3000"),
-                              Gate("memory.peak_frac", "<", 0.9, "memory.peak_frac < 90%")],
-                             {"ttft.p95": 0.4, "throughput.output_tok_s": 2400})
+    results = evaluate_gates(
+        [
+            Gate("ttft.p95", "<", 0.5, "ttft.p95 < 500ms"),
+            Gate("throughput.output_tok_s", ">", 3000, "throughput.output_tok_s > 3000"),
+            Gate("memory.peak_frac", "<", 0.9, "memory.peak_frac < 90%"),
+        ],
+        {"ttft.p95": 0.4, "throughput.output_tok_s": 2400},
+    )
     assert [r.met for r in results] == [True, False, None]
     assert results[0].margin == pytest.approx(0.2) and results[1].margin == pytest.approx(-0.2)
 
@@ -130,8 +146,9 @@ def test_time_windows_give_throughput_a_real_interval_even_with_fixed_lengths():
         per_window = rng.normal(tok_s * 2, tok_s * 0.2, 10)  # 10 windows of 2 s
         return TrialSample(20.0, {**s.values, "window_output_tokens": per_window}, s.n_requests, 0)
 
-    d = compare_metric([windowed(1000), windowed(1000)], [windowed(1000), windowed(1000)],
-                       "throughput.output_tok_s", n_boot=300)
+    d = compare_metric(
+        [windowed(1000), windowed(1000)], [windowed(1000), windowed(1000)], "throughput.output_tok_s", n_boot=300
+    )
     assert d.ci_low < 0 < d.ci_high and d.ci_high - d.ci_low > 0.02
 
 
@@ -143,14 +160,29 @@ def test_one_trial_per_side_never_decides():
 
 def test_decision_goodput_follows_the_summary_definition():
     """Non-streamed requests: TTFT is their E2EL and TPOT is undefined, in the summary and the decision alike."""
+
     def rec(i, stream, ttft_ms, e2el_ms, out=10):
         sent = 1_000_000_000 + i * 1_000_000
         first = sent + int(ttft_ms * 1e6)
-        return RequestRecord(index=i, is_warmup=False, stream=stream, scheduled_ns=sent, sent_ns=sent,
-                             first_chunk_ns=first, first_content_ns=first, chunk_ns=(first,),
-                             end_ns=sent + int(e2el_ms * 1e6), input_tokens=5, output_tokens=out,
-                             output_tokens_source="usage", finish_reason="length", http_status=200,
-                             error_kind=None, error_message=None, queue_wait_s=0.0)
+        return RequestRecord(
+            index=i,
+            is_warmup=False,
+            stream=stream,
+            scheduled_ns=sent,
+            sent_ns=sent,
+            first_chunk_ns=first,
+            first_content_ns=first,
+            chunk_ns=(first,),
+            end_ns=sent + int(e2el_ms * 1e6),
+            input_tokens=5,
+            output_tokens=out,
+            output_tokens_source="usage",
+            finish_reason="length",
+            http_status=200,
+            error_kind=None,
+            error_message=None,
+            queue_wait_s=0.0,
+        )
 
     # non-streamed: first text after 50 ms but the whole body after 400 ms -> its TTFT is 400 ms
     records = [rec(0, True, 50, 100), rec(1, False, 50, 400), rec(2, True, 50, 3000), rec(3, False, 50, 150)]
@@ -162,6 +194,7 @@ def test_decision_goodput_follows_the_summary_definition():
 
 def test_guard_rule_tolerance_noise_and_a_zero_baseline():
     """The one guard rule decide and compare share: beyond tolerance, CI clear of noise, any worsening from 0."""
+
     def delta(a, b, rel, lo, hi):
         return MetricDelta("ttft.p95", a, b, rel, lo, hi, None, None)
 

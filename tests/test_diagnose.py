@@ -1,13 +1,17 @@
 """Diagnosis: model facts from real GGUF / config.json files, breakdown and roofline arithmetic, every rule's edges."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
+from gguf import quants
 
 from llmplay.archive.model import Finding
+from llmplay.runtime.cpu_image import write_gguf as write_gguf_file
 from llmplay.spec import Gate
 from llmplay.tuning.diagnose.checklist import Thresholds, diagnose, targets_from_gates
 from llmplay.tuning.diagnose.gpus import lookup_gpu
@@ -24,26 +28,21 @@ GiB = 2**30
 
 
 def write_gguf(path: Path, *, tensors: bool = True) -> Path:
-    gguf = pytest.importorskip("gguf")
-    from gguf import quants  # deferred: optional extra `cpu`, imported only after the importorskip above
+    """A metadata-only model (one Q8_0 tensor) whose facts are known exactly, through the project's GGUF writer."""
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-test")
-    w.add_block_count(2)
-    w.add_head_count(4)
-    w.add_head_count_kv(2)
-    w.add_embedding_length(64)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    if tensors:
-        a = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
-        q = quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
-        w.add_tensor("blk.0.attn_q.weight", q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        w.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    def contents(w: gguf.GGUFWriter) -> None:
+        w.add_block_count(2)
+        w.add_head_count(4)
+        w.add_head_count_kv(2)
+        w.add_embedding_length(64)
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+        if tensors:
+            a = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+            q = quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor("blk.0.attn_q.weight", q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor("output_norm.weight", np.ones(64, dtype=np.float32))
+
+    return write_gguf_file(path, "tiny-test", contents)
 
 
 def test_facts_from_gguf(tmp_path: Path) -> None:
@@ -66,13 +65,24 @@ def test_facts_from_gguf_errors(tmp_path: Path) -> None:
 
 
 LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
-    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
 }
 LLAMA2_7B = {
-    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
-    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
     "torch_dtype": "float16",
 }
 
@@ -165,8 +175,9 @@ def bd(peak_frac: float = 0.5, kv_share: float = 0.2, device: str = "gpu") -> Me
     cap = 80 * GiB
     peak = peak_frac * cap
     kv = kv_share * peak
-    return MemoryBreakdown(14e9, 131072, kv / 131072, kv, max(peak - 14e9 - kv, 0), peak, cap, kv_share,
-                           peak_frac, device)
+    return MemoryBreakdown(
+        14e9, 131072, kv / 131072, kv, max(peak - 14e9 - kv, 0), peak, cap, kv_share, peak_frac, device
+    )
 
 
 def ids(findings: list[Finding]) -> set[str]:
@@ -207,8 +218,14 @@ def test_kv_share_threshold(share: float, fires: bool) -> None:
         assert "61.0% > 60.0%" in by_id(f, "memory.kv_share_high").evidence
 
 
-@pytest.mark.parametrize("tele, fires", [({}, False), ({"engine.preemptions": 0.0}, False),
-                                         ({"engine.preemptions": 1.0, "engine.kv_cache_usage_max": 0.99}, True)])
+@pytest.mark.parametrize(
+    "tele, fires",
+    [
+        ({}, False),
+        ({"engine.preemptions": 0.0}, False),
+        ({"engine.preemptions": 1.0, "engine.kv_cache_usage_max": 0.99}, True),
+    ],
+)
 def test_preemptions(tele: dict, fires: bool) -> None:
     f = diagnose({}, {**GPU_OK, **tele}, None, None)
     assert ("memory.preemptions" in ids(f)) is fires
@@ -236,7 +253,11 @@ def test_roofline_findings() -> None:
     r_floor = decode_roofline(14e9, 0, 3.35e12, 0.0062)  # 1.48× floor
     f = diagnose({}, {**GPU_OK, "gpu.dram_bw_util_mean": 0.7}, None, r_head)
     x = by_id(f, "roofline.headroom")
-    assert "floor 4.2 ms/token" in x.evidence and "1.51× floor" in x.evidence and "bandwidth utilization 70.0%" in x.evidence
+    assert (
+        "floor 4.2 ms/token" in x.evidence
+        and "1.51× floor" in x.evidence
+        and "bandwidth utilization 70.0%" in x.evidence
+    )
     assert "roofline.at_floor" in ids(diagnose({}, GPU_OK, None, r_floor))
     assert by_id(diagnose({}, GPU_OK, None, r_floor), "roofline.at_floor").suggestion.startswith("FP8")
     assert "roofline.floor" in ids(diagnose({}, GPU_OK, None, decode_roofline(14e9, 0, 3.35e12, None)))
@@ -247,11 +268,14 @@ def test_roofline_findings() -> None:
 LAT = {"ttft.p50": 0.1, "ttft.p95": 0.2, "tpot.p95": 0.05}
 
 
-@pytest.mark.parametrize("util, lat_target, fires", [
-    (0.80, 0.04, True),  # util at the high edge, TPOT over target
-    (0.79, 0.04, False),  # util just below high
-    (0.95, 0.06, False),  # latency within target
-])
+@pytest.mark.parametrize(
+    "util, lat_target, fires",
+    [
+        (0.80, 0.04, True),  # util at the high edge, TPOT over target
+        (0.79, 0.04, False),  # util just below high
+        (0.95, 0.06, False),  # latency within target
+    ],
+)
 def test_busy_and_slow(util: float, lat_target: float, fires: bool) -> None:
     f = diagnose(LAT, {"gpu.util_mean": util}, None, None, targets={"tpot.p95": lat_target})
     assert ("gpu.busy_and_slow" in ids(f)) is fires
@@ -263,25 +287,34 @@ def test_busy_and_slow_without_targets_uses_ttft_tail() -> None:
     tail = {"ttft.p50": 0.1, "ttft.p95": 0.35}
     f = diagnose(tail, {"gpu.util_mean": 0.9}, None, None)
     assert "TTFT P95/P50" in by_id(f, "gpu.busy_and_slow").evidence
-    assert "gpu.busy_and_slow" not in ids(diagnose({"ttft.p50": 0.1, "ttft.p95": 0.25}, {"gpu.util_mean": 0.9}, None, None))
+    assert "gpu.busy_and_slow" not in ids(
+        diagnose({"ttft.p50": 0.1, "ttft.p95": 0.25}, {"gpu.util_mean": 0.9}, None, None)
+    )
 
 
 def test_gpm_sm_activity_preferred_over_nvml_util() -> None:
-    f = diagnose(LAT, {"gpu.util_mean": 0.99, "gpu.sm_activity_mean": 0.3}, None, None,
-                 targets={"tpot.p95": 0.01})
+    f = diagnose(LAT, {"gpu.util_mean": 0.99, "gpu.sm_activity_mean": 0.3}, None, None, targets={"tpot.p95": 0.01})
     # NVML util says busy; SM activity says idle -> the low-util rules apply
     assert "gpu.busy_and_slow" not in ids(f)
     assert "SM activity (GPM) 30.0%" in by_id(f, "gpu.low_util_undecided").evidence
 
 
-@pytest.mark.parametrize("util, tok_s, expect", [
-    (0.49, 1000.0, "gpu.batch_too_small"),
-    (0.49, 3000.0, "gpu.bandwidth_bound"),
-    (0.50, 1000.0, None),  # at the low edge: not low
-])
+@pytest.mark.parametrize(
+    "util, tok_s, expect",
+    [
+        (0.49, 1000.0, "gpu.batch_too_small"),
+        (0.49, 3000.0, "gpu.bandwidth_bound"),
+        (0.50, 1000.0, None),  # at the low edge: not low
+    ],
+)
 def test_low_util_rules_with_throughput_target(util: float, tok_s: float, expect: str | None) -> None:
-    f = diagnose({"throughput.output_tok_s": tok_s}, {"gpu.util_mean": util}, None, None,
-                 targets={"throughput.output_tok_s": 3000})
+    f = diagnose(
+        {"throughput.output_tok_s": tok_s},
+        {"gpu.util_mean": util},
+        None,
+        None,
+        targets={"throughput.output_tok_s": 3000},
+    )
     got = ids(f) & {"gpu.batch_too_small", "gpu.bandwidth_bound", "gpu.low_util_undecided"}
     assert got == ({expect} if expect else set())
     if expect == "gpu.batch_too_small":
@@ -298,24 +331,31 @@ def test_low_util_rules_from_roofline_without_targets() -> None:
     assert "gpu.low_util_undecided" in ids(diagnose({}, {"gpu.util_mean": 0.3}, None, None))
 
 
-@pytest.mark.parametrize("tele, fires", [
-    ({"engine.waiting_nonzero_frac": 0.5, "engine.waiting_mean": 2.0, "engine.waiting_max": 5.0}, True),
-    ({"engine.waiting_nonzero_frac": 0.49, "engine.waiting_mean": 2.0, "engine.waiting_max": 5.0}, False),
-    ({"engine.waiting_mean": 1.0, "engine.waiting_max": 3.0}, True),  # no per-sample share: mean ≥ 1
-    ({"engine.waiting_mean": 0.9, "engine.waiting_max": 3.0}, False),
-    ({}, False),
-])
+@pytest.mark.parametrize(
+    "tele, fires",
+    [
+        ({"engine.waiting_nonzero_frac": 0.5, "engine.waiting_mean": 2.0, "engine.waiting_max": 5.0}, True),
+        ({"engine.waiting_nonzero_frac": 0.49, "engine.waiting_mean": 2.0, "engine.waiting_max": 5.0}, False),
+        ({"engine.waiting_mean": 1.0, "engine.waiting_max": 3.0}, True),  # no per-sample share: mean ≥ 1
+        ({"engine.waiting_mean": 0.9, "engine.waiting_max": 3.0}, False),
+        ({}, False),
+    ],
+)
 def test_queue_persistent(tele: dict, fires: bool) -> None:
     f = diagnose({}, {**GPU_OK, **tele}, None, None)
     assert ("queue.persistent" in ids(f)) is fires
     if fires and "engine.waiting_nonzero_frac" in tele:
-        assert "waiting queue > 0 in 50.0% of samples; mean 2.0, max 5 waiting" == by_id(f, "queue.persistent").evidence
+        assert by_id(f, "queue.persistent").evidence == "waiting queue > 0 in 50.0% of samples; mean 2.0, max 5 waiting"
 
 
 def test_cpu_run_no_gpu_rules_but_memory_and_queue() -> None:
     host = MemoryBreakdown(0.6e9, 24576, 2048, 24576 * 2048, 0.3e9, 1e9, 8e9, 0.05, 0.125, "host")
-    tele = {"proc.rss_peak_bytes": 1e9, "engine.waiting_mean": 1.5, "engine.waiting_max": 3.0,
-            "engine.waiting_nonzero_frac": 0.8}
+    tele = {
+        "proc.rss_peak_bytes": 1e9,
+        "engine.waiting_mean": 1.5,
+        "engine.waiting_max": 3.0,
+        "engine.waiting_nonzero_frac": 0.8,
+    }
     f = diagnose(LAT, tele, host, None, notes=["no NVML: NVML Shared Library Not Found"])
     assert {"memory.breakdown", "queue.persistent", "gpu.not_evaluated"} <= ids(f)
     x = by_id(f, "gpu.not_evaluated")
@@ -325,12 +365,28 @@ def test_cpu_run_no_gpu_rules_but_memory_and_queue() -> None:
 
 
 def test_scheduler_checks() -> None:
-    f = diagnose({}, GPU_OK, None, None, {"continuous_batching": False, "max_batch": 4, "concurrency": 8,
-                                          "prefix_caching": False, "shared_prefix_tokens": 512})
+    f = diagnose(
+        {},
+        GPU_OK,
+        None,
+        None,
+        {
+            "continuous_batching": False,
+            "max_batch": 4,
+            "concurrency": 8,
+            "prefix_caching": False,
+            "shared_prefix_tokens": 512,
+        },
+    )
     assert {"sched.no_continuous_batching", "sched.concurrency_over_batch", "sched.prefix_cache_off"} <= ids(f)
     assert "8 > max batch 4: 4 requests wait" in by_id(f, "sched.concurrency_over_batch").evidence
-    f2 = diagnose({}, {**GPU_OK, "engine.prefix_cache_hit_rate": 0.02}, None, None,
-                  {"prefix_caching": True, "shared_prefix_tokens": 512})
+    f2 = diagnose(
+        {},
+        {**GPU_OK, "engine.prefix_cache_hit_rate": 0.02},
+        None,
+        None,
+        {"prefix_caching": True, "shared_prefix_tokens": 512},
+    )
     assert "sched.prefix_cache_misses" in ids(f2) and "sched.prefix_cache_off" not in ids(f2)
 
 
@@ -348,6 +404,10 @@ def test_thresholds_are_configurable() -> None:
 
 
 def test_targets_from_gates() -> None:
-    gates = [Gate("ttft.p95", "<", 0.5, "ttft.p95 < 500ms"), Gate("throughput.output_tok_s", ">", 3000, "x"),
-             Gate("cost.usd_per_1m_tokens", "<", 0.5, "y"), Gate("tpot.p95", ">", 0.01, "odd")]
+    gates = [
+        Gate("ttft.p95", "<", 0.5, "ttft.p95 < 500ms"),
+        Gate("throughput.output_tok_s", ">", 3000, "x"),
+        Gate("cost.usd_per_1m_tokens", "<", 0.5, "y"),
+        Gate("tpot.p95", ">", 0.01, "odd"),
+    ]
     assert targets_from_gates(gates) == {"ttft.p95": 0.5, "throughput.output_tok_s": 3000}

@@ -1,4 +1,5 @@
 """Engine adapters: the exact argv every knob renders to, per engine; unknown knobs; the registry."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,7 @@ def argv(kind: str, **knobs: object) -> list[str]:
     plain = engine.server_args(EngineSpec(kind, "/models"))
     full = engine.server_args(EngineSpec(kind, "/models", args=frozen_map(knobs)))
     assert full[: len(plain)] == plain
-    return full[len(plain):]
+    return full[len(plain) :]
 
 
 def test_registry_and_unknown_kind() -> None:
@@ -92,17 +93,20 @@ def test_every_knob_is_pinned(kind: str) -> None:
         assert argv(kind, **{knob: None}) == [], knob  # None: the engine's default
 
 
-@pytest.mark.parametrize("kind,knob,expected", [
-    ("vllm", "prefix_caching", ["--no-enable-prefix-caching"]),
-    ("vllm", "cuda_graphs", []),  # on by default; there is no portable flag to say so
-    ("sglang", "prefix_caching", []),
-    ("sglang", "cuda_graphs", []),
-    ("tgi", "cuda_graphs", []),
-    ("llamacpp", "prefix_caching", ["--cache-prompt"]),
-    ("llamacpp", "flash_attn", ["--flash-attn", "off"]),
-    ("llamacpp", "cont_batching", ["--cont-batching"]),
-    ("llamacpp", "metrics", []),
-])
+@pytest.mark.parametrize(
+    "kind,knob,expected",
+    [
+        ("vllm", "prefix_caching", ["--no-enable-prefix-caching"]),
+        ("vllm", "cuda_graphs", []),  # on by default; there is no portable flag to say so
+        ("sglang", "prefix_caching", []),
+        ("sglang", "cuda_graphs", []),
+        ("tgi", "cuda_graphs", []),
+        ("llamacpp", "prefix_caching", ["--cache-prompt"]),
+        ("llamacpp", "flash_attn", ["--flash-attn", "off"]),
+        ("llamacpp", "cont_batching", ["--cont-batching"]),
+        ("llamacpp", "metrics", []),
+    ],
+)
 def test_the_other_side_of_each_boolean_flag(kind: str, knob: str, expected: list[str]) -> None:
     value = not TABLES[kind][knob][0]
     assert argv(kind, **{knob: value}) == expected
@@ -110,23 +114,28 @@ def test_the_other_side_of_each_boolean_flag(kind: str, knob: str, expected: lis
 
 def test_flash_attn_auto_and_bad_values() -> None:
     assert argv("llamacpp", flash_attn="auto") == ["--flash-attn", "auto"]
-    with pytest.raises(BadKnobValue, match=r"engine 'llamacpp' knob 'flash_attn': found 'yes', expected true, false or auto"):
+    with pytest.raises(
+        BadKnobValue, match=r"engine 'llamacpp' knob 'flash_attn': found 'yes', expected true, false or auto"
+    ):
         argv("llamacpp", flash_attn="yes")
     with pytest.raises(BadKnobValue, match="expected true or false"):
         argv("vllm", prefix_caching="on")
 
 
-@pytest.mark.parametrize("kind,knob,value,expected", [
-    ("vllm", "max_num_seqs", True, "an integer >= 1"),  # YAML `true` is not the integer 1
-    ("vllm", "max_num_seqs", "256", "an integer >= 1"),
-    ("vllm", "gpu_memory_utilization", 0, "a number > 0 and <= 1"),
-    ("vllm", "quantization", [1], "a single value (text or a number)"),
-    ("sglang", "kv_cache_dtype", "fp8", "one of auto, fp8_e5m2, fp8_e4m3"),
-    ("tgi", "kv_cache_dtype", "fp8", "one of fp8_e4m3fn, fp8_e5m2"),
-    ("trtllm", "tensor_parallel", 1.0, "an integer >= 1"),
-    ("llamacpp", "n_gpu_layers", "some", "an integer, auto or all"),
-    ("llamacpp", "ctx_size", -1, "an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "kind,knob,value,expected",
+    [
+        ("vllm", "max_num_seqs", True, "an integer >= 1"),  # YAML `true` is not the integer 1
+        ("vllm", "max_num_seqs", "256", "an integer >= 1"),
+        ("vllm", "gpu_memory_utilization", 0, "a number > 0 and <= 1"),
+        ("vllm", "quantization", [1], "a single value (text or a number)"),
+        ("sglang", "kv_cache_dtype", "fp8", "one of auto, fp8_e5m2, fp8_e4m3"),
+        ("tgi", "kv_cache_dtype", "fp8", "one of fp8_e4m3fn, fp8_e5m2"),
+        ("trtllm", "tensor_parallel", 1.0, "an integer >= 1"),
+        ("llamacpp", "n_gpu_layers", "some", "an integer, auto or all"),
+        ("llamacpp", "ctx_size", -1, "an integer >= 0"),
+    ],
+)
 def test_values_the_engine_would_refuse(kind: str, knob: str, value: object, expected: str) -> None:
     with pytest.raises(BadKnobValue) as info:
         get_engine(kind).check_value(knob, value)  # type: ignore[arg-type]
@@ -143,18 +152,47 @@ def test_values_beyond_the_pinned_ones() -> None:
 
 def test_base_commands() -> None:
     spec = EngineSpec("vllm", "/models", served_model_name="llama-3-8b")
-    assert get_engine("vllm").command(spec) == ["--model", "/models", "--host", "0.0.0.0", "--port", "8000",
-                                                "--served-model-name", "llama-3-8b"]
+    assert get_engine("vllm").command(spec) == [
+        "--model",
+        "/models",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "llama-3-8b",
+    ]
     assert get_engine("sglang").command(EngineSpec("sglang", "/models"), 30001) == [
-        "python3", "-m", "sglang.launch_server", "--model-path", "/models", "--host", "0.0.0.0", "--port", "30001",
-        "--enable-metrics"]
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "30001",
+        "--enable-metrics",
+    ]
     assert get_engine("tgi").command(EngineSpec("tgi", "/models")) == [
-        "--model-id", "/models", "--hostname", "0.0.0.0", "--port", "80"]
+        "--model-id",
+        "/models",
+        "--hostname",
+        "0.0.0.0",
+        "--port",
+        "80",
+    ]
     assert get_engine("trtllm").command(EngineSpec("trtllm", "/models")) == [
-        "trtllm-serve", "/models", "--host", "0.0.0.0", "--port", "8000"]
-    assert get_engine("llamacpp").command(EngineSpec("llamacpp", "/models/tiny.gguf", served_model_name="tiny",
-                                                     extra_args=("--seed", "1"))) == [
-        "--model", "/models/tiny.gguf", "--host", "0.0.0.0", "--port", "8080", "--alias", "tiny", "--seed", "1"]
+        "trtllm-serve",
+        "/models",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+    ]
+    assert get_engine("llamacpp").command(
+        EngineSpec("llamacpp", "/models/tiny.gguf", served_model_name="tiny", extra_args=("--seed", "1"))
+    ) == ["--model", "/models/tiny.gguf", "--host", "0.0.0.0", "--port", "8080", "--alias", "tiny", "--seed", "1"]
 
 
 def test_knobs_render_in_playbook_order_then_extra_args() -> None:
@@ -167,8 +205,15 @@ def test_process_argv() -> None:
     assert eng.process_argv(EngineSpec("llamacpp", "/m.gguf", executable="/opt/llama server"), 1)[:1] == ["/opt/llama"]
     assert eng.process_argv(EngineSpec("llamacpp", "/m.gguf"), 1)[0] == "llama-server"
     assert get_engine("vllm").process_argv(EngineSpec("vllm", "m"), 1)[:3] == [
-        "python3", "-m", "vllm.entrypoints.openai.api_server"]
-    assert get_engine("sglang").process_argv(EngineSpec("sglang", "m"), 1)[:3] == ["python3", "-m", "sglang.launch_server"]
+        "python3",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+    ]
+    assert get_engine("sglang").process_argv(EngineSpec("sglang", "m"), 1)[:3] == [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+    ]
 
 
 @pytest.mark.parametrize("kind", TABLES)
@@ -190,17 +235,28 @@ def test_health_version_and_metric_names() -> None:
     }
     vllm = ENGINES["vllm"].metric_names
     assert (vllm.kv_cache_usage, vllm.running, vllm.waiting, vllm.preemptions) == (
-        "vllm:gpu_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
-        "vllm:num_preemptions_total")
+        "vllm:gpu_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:num_preemptions_total",
+    )
     sgl = ENGINES["sglang"].metric_names
     assert (sgl.kv_cache_usage, sgl.running, sgl.waiting) == (
-        "sglang:token_usage", "sglang:num_running_reqs", "sglang:num_queue_reqs")
+        "sglang:token_usage",
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+    )
     assert (ENGINES["tgi"].metric_names.running, ENGINES["tgi"].metric_names.waiting) == (
-        "tgi_batch_current_size", "tgi_queue_size")
+        "tgi_batch_current_size",
+        "tgi_queue_size",
+    )
     lc = ENGINES["llamacpp"].metric_names
     assert (lc.running, lc.waiting, lc.prefix_cache_hits, lc.generation_tokens) == (
-        "llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:prompt_tokens_cached_total",
-        "llamacpp:tokens_predicted_total")
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "llamacpp:prompt_tokens_cached_total",
+        "llamacpp:tokens_predicted_total",
+    )
     assert ENGINES["trtllm"].metric_names.running is None  # its /metrics is JSON, not Prometheus
 
 

@@ -1,4 +1,5 @@
 """Untrusted playbooks: whatever the bytes, the loader answers with one clear PlaybookError, fast."""
+
 from __future__ import annotations
 
 import copy
@@ -14,7 +15,9 @@ from llmplay.errors import PlaybookError
 from llmplay.playbook.load import load_playbook
 
 VALID = {
-    "apiVersion": "llmplay/v1", "kind": "Playbook", "metadata": {"name": "fuzz"},
+    "apiVersion": "llmplay/v1",
+    "kind": "Playbook",
+    "metadata": {"name": "fuzz"},
     "engine": {"kind": "llamacpp", "model": "/models/tiny.gguf", "args": {"parallel": 1}},
     "workload": {"concurrency": 2, "num_requests": 4, "input": {"fixed": 16}},
     "goals": {"gates": ["ttft.p95 < 500ms"], "objective": {"maximize": "throughput.output_tok_s"}},
@@ -22,18 +25,30 @@ VALID = {
 }
 FUZZ_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(allow_nan=True),
-                    st.text(max_size=20))
-documents = st.recursive(scalars, lambda children: st.one_of(
-    st.lists(children, max_size=5), st.dictionaries(st.text(max_size=12), children, max_size=5)), max_leaves=30)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**30), 10**30), st.floats(allow_nan=True), st.text(max_size=20)
+)
+documents = st.recursive(
+    scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=5), st.dictionaries(st.text(max_size=12), children, max_size=5)
+    ),
+    max_leaves=30,
+)
 
 
 # A YAML path as Problems writes it: plain keys joined by dots, list indices and odd keys (repr) in brackets.
 _BRACKET = r"""\[(?:\d+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")\]"""
 YAML_PATH = rf"(?:\(document\)|(?:[A-Za-z0-9_.$-]+|{_BRACKET})(?:\.[A-Za-z0-9_.$-]+|{_BRACKET})*)"
 # Problems found before the document has YAML paths: in the YAML text (with a line) or in the file as a whole.
-TEXT_PROBLEMS = ("YAML syntax error: ", "duplicate key '", "unsupported YAML tag (", "document expands to more than ",
-                 "found a ", "the file is empty; ")
+TEXT_PROBLEMS = (
+    "YAML syntax error: ",
+    "duplicate key '",
+    "unsupported YAML tag (",
+    "document expands to more than ",
+    "found a ",
+    "the file is empty; ",
+)
 FILE_PROBLEMS = ("not UTF-8 text (byte ", "nesting is too deep; ", "YAML error: ", "file is ")
 
 
@@ -75,8 +90,17 @@ def test_random_yaml_documents(tmp_path_factory, doc):
 
 
 def _mutations():
-    paths = [("engine", "kind"), ("engine", "args", "parallel"), ("workload", "concurrency"), ("workload", "input"),
-             ("goals", "gates"), ("steps",), ("metadata", "name"), ("workload", "duration"), ("trials",)]
+    paths = [
+        ("engine", "kind"),
+        ("engine", "args", "parallel"),
+        ("workload", "concurrency"),
+        ("workload", "input"),
+        ("goals", "gates"),
+        ("steps",),
+        ("metadata", "name"),
+        ("workload", "duration"),
+        ("trials",),
+    ]
     return st.tuples(st.sampled_from(paths), documents)
 
 
@@ -109,8 +133,14 @@ def test_the_message_format_check_refuses_what_it_should(tmp_path):
     f = tmp_path / "p.yaml"
     assert_message_format(f"{f}:3: workload.input['a b'][0]: found 1; expected a mapping", f)
     assert_message_format(f"{f}:1: YAML syntax error: mapping values are not allowed here", f)
-    for bad in ("elsewhere.yaml:3: workload: found 1", f"{f}: workload: found 1", f"{f}:0: workload: found 1",
-                f"{f}:3: something else", f"prefix {f}:3: workload: found 1", "p.yaml"):
+    for bad in (
+        "elsewhere.yaml:3: workload: found 1",
+        f"{f}: workload: found 1",
+        f"{f}:0: workload: found 1",
+        f"{f}:3: something else",
+        f"prefix {f}:3: workload: found 1",
+        "p.yaml",
+    ):
         with pytest.raises(AssertionError):
             assert_message_format(bad, f)
 

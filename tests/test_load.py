@@ -1,4 +1,5 @@
 """The load runner against the instrument server: timing equals the scripted truth, errors never vanish."""
+
 import itertools
 from dataclasses import replace
 
@@ -15,8 +16,13 @@ from llmplay.spec import LengthDist, Workload
 from llmplay_testing.instrument import InstrumentServer
 
 TOK = WordRatioTokenizer()
-BASE = Workload(concurrency=4, num_requests=8, input=LengthDist("fixed", value=6),
-                output=LengthDist("fixed", value=6), request_timeout_s=5.0)
+BASE = Workload(
+    concurrency=4,
+    num_requests=8,
+    input=LengthDist("fixed", value=6),
+    output=LengthDist("fixed", value=6),
+    request_timeout_s=5.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +101,7 @@ def test_counted_tokens_when_server_sends_no_usage(srv):
 
 def test_usage_tokens(srv):
     _, res, _ = run(srv, BASE, ttft_ms=5, itl_ms=1, tokens=3)
-    assert all(r.output_tokens == 3 and r.output_tokens_source == "usage" and r.input_tokens == 6
-               for r in res.records)
+    assert all(r.output_tokens == 3 and r.output_tokens_source == "usage" and r.input_tokens == 6 for r in res.records)
     assert all(r.finish_reason == "length" for r in res.records)
 
 
@@ -154,8 +159,14 @@ def test_mixed_errors_are_not_dropped(srv):
 
 
 def test_poisson_arrivals_match_the_rate(srv):
-    wl = Workload(rate=400.0, arrival="poisson", num_requests=400, seed=11, input=LengthDist("fixed", value=2),
-                  output=LengthDist("fixed", value=1))
+    wl = Workload(
+        rate=400.0,
+        arrival="poisson",
+        num_requests=400,
+        seed=11,
+        input=LengthDist("fixed", value=2),
+        output=LengthDist("fixed", value=1),
+    )
     _, res, _ = run(srv, wl, ttft_ms=1, itl_ms=1)
     assert all(r.ok for r in res.records)
     sched = np.sort(np.array([r.scheduled_ns for r in res.records])) / 1e9
@@ -170,8 +181,14 @@ def test_poisson_arrivals_match_the_rate(srv):
 
 
 def test_constant_arrivals_with_bursts(srv):
-    wl = Workload(rate=200.0, arrival="constant", burst=4, num_requests=40, input=LengthDist("fixed", value=2),
-                  output=LengthDist("fixed", value=1))
+    wl = Workload(
+        rate=200.0,
+        arrival="constant",
+        burst=4,
+        num_requests=40,
+        input=LengthDist("fixed", value=2),
+        output=LengthDist("fixed", value=1),
+    )
     _, res, _ = run(srv, wl, ttft_ms=1, itl_ms=1)
     sched = np.array(sorted(r.scheduled_ns for r in res.records))
     groups = sched.reshape(10, 4)
@@ -180,8 +197,13 @@ def test_constant_arrivals_with_bursts(srv):
 
 
 def test_duration_bound_closed_loop_with_warmup_seconds(srv):
-    wl = Workload(concurrency=3, duration_s=0.4, warmup_s=0.1, input=LengthDist("fixed", value=2),
-                  output=LengthDist("fixed", value=2))
+    wl = Workload(
+        concurrency=3,
+        duration_s=0.4,
+        warmup_s=0.1,
+        input=LengthDist("fixed", value=2),
+        output=LengthDist("fixed", value=2),
+    )
     res = run_load_sync(srv.url_for(ttft_ms=10, itl_ms=5), wl, iter_requests(wl, TOK, "m"))
     warm = [r for r in res.records if r.is_warmup]
     meas = [r for r in res.records if not r.is_warmup]
@@ -204,8 +226,9 @@ def test_dataframe_round_trip(srv):
 
 
 def test_multi_turn_turns_follow_each_other(srv):
-    wl = Workload(concurrency=4, num_requests=12, turns=3, input=LengthDist("fixed", value=3),
-                  output=LengthDist("fixed", value=3))
+    wl = Workload(
+        concurrency=4, num_requests=12, turns=3, input=LengthDist("fixed", value=3), output=LengthDist("fixed", value=3)
+    )
     _, res, _ = run(srv, wl, ttft_ms=10, itl_ms=2)
     assert all(r.ok for r in res.records)
     by_conv: dict[int, list] = {}
@@ -263,8 +286,14 @@ def test_run_load_goes_through_the_client_unless_handed_its_transport(srv):
 
 
 def test_open_loop_warmup_requests_outlast_warmup_seconds(srv):
-    wl = Workload(rate=100.0, num_requests=10, warmup_requests=10, warmup_s=0.01, input=LengthDist("fixed", value=2),
-                  output=LengthDist("fixed", value=1))
+    wl = Workload(
+        rate=100.0,
+        num_requests=10,
+        warmup_requests=10,
+        warmup_s=0.01,
+        input=LengthDist("fixed", value=2),
+        output=LengthDist("fixed", value=1),
+    )
     _, res, _ = run(srv, wl, ttft_ms=1, itl_ms=1)
     warm = [r for r in res.records if r.is_warmup]
     assert len(warm) == 10 and all(r.sent_ns < res.start_ns for r in warm)
@@ -290,7 +319,7 @@ def test_transport_reassembles_a_byte_by_byte_chunked_body_and_retries_a_stale_c
             await reader.readuntil(b"\r\n\r\n")
             served += 1
             for i in range(len(head + body)):
-                writer.write((head + body)[i:i + 1])
+                writer.write((head + body)[i : i + 1])
                 await writer.drain()
                 await asyncio.sleep(0)
             if served == 2:

@@ -1,4 +1,5 @@
 """Metric definitions (DESIGN.md) on hand-made records whose true values are known exactly."""
+
 import numpy as np
 import pytest
 
@@ -8,16 +9,40 @@ from llmplay.metrics import per_request_arrays, per_request_frame, summarize
 MS = 1_000_000
 
 
-def rec(index, *, sent=0, chunks_ms=(), out=None, stream=True, warm=False, error=None, inp=10,
-        source="usage", scheduled=None):
+def rec(
+    index,
+    *,
+    sent=0,
+    chunks_ms=(),
+    out=None,
+    stream=True,
+    warm=False,
+    error=None,
+    inp=10,
+    source="usage",
+    scheduled=None,
+):
     chunks = tuple(sent + int(c * MS) for c in chunks_ms)
     end = chunks[-1] if chunks else None
     return RequestRecord(
-        index=index, is_warmup=warm, stream=stream, scheduled_ns=sent if scheduled is None else scheduled,
-        sent_ns=sent, first_chunk_ns=chunks[0] if chunks else None, first_content_ns=chunks[0] if chunks else None,
-        chunk_ns=chunks, end_ns=end, input_tokens=inp, output_tokens=len(chunks) if out is None else out,
-        output_tokens_source=source, finish_reason="length" if error is None else None,
-        http_status=200 if error is None else 500, error_kind=error, error_message=error, queue_wait_s=0.0)
+        index=index,
+        is_warmup=warm,
+        stream=stream,
+        scheduled_ns=sent if scheduled is None else scheduled,
+        sent_ns=sent,
+        first_chunk_ns=chunks[0] if chunks else None,
+        first_content_ns=chunks[0] if chunks else None,
+        chunk_ns=chunks,
+        end_ns=end,
+        input_tokens=inp,
+        output_tokens=len(chunks) if out is None else out,
+        output_tokens_source=source,
+        finish_reason="length" if error is None else None,
+        http_status=200 if error is None else 500,
+        error_kind=error,
+        error_message=error,
+        queue_wait_s=0.0,
+    )
 
 
 RECORDS = [
@@ -69,8 +94,17 @@ def test_contract_keys_and_empty_input():
     keys = set(summarize([], 0.0, {}).as_dict())
     for metric in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream"):
         assert {f"{metric}.{s}" for s in ("mean", "std", "p50", "p90", "p95", "p99")} <= keys
-    assert {"throughput.req_s", "throughput.output_tok_s", "throughput.total_tok_s", "goodput.req_s",
-            "errors.rate", "errors.count", "requests.completed", "requests.total", "queue_wait.p95"} <= keys
+    assert {
+        "throughput.req_s",
+        "throughput.output_tok_s",
+        "throughput.total_tok_s",
+        "goodput.req_s",
+        "errors.rate",
+        "errors.count",
+        "requests.completed",
+        "requests.total",
+        "queue_wait.p95",
+    } <= keys
     empty = summarize([], 0.0, {})
     assert empty["ttft.p95"] is None and empty["throughput.req_s"] is None and empty["errors.rate"] == 0.0
 
@@ -84,8 +118,9 @@ def test_per_request_arrays_for_bootstrap():
 
 
 def test_counted_tokens_are_reported():
-    s = summarize([rec(1, chunks_ms=(1, 2), source="counted"), rec(2, chunks_ms=(1, 2))], 1.0, {},
-                  tokenizer="word-ratio")
+    s = summarize(
+        [rec(1, chunks_ms=(1, 2), source="counted"), rec(2, chunks_ms=(1, 2))], 1.0, {}, tokenizer="word-ratio"
+    )
     assert s.output_tokens_source == "mixed" and s["tokens.output_counted"] == 1
     assert s.to_json()["tokenizer"] == "word-ratio"
 

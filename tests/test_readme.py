@@ -1,4 +1,5 @@
 """The README's references are checked against the schema and the CLI, so they cannot drift."""
+
 from __future__ import annotations
 
 import re

@@ -3,6 +3,7 @@ real signals and freezes, real sockets that reset, untrusted playbooks that try 
 
 Each test that injects a fault or counts records appends one JSON line to the file named by
 LLMPLAY_RELIABILITY_FIGURES (when set); benchmarks/reliability.py adds those lines up for docs/RELIABILITY.md."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ from llmplay.report import publish_report
 from llmplay.runtime.docker import DockerRuntime
 from llmplay.spec import EngineSpec, frozen_map
 from llmplay.tuning.run import RunOptions, run_playbook
-from llmplay_testing.cpu_runs import ROOT, cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
+from llmplay_testing.cpu_runs import cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
 from llmplay_testing.fault_server import FaultServer
 
 DATA = Path(__file__).resolve().parent / "data" / "reliability"
@@ -106,8 +107,11 @@ def test_1024_streams_against_random_resets_every_request_accounted_for():
     records == requests sent, every one ok or a classified error, and the ok count is the server's."""
     workload, _ = load_workload(DATA / "storm.yaml")
     requests = build_requests(workload, WordRatioTokenizer(), "storm")
-    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fault_server.py"), "server", "--seed", "11",
-                               "--fault-rate", "0.3"], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "llmplay_testing.fault_server", "server", "--seed", "11", "--fault-rate", "0.3"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = server.stdout.readline()
         assert line.startswith("LISTENING"), line
@@ -127,25 +131,41 @@ def test_1024_streams_against_random_resets_every_request_accounted_for():
     assert stats["faults_total"] > 0.2 * len(requests), stats
     assert set(kinds) - {"ok"} <= {"connect", "truncated", "http_5xx"}, kinds
     assert kinds.get("http_5xx", 0) == stats["faults"]["http_500"]
-    figure("storm", faults=stats["faults"], requests_sent=len(requests), records=len(result.records),
-           concurrency=workload.concurrency, elapsed_s=round(elapsed_s, 2), error_kinds=kinds)
+    figure(
+        "storm",
+        faults=stats["faults"],
+        requests_sent=len(requests),
+        records=len(result.records),
+        concurrency=workload.concurrency,
+        elapsed_s=round(elapsed_s, 2),
+        error_kinds=kinds,
+    )
 
 
 # ------------------------------------------------------------------------------- 1. engine faults, real engine
 # 2^26 tokens of f32 KV cache: 128 GiB for the tiny model, more than this machine (or the CI runner) can
 # allocate, and llama.cpp gives up within seconds ("failed to allocate buffer for kv cache").
-OOM_STEP = {"name": "kv-oom", "bundle": True, "description": "a KV cache no host can hold",
-            "set": {"ctx_size": 67108864, "kv_cache_dtype": "f32"}}
+OOM_STEP = {
+    "name": "kv-oom",
+    "bundle": True,
+    "description": "a KV cache no host can hold",
+    "set": {"ctx_size": 67108864, "kv_cache_dtype": "f32"},
+}
 
 
 @pytest.mark.docker
-def test_engine_oom_at_start_is_a_failed_trial_with_cause_and_log_and_the_run_goes_on(cpu_engine, docker_client,
-                                                                                     tmp_path):
-    path = tiny_playbook(tmp_path, name="oom-continue", steps=[OOM_STEP, {"name": "parallel-2", "set": {"parallel": 2}}])
+def test_engine_oom_at_start_is_a_failed_trial_with_cause_and_log_and_the_run_goes_on(
+    cpu_engine, docker_client, tmp_path
+):
+    path = tiny_playbook(
+        tmp_path, name="oom-continue", steps=[OOM_STEP, {"name": "parallel-2", "set": {"parallel": 2}}]
+    )
     archive = tmp_path / "reports"
     lines: list[str] = []
     with ManifestWatcher(archive) as watcher:
-        outcome = run_playbook(load_playbook(path), RunOptions(archive_root=archive), publish=publish_report, report=lines.append)
+        outcome = run_playbook(
+            load_playbook(path), RunOptions(archive_root=archive), publish=publish_report, report=lines.append
+        )
     manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
     trials = {t["trial_id"]: t for t in manifest["trials"]}
     failed = [t for t in trials.values() if t["status"] == "failed"]
@@ -159,14 +179,20 @@ def test_engine_oom_at_start_is_a_failed_trial_with_cause_and_log_and_the_run_go
     assert outcome.status == "complete" and verify(outcome.run_dir) == []
     assert containers_of(docker_client, run_id=manifest["run_id"]) == []
     assert watcher.reads > 0 and watcher.torn == [], watcher.torn
-    figure("oom-continue", faults={"engine_oom_at_start": 1}, manifest_reads=watcher.reads,
-           torn_reads=len(watcher.torn), leaked=0)
+    figure(
+        "oom-continue",
+        faults={"engine_oom_at_start": 1},
+        manifest_reads=watcher.reads,
+        torn_reads=len(watcher.torn),
+        leaked=0,
+    )
 
 
 @pytest.mark.docker
 def test_engine_oom_with_on_failure_stop_stops_the_run_and_the_archive_verifies(cpu_engine, docker_client, tmp_path):
-    path = tiny_playbook(tmp_path, name="oom-stop", on_failure="stop",
-                         steps=[OOM_STEP, {"name": "parallel-2", "set": {"parallel": 2}}])
+    path = tiny_playbook(
+        tmp_path, name="oom-stop", on_failure="stop", steps=[OOM_STEP, {"name": "parallel-2", "set": {"parallel": 2}}]
+    )
     proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 1, out
@@ -185,16 +211,24 @@ def _log_has(container, marker: bytes) -> bool:
 
 @pytest.mark.docker
 @pytest.mark.parametrize("moment", ["serving", "startup"])
-def test_engine_frozen_mid_trial_is_recorded_requests_never_dropped_container_removed(cpu_engine, docker_client,
-                                                                                    tmp_path, moment):
+def test_engine_frozen_mid_trial_is_recorded_requests_never_dropped_container_removed(
+    cpu_engine, docker_client, tmp_path, moment
+):
     """`docker pause` freezes llama-server for real (cgroup freezer): sockets accept, nothing answers.
     serving: frozen mid-load, so requests time out; startup: frozen as it starts listening, so the health
     wait or the tokenizer probe hangs. Either way the trial is archived and the container removed."""
     # serving: a bounded workload, so every prompt is built before the clock and the freeze hits requests only
     # (a duration-bound feed asks the frozen engine's tokenizer for more prompts: a failed trial, see startup).
     bound = {"num_requests": 40} if moment == "serving" else {"duration": "5s"}
-    path = tiny_playbook(tmp_path, name=f"stall-{moment}", steps=[], request_timeout="1.5s", **bound,
-                         gates=["errors.rate < 1%"], engine={"health": {"path": "/health", "timeout": "8s"}})
+    path = tiny_playbook(
+        tmp_path,
+        name=f"stall-{moment}",
+        steps=[],
+        request_timeout="1.5s",
+        **bound,
+        gates=["errors.rate < 1%"],
+        engine={"health": {"path": "/health", "timeout": "8s"}},
+    )
     archive = tmp_path / "reports"
     proc = cli("run", str(path), "--archive", str(archive))
     try:
@@ -234,19 +268,39 @@ def test_engine_frozen_mid_trial_is_recorded_requests_never_dropped_container_re
         # startup: the health wait or the tokenizer probe hangs; a failed trial with its cause
         assert trial["status"] == "failed" and trial["error"], trial
     assert verify(run_dir) == []
-    figure(f"stall-{moment}", faults={"engine_stall": 1}, requests_sent=sum(kinds.values()),
-           records=sum(kinds.values()), error_kinds=kinds, stop_after_pause_s=round(stop_s, 1), leaked=0)
+    figure(
+        f"stall-{moment}",
+        faults={"engine_stall": 1},
+        requests_sent=sum(kinds.values()),
+        records=sum(kinds.values()),
+        error_kinds=kinds,
+        stop_after_pause_s=round(stop_s, 1),
+        leaked=0,
+    )
 
 
 @pytest.mark.docker
-def test_5xx_bursts_and_resets_in_front_of_the_real_engine_every_request_accounted_and_gated(llama_endpoint,
-                                                                                            tmp_path):
+def test_5xx_bursts_and_resets_in_front_of_the_real_engine_every_request_accounted_and_gated(llama_endpoint, tmp_path):
     with FaultServer("proxy", upstream=llama_endpoint.base_url, burst_every=10, burst_len=3) as proxy:
-        path = tiny_playbook(tmp_path, name="bursts", steps=[], num_requests=40, warmup=0, concurrency=2,
-                             input={"fixed": 16}, output={"fixed": 8}, prefix_tokens=0,
-                             runtime={"kind": "endpoint", "url": proxy.url}, gates=["errors.rate < 1%"])
-        outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "reports"), publish=publish_report,
-                               report=lambda line: None)
+        path = tiny_playbook(
+            tmp_path,
+            name="bursts",
+            steps=[],
+            num_requests=40,
+            warmup=0,
+            concurrency=2,
+            input={"fixed": 16},
+            output={"fixed": 8},
+            prefix_tokens=0,
+            runtime={"kind": "endpoint", "url": proxy.url},
+            gates=["errors.rate < 1%"],
+        )
+        outcome = run_playbook(
+            load_playbook(path),
+            RunOptions(archive_root=tmp_path / "reports"),
+            publish=publish_report,
+            report=lambda line: None,
+        )
         stats = proxy.stats.as_dict()
     manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
     trial = manifest["trials"][0]
@@ -260,23 +314,35 @@ def test_5xx_bursts_and_resets_in_front_of_the_real_engine_every_request_account
     gate = next(g for g in outcome.gates if g.metric == "errors.rate")
     assert gate.met is False and outcome.exit_code == 3
     assert verify(outcome.run_dir) == []
-    figure("bursts", faults={"http_500": stats["faults"]["http_500"],
-                             "connection_reset": stats["faults"]["reset_before"] + stats["faults"]["reset_mid"],
-                             "connection_closed": stats["faults"]["close_before"]},
-           requests_sent=40, records=len(records), error_kinds=kinds)
+    figure(
+        "bursts",
+        faults={
+            "http_500": stats["faults"]["http_500"],
+            "connection_reset": stats["faults"]["reset_before"] + stats["faults"]["reset_mid"],
+            "connection_closed": stats["faults"]["close_before"],
+        },
+        requests_sent=40,
+        records=len(records),
+        error_kinds=kinds,
+    )
 
 
 # --------------------------------------------------------------------------- 3. shared playbooks are untrusted
-BASE_DOC = ("apiVersion: llmplay/v1\nkind: Playbook\nmetadata: {name: p}\n"
-            "engine: {kind: llamacpp, model: /models/tiny.gguf}\nworkload: {concurrency: 1, num_requests: 2}\n")
+BASE_DOC = (
+    "apiVersion: llmplay/v1\nkind: Playbook\nmetadata: {name: p}\n"
+    "engine: {kind: llamacpp, model: /models/tiny.gguf}\nworkload: {concurrency: 1, num_requests: 2}\n"
+)
 
 
-@pytest.mark.parametrize("tag", [
-    "!!python/object/apply:os.system [touch {marker}]",
-    "!!python/object/apply:subprocess.check_call [[touch, {marker}]]",
-    "!!python/object/new:builtins.open [{marker}, w]",
-    "!!python/name:os.system",
-])
+@pytest.mark.parametrize(
+    "tag",
+    [
+        "!!python/object/apply:os.system [touch {marker}]",
+        "!!python/object/apply:subprocess.check_call [[touch, {marker}]]",
+        "!!python/object/new:builtins.open [{marker}, w]",
+        "!!python/name:os.system",
+    ],
+)
 def test_python_tags_are_refused_and_run_nothing(tmp_path, tag):
     marker = tmp_path / "pwned"
     for where in ("metadata: {{name: p, description: {tag}}}\n", "x-extra: {tag}\n"):
@@ -295,27 +361,44 @@ def test_python_tags_are_refused_and_run_nothing(tmp_path, tag):
     figure("python-tags", inputs=3)
 
 
-@pytest.mark.parametrize("engine_extra", [
-    "privileged: true", "pid: host", "pid_mode: host", "volumes: ['/:/host']", "mounts: ['/etc:/etc']",
-    "cap_add: [SYS_ADMIN]", "devices: ['/dev/mem']", "security_opt: ['seccomp=unconfined']", "user: root",
-    "binds: ['/:/host:rw']", "runtime: nvidia",
-])
+@pytest.mark.parametrize(
+    "engine_extra",
+    [
+        "privileged: true",
+        "pid: host",
+        "pid_mode: host",
+        "volumes: ['/:/host']",
+        "mounts: ['/etc:/etc']",
+        "cap_add: [SYS_ADMIN]",
+        "devices: ['/dev/mem']",
+        "security_opt: ['seccomp=unconfined']",
+        "user: root",
+        "binds: ['/:/host:rw']",
+        "runtime: nvidia",
+    ],
+)
 def test_docker_options_outside_the_schema_are_unknown_keys(tmp_path, engine_extra):
     path = tmp_path / "p.yaml"
     path.write_text(BASE_DOC.replace("model: /models/tiny.gguf}", f"model: /models/tiny.gguf, {engine_extra}}}"))
-    with pytest.raises(PlaybookError, match="unknown key|not allowed|additional") as info:
+    with pytest.raises(PlaybookError, match=r"unknown key|not allowed|additional") as info:
         load_playbook(path)
     assert engine_extra.split(":")[0] in str(info.value)
 
 
 @pytest.mark.docker
-def test_the_real_container_gets_only_the_model_dir_read_only_and_no_host_namespaces(cpu_engine, docker_client,
-                                                                                     tmp_path):
+def test_the_real_container_gets_only_the_model_dir_read_only_and_no_host_namespaces(
+    cpu_engine, docker_client, tmp_path
+):
     engine = get_engine("llamacpp")
     model_dir = cpu_engine.model_path.parent
-    spec = EngineSpec(kind="llamacpp", model=f"{engine.model_path_in_container}/{cpu_engine.model_path.name}",
-                      image=cpu_engine.image, model_dir=str(model_dir), health_timeout_s=60.0,
-                      args=frozen_map({"threads": 1, "ctx_size": 512, "parallel": 1}))
+    spec = EngineSpec(
+        kind="llamacpp",
+        model=f"{engine.model_path_in_container}/{cpu_engine.model_path.name}",
+        image=cpu_engine.image,
+        model_dir=str(model_dir),
+        health_timeout_s=60.0,
+        args=frozen_map({"threads": 1, "ctx_size": 512, "parallel": 1}),
+    )
     runtime = DockerRuntime(docker_client)
     with runtime.start(spec, engine, {"llmplay.run": f"untrusted-{secrets.token_hex(4)}", "llmplay.trial": "t"}):
         attrs = docker_client.api.inspect_container(runtime.container.id)
@@ -327,8 +410,9 @@ def test_the_real_container_gets_only_the_model_dir_read_only_and_no_host_namesp
     assert not host.get("Mounts") and not host.get("VolumesFrom")
     assert host["Binds"] == [f"{model_dir}:{engine.model_path_in_container}:ro"]
     mounts = [m for m in attrs["Mounts"] if m["Type"] == "bind"]
-    assert [(m["Source"], m["Destination"], m["RW"]) for m in mounts] == \
-        [(str(model_dir), engine.model_path_in_container, False)]
+    assert [(m["Source"], m["Destination"], m["RW"]) for m in mounts] == [
+        (str(model_dir), engine.model_path_in_container, False)
+    ]
     assert all(m["Type"] != "volume" or not m.get("RW", True) for m in attrs["Mounts"])
     assert all(b.get("HostIp") == "127.0.0.1" for p in (host.get("PortBindings") or {}).values() for b in p)
 
@@ -338,15 +422,17 @@ def test_secrets_by_reference_never_reach_archive_report_logs_or_console(cpu_eng
     """HF_TOKEN by reference; another secret referenced under a name that does not look secret and echoed by
     the engine itself in its log as it fails; a URL with credentials in an env value. None of them may appear
     in any archived byte or on the console."""
-    token, echoed, url_password = (f"hf_{secrets.token_hex(12)}", f"ek{secrets.token_hex(10)}",
-                                   f"pw{secrets.token_hex(10)}")
+    token, echoed, url_password = (
+        f"hf_{secrets.token_hex(12)}",
+        f"ek{secrets.token_hex(10)}",
+        f"pw{secrets.token_hex(10)}",
+    )
     env = {"HF_TOKEN": "${env:HF_TOKEN}", "MODEL_MIRROR": f"https://bob:{url_password}@127.0.0.1:9/models"}
     # llama-server reads LLAMA_ARG_* and, for a bad cache type, prints the value it got and exits.
     leaky = {"name": "leaky-env", "set": {"env.LLAMA_ARG_CACHE_TYPE_K": "${env:RELIABILITY_ECHOED}"}}
     path = tiny_playbook(tmp_path, name="secrets", steps=[leaky], engine={"env": env})
     archive = tmp_path / "reports"
-    proc = cli("run", str(path), "--archive", str(archive),
-               env_extra={"HF_TOKEN": token, "RELIABILITY_ECHOED": echoed})
+    proc = cli("run", str(path), "--archive", str(archive), env_extra={"HF_TOKEN": token, "RELIABILITY_ECHOED": echoed})
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode in (0, 1, 3), out
     run_dir = run_dir_of(archive)

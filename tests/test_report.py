@@ -1,4 +1,5 @@
 """The HTML report: every section and step present, self-contained (no script, no external URL), nothing unrendered."""
+
 from __future__ import annotations
 
 import json
@@ -40,16 +41,26 @@ def test_report_has_every_section_and_header_fact(report):
     _, html = report
     ids = parse_page(html).ids
     assert {"glance", "record", "steps", "diagnosis", "method", "audit", "step-1", "step-2", "step-3"} <= ids
-    for fact in ("synthetic-tune", "v2.1", "tester@bench-01", "llmplay/llamacpp-cpu:local", "b4567 (abc123)",
-                 "sha256:" + "ab" * 32, "NVIDIA H100 80GB HBM3 · driver 550.54.15 · CUDA 12.4", "llmplay 0.1.0",
-                 "GPU-hours", "Overridden run", "repeats=2"):
+    for fact in (
+        "synthetic-tune",
+        "v2.1",
+        "tester@bench-01",
+        "llmplay/llamacpp-cpu:local",
+        "b4567 (abc123)",
+        "sha256:" + "ab" * 32,
+        "NVIDIA H100 80GB HBM3 · driver 550.54.15 · CUDA 12.4",
+        "llmplay 0.1.0",
+        "GPU-hours",
+        "Overridden run",
+        "repeats=2",
+    ):
         assert fact in html, fact
 
 
 def test_tuning_record_has_every_row_and_verdict_sentence(report):
     run_dir, html = report
     manifest = json.loads((run_dir / MANIFEST).read_text())
-    record = html[html.index('id="record"'):html.index('id="steps"')]
+    record = html[html.index('id="record"') : html.index('id="steps"')]
     for row in manifest["tuning_record"]:
         assert f"<td>{row['config_id']}" in record
     for verdict in manifest["verdicts"]:
@@ -58,8 +69,21 @@ def test_tuning_record_has_every_row_and_verdict_sentence(report):
         assert html.count(reason) >= 2  # in the record and in the step's own section
         for change in verdict["changes"]:
             assert change.replace(" -> ", " → ") in html
-    for label in ("TTFT P50", "TTFT P95", "TTFT P99", "TPOT P95", "ITL P99", "E2EL P95", "output tok/s", "req/s",
-                  "goodput req/s", "peak memory", "KV share", "$ / 1M tok", "errors"):
+    for label in (
+        "TTFT P50",
+        "TTFT P95",
+        "TTFT P99",
+        "TPOT P95",
+        "ITL P99",
+        "E2EL P95",
+        "output tok/s",
+        "req/s",
+        "goodput req/s",
+        "peak memory",
+        "KV share",
+        "$ / 1M tok",
+        "errors",
+    ):
         assert f'<th class="num">{label}</th>' in record
     assert "★" in record and "About 4 more trials per side would decide it." in html
 
@@ -75,7 +99,7 @@ def test_failed_trial_shows_its_log_tail_and_missing_telemetry_says_not_measured
 
 def test_gates_with_margins_and_chosen_command(report):
     run_dir, html = report
-    glance = html[html.index('id="glance"'):html.index('id="record"')]
+    glance = html[html.index('id="glance"') : html.index('id="record"')]
     assert glance.count('class="badge met"') == 3
     gates = json.loads((run_dir / MANIFEST).read_text())["gates"]
     assert gates and all(g["margin"] is not None for g in gates)
@@ -105,8 +129,9 @@ def test_interrupted_run_without_record_still_renders(tmp_path_factory, tmp_path
     shutil.copytree(src, run_dir)
     archive = RunArchive.open(run_dir)
     manifest = archive.manifest()
-    archive._manifest.update(status="interrupted", tuning_record=[], verdicts=manifest["verdicts"][:1], gates=[],
-                             findings=[], diagnosis={})
+    archive._manifest.update(
+        status="interrupted", tuning_record=[], verdicts=manifest["verdicts"][:1], gates=[], findings=[], diagnosis={}
+    )
     archive._save()
     html = render_report(run_dir).read_text()
     assert_self_contained(html)
@@ -143,12 +168,17 @@ def test_report_from_a_real_cpu_run(cpu_engine, tmp_path):
     doc["workload"].update({"duration": "3s", "warmup": "1s"})
     path = tmp_path / "cpu-report.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "reports"), publish=publish_report, report=lambda _: None)
+    outcome = run_playbook(
+        load_playbook(path),
+        RunOptions(archive_root=tmp_path / "reports"),
+        publish=publish_report,
+        report=lambda _: None,
+    )
     assert outcome.status == "complete"
     assert verify(outcome.run_dir) == []
     html = (outcome.run_dir / "report.html").read_text()
     assert_self_contained(html)
-    record = html[html.index('id="record"'):html.index('id="steps"')]
+    record = html[html.index('id="record"') : html.index('id="steps"')]
     for row in outcome.tuning_record:
         assert f"<td>{row['config_id']}" in record
     for verdict in outcome.verdicts:

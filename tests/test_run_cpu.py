@@ -1,4 +1,5 @@
 """End to end on the CPU: real dockerd, real llama.cpp containers, real measurements, real verdicts."""
+
 from __future__ import annotations
 
 import json
@@ -22,12 +23,27 @@ def llmplay_containers(docker_client, *, pid: int | None = None, run_id: str | N
 
 
 def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tmp_path):
-    playbook = load_playbook(tiny_playbook(tmp_path, duration="4s", warmup="1s", repeats=2, bootstrap_samples=400, steps=[
-        {"name": "parallel-4", "set": {"parallel": 4}},
-        {"name": "useless-env", "description": "changes nothing the engine reads", "set": {"env.LLMPLAY_NOOP": "1"}},
-    ]))
+    playbook = load_playbook(
+        tiny_playbook(
+            tmp_path,
+            duration="4s",
+            warmup="1s",
+            repeats=2,
+            bootstrap_samples=400,
+            steps=[
+                {"name": "parallel-4", "set": {"parallel": 4}},
+                {
+                    "name": "useless-env",
+                    "description": "changes nothing the engine reads",
+                    "set": {"env.LLMPLAY_NOOP": "1"},
+                },
+            ],
+        )
+    )
     lines: list[str] = []
-    outcome = run_playbook(playbook, RunOptions(archive_root=tmp_path / "reports"), publish=publish_report, report=lines.append)
+    outcome = run_playbook(
+        playbook, RunOptions(archive_root=tmp_path / "reports"), publish=publish_report, report=lines.append
+    )
     assert outcome.status == "complete", lines
     by_step = {v.step: v for v in outcome.verdicts}
     parallel = by_step["parallel-4"]
@@ -99,7 +115,7 @@ def test_kill9_then_resume_completes_and_verifies(cpu_engine, docker_client, tmp
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "complete"
     assert len(manifest["trials"]) == 4
-    assert [t["trial_id"] for t in manifest["trials"][:len(done_before)]] == [t["trial_id"] for t in done_before]
+    assert [t["trial_id"] for t in manifest["trials"][: len(done_before)]] == [t["trial_id"] for t in done_before]
     assert verify(run_dir) == []
     assert llmplay_containers(docker_client, pid=resumed.pid) == []
     # the container orphaned by kill -9 was found and removed when the resumed run started

@@ -3,6 +3,7 @@
 Only the measuring of one trial is replaced, through TuningRun's `measure_trial` seam (by samples with
 known effects); the plan, decisions, archive and report are the real ones.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,14 +35,38 @@ class SyntheticTrials:
         ttft_s = 0.2 * (0.5 if config.engine.args.get("parallel") == 4 else 1.0) * (1 + self.rng.normal(0, 0.05))
         ttft = self.rng.lognormal(np.log(ttft_s), 0.2, 300)
         out = np.full(300, 32.0)
-        sample = TrialSample(10.0, {"ttft": ttft, "tpot": ttft / 20, "e2el": ttft * 3, "itl": ttft / 20,
-                                    "output_tokens": out, "total_tokens": out * 4, "good": np.ones(300),
-                                    "window_output_tokens": self.rng.normal(960, 50, 10)}, 300, 0)
-        summary = {"ttft.p95": float(np.percentile(ttft, 95)), "throughput.output_tok_s": 960.0, "errors.rate": 0.0,
-                   "duration_s": 10.0}
-        trial = TrialRecord(trial_id=trial_id, config_id=config.label, step=step, role=role,
-                            repeat=repeat, status=TRIAL_OK, started_utc="2026-12-02T00:00:00Z", wall_s=0.0,
-                            summary=summary)
+        sample = TrialSample(
+            10.0,
+            {
+                "ttft": ttft,
+                "tpot": ttft / 20,
+                "e2el": ttft * 3,
+                "itl": ttft / 20,
+                "output_tokens": out,
+                "total_tokens": out * 4,
+                "good": np.ones(300),
+                "window_output_tokens": self.rng.normal(960, 50, 10),
+            },
+            300,
+            0,
+        )
+        summary = {
+            "ttft.p95": float(np.percentile(ttft, 95)),
+            "throughput.output_tok_s": 960.0,
+            "errors.rate": 0.0,
+            "duration_s": 10.0,
+        }
+        trial = TrialRecord(
+            trial_id=trial_id,
+            config_id=config.label,
+            step=step,
+            role=role,
+            repeat=repeat,
+            status=TRIAL_OK,
+            started_utc="2026-12-02T00:00:00Z",
+            wall_s=0.0,
+            summary=summary,
+        )
         return TrialResult(trial, sample=sample)
 
 
@@ -57,8 +82,12 @@ def synthetic_playbook(tmp_path: Path, **trials) -> Path:
 
 def test_interleaved_trials_and_carry_forward(tmp_path):
     trials = SyntheticTrials()
-    run = TuningRun(load_playbook(synthetic_playbook(tmp_path)), RunOptions(archive_root=tmp_path / "r"),
-                    report=lambda line: None, measure_trial=trials)
+    run = TuningRun(
+        load_playbook(synthetic_playbook(tmp_path)),
+        RunOptions(archive_root=tmp_path / "r"),
+        report=lambda line: None,
+        measure_trial=trials,
+    )
     outcome = run.execute()
     assert [role for _, role in trials.order[:4]] == ["baseline", "candidate", "baseline", "candidate"]
     verdicts = {v.step: v for v in outcome.verdicts}
@@ -71,8 +100,12 @@ def test_interleaved_trials_and_carry_forward(tmp_path):
 
 
 def test_sequential_mode_stops_as_soon_as_decided(tmp_path):
-    run = TuningRun(load_playbook(synthetic_playbook(tmp_path, sequential=True, max_repeats=5)),
-                    RunOptions(archive_root=tmp_path / "r"), report=lambda line: None, measure_trial=SyntheticTrials())
+    run = TuningRun(
+        load_playbook(synthetic_playbook(tmp_path, sequential=True, max_repeats=5)),
+        RunOptions(archive_root=tmp_path / "r"),
+        report=lambda line: None,
+        measure_trial=SyntheticTrials(),
+    )
     outcome = run.execute()
     verdicts = {v.step: v for v in outcome.verdicts}
     # a halved TTFT is decided by the first two pairs; the null step either settles or runs to max_repeats

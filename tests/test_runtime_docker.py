@@ -1,5 +1,6 @@
 """The docker runtime against a real dockerd and the real llama.cpp CPU image: start, stream, stop,
 failures that explain themselves, and nothing left behind."""
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,14 @@ def left_over(client: Any, labels: dict[str, str]) -> list[Any]:
 def stream_completion(base_url: str, model: str, max_tokens: int = 16) -> tuple[list[str], dict]:
     """POST /v1/completions with stream=true; the text of each content chunk, and the usage."""
     texts, usage = [], {}
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": "Once upon a time",
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", base_url + "/v1/completions", json=body, timeout=30) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
@@ -92,8 +99,11 @@ def test_exit_at_once_gives_exit_code_and_log_lines(docker_client: Any, llama_se
 def test_health_timeout_gives_the_error_and_no_container(docker_client: Any, llama_server_spec: EngineSpec) -> None:
     labels = run_labels()
     spec = replace(llama_server_spec, health_path="/never-healthy", health_timeout_s=1.5)
-    with pytest.raises(EngineStartError, match=r"not healthy at http://127\.0\.0\.1:\d+/never-healthy after 1\.5s "
-                                               r"\(last: HTTP 404\)") as info:
+    with pytest.raises(
+        EngineStartError,
+        match=r"not healthy at http://127\.0\.0\.1:\d+/never-healthy after 1\.5s "
+        r"\(last: HTTP 404\)",
+    ) as info:
         DockerRuntime(docker_client).start(spec, LLAMACPP, labels)
     assert "listening on" in info.value.log_tail
     assert left_over(docker_client, labels) == []
@@ -117,8 +127,11 @@ def test_gpu_request_without_nvidia_runtime_is_a_clear_error(docker_client: Any,
 
 @pytest.mark.docker
 def test_missing_image_says_how_to_get_it(docker_client: Any, llama_server_spec: EngineSpec) -> None:
-    with pytest.raises(InfrastructureError, match=r"^image llmplay/no-such-image:1 not found locally; pull it: "
-                                                  r"`docker pull llmplay/no-such-image:1`$"):
+    with pytest.raises(
+        InfrastructureError,
+        match=r"^image llmplay/no-such-image:1 not found locally; pull it: "
+        r"`docker pull llmplay/no-such-image:1`$",
+    ):
         DockerRuntime(docker_client).start(replace(llama_server_spec, image="llmplay/no-such-image:1"), LLAMACPP)
 
 
@@ -151,13 +164,19 @@ def test_gc_removes_orphans_and_keeps_live_runs(docker_client: Any, cpu_engine: 
     dead.wait()
     run = f"test-gc-{uuid.uuid4().hex[:8]}"
     host = os.uname().nodename
-    orphan = docker_client.containers.create(cpu_engine.image, ["--version"], labels={
-        "llmplay.run": run, "llmplay.pid": str(dead.pid), "llmplay.host": host})
-    live = docker_client.containers.create(cpu_engine.image, ["--version"], labels={
-        "llmplay.run": run, "llmplay.pid": str(os.getpid()), "llmplay.host": host})
+    orphan = docker_client.containers.create(
+        cpu_engine.image, ["--version"], labels={"llmplay.run": run, "llmplay.pid": str(dead.pid), "llmplay.host": host}
+    )
+    live = docker_client.containers.create(
+        cpu_engine.image,
+        ["--version"],
+        labels={"llmplay.run": run, "llmplay.pid": str(os.getpid()), "llmplay.host": host},
+    )
     try:
         assert gc(docker_client, run_id=run, orphans_only=True) == [f"{orphan.name} (run {run})"]
-        assert [c.id for c in docker_client.containers.list(all=True, filters={"label": f"llmplay.run={run}"})] == [live.id]
+        assert [c.id for c in docker_client.containers.list(all=True, filters={"label": f"llmplay.run={run}"})] == [
+            live.id
+        ]
         assert gc(docker_client, run_id=run) == [f"{live.name} (run {run})"]
     finally:
         for c in (orphan, live):
@@ -182,8 +201,11 @@ def test_fixture_endpoint_metrics_and_endpoint_runtime(llama_endpoint: Any) -> N
 def test_endpoint_runtime_refuses_engine_changes() -> None:
     steps = [Step("more-users", (Change("workload.concurrency", 8),)), Step("p4", (Change("args.parallel", 4),))]
     refuse_engine_changes(steps[:1])
-    with pytest.raises(PlaybookError, match=r"^step 'p4' changes args.parallel, but runtime endpoint at http://x:1 "
-                                            r"cannot restart the engine"):
+    with pytest.raises(
+        PlaybookError,
+        match=r"^step 'p4' changes args.parallel, but runtime endpoint at http://x:1 "
+        r"cannot restart the engine",
+    ):
         refuse_engine_changes(steps, "http://x:1")
     with pytest.raises(PlaybookError, match="needs url"):
         make_runtime("endpoint")
@@ -209,8 +231,13 @@ def test_cpu_engine_second_build_is_cached(cpu_engine: Any) -> None:
 def test_without_docker_ci_fails_and_elsewhere_skips(tmp_path: Any, ci: str, outcome: str) -> None:
     env = {**os.environ, "CI": ci, "DOCKER_HOST": f"unix://{tmp_path}/no.sock"}
     test = f"{__file__}::test_missing_image_says_how_to_get_it"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert outcome in done.stdout, done.stdout
     assert (done.returncode != 0) == bool(ci)
     if ci:

@@ -1,4 +1,5 @@
 """The process runtime with the real llama-server binary, and a process tree that must die as a group."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,13 @@ def gone(pid: int) -> bool:
 
 @pytest.fixture
 def llama_spec(cpu_binary: Any) -> EngineSpec:
-    return EngineSpec("llamacpp", str(cpu_binary.model_path), executable=str(cpu_binary.binary),
-                      args=frozen_map({"threads": 2, "ctx_size": 1024, "metrics": True}), health_timeout_s=60.0)
+    return EngineSpec(
+        "llamacpp",
+        str(cpu_binary.model_path),
+        executable=str(cpu_binary.binary),
+        args=frozen_map({"threads": 2, "ctx_size": 1024, "metrics": True}),
+        health_timeout_s=60.0,
+    )
 
 
 def test_start_stream_stop(llama_spec: EngineSpec, tmp_path: Path) -> None:
@@ -91,8 +97,9 @@ def test_the_whole_process_group_is_killed(tmp_path: Path) -> None:
 def test_health_timeout_kills_the_process(tmp_path: Path) -> None:
     script = tmp_path / "server.py"
     script.write_text(FAKE_SERVER)
-    spec = EngineSpec("llamacpp", "m.gguf", executable=f"{sys.executable} {script}", health_path="/nope",
-                      health_timeout_s=1.0)
+    spec = EngineSpec(
+        "llamacpp", "m.gguf", executable=f"{sys.executable} {script}", health_path="/nope", health_timeout_s=1.0
+    )
     runtime = ProcessRuntime(log_dir=tmp_path)
     with pytest.raises(EngineStartError, match=r"not healthy at .*/nope after 1s \(last: HTTP 404\)"):
         runtime.start(spec, LLAMACPP)
@@ -101,8 +108,11 @@ def test_health_timeout_kills_the_process(tmp_path: Path) -> None:
 
 def test_missing_executable_is_a_clear_error(tmp_path: Path) -> None:
     spec = EngineSpec("llamacpp", "m.gguf", executable=str(tmp_path / "llama-server"))
-    with pytest.raises(InfrastructureError, match=r"^executable '.*/llama-server' not found or not executable; "
-                                                  r"set engine.executable to the llamacpp server program$"):
+    with pytest.raises(
+        InfrastructureError,
+        match=r"^executable '.*/llama-server' not found or not executable; "
+        r"set engine.executable to the llamacpp server program$",
+    ):
         ProcessRuntime().start(spec, LLAMACPP)
 
 

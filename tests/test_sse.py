@@ -1,15 +1,20 @@
 """SSE parsing with byte fixtures: what is timestamped, what is skipped, where the stream ends."""
+
 from llmplay.loadgen.sse import DONE, ERROR, ROLE, TEXT, USAGE, SSEDecoder, StreamState, parse_event
 
-COMPLETION = (b'data: {"choices":[{"index":0,"text":" Hello","finish_reason":null}]}\n\n'
-              b'data: {"choices":[{"index":0,"text":" world","finish_reason":"length"}]}\n\n'
-              b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\n\n'
-              b'data: [DONE]\n\n')
-CHAT = (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
-        b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"hmm"},"finish_reason":null}]}\n\n'
-        b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
-        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
-        b'data: [DONE]\n\n')
+COMPLETION = (
+    b'data: {"choices":[{"index":0,"text":" Hello","finish_reason":null}]}\n\n'
+    b'data: {"choices":[{"index":0,"text":" world","finish_reason":"length"}]}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}\n\n'
+    b"data: [DONE]\n\n"
+)
+CHAT = (
+    b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"hmm"},"finish_reason":null}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
 
 
 def test_decoder_handles_any_split_and_crlf():
@@ -19,7 +24,7 @@ def test_decoder_handles_any_split_and_crlf():
         dec = SSEDecoder()
         got = []
         for i in range(0, len(COMPLETION), size):
-            got += dec.feed(COMPLETION[i:i + size])
+            got += dec.feed(COMPLETION[i : i + size])
         assert got == whole
     assert SSEDecoder().feed(COMPLETION.replace(b"\n", b"\r\n")) == whole
 
@@ -31,8 +36,10 @@ def test_a_crlf_split_between_reads_ends_one_line_not_two():
 
 
 # Multi-line events in every line-ending style, with a comment and an event:/id: block between them.
-MULTILINE = (b"data: a\r\ndata: b\r\n\r\n: ping\r\n\r\nevent: x\rid: 3\rdata: c\rdata: d\r\r"
-             b"data: e\ndata: f\n\ndata: [DONE]\r\n\r\n")
+MULTILINE = (
+    b"data: a\r\ndata: b\r\n\r\n: ping\r\n\r\nevent: x\rid: 3\rdata: c\rdata: d\r\r"
+    b"data: e\ndata: f\n\ndata: [DONE]\r\n\r\n"
+)
 
 
 def test_decoder_gives_the_same_events_whatever_two_or_three_reads_the_stream_arrives_in():
@@ -63,7 +70,7 @@ def test_parse_event_kinds():
     assert (ev.kind, ev.content, ev.finish_reason) == (TEXT, "x", "stop")
     ev = parse_event(b'{"choices":[{"delta":{"reasoning_content":"r"}}]}')
     assert (ev.kind, ev.content, ev.reasoning) == (TEXT, "", "r")
-    assert parse_event(b'{"error":{"message":"boom"}}') .error == "boom"
+    assert parse_event(b'{"error":{"message":"boom"}}').error == "boom"
     assert parse_event(b"{oops").kind == ERROR
 
 

@@ -1,4 +1,5 @@
 """Telemetry: sampler summary rules, NVML through the fake, /metrics against real HTTP servers, real processes."""
+
 from __future__ import annotations
 
 import socket
@@ -133,11 +134,14 @@ def test_summary_values() -> None:
 
 
 def test_nvml_through_fake() -> None:
-    fake = FakeNvml([
-        FakeGpu(used_bytes=[10 * GiB, 30 * GiB, 20 * GiB], util_pct=[90], sm_activity_pct=[70.0],
-                dram_bw_pct=[55.0]),
-        FakeGpu(name="NVIDIA A100-SXM4-80GB", gpm=False, unsupported={"power"}),
-    ])
+    fake = FakeNvml(
+        [
+            FakeGpu(
+                used_bytes=[10 * GiB, 30 * GiB, 20 * GiB], util_pct=[90], sm_activity_pct=[70.0], dram_bw_pct=[55.0]
+            ),
+            FakeGpu(name="NVIDIA A100-SXM4-80GB", gpm=False, unsupported={"power"}),
+        ]
+    )
     src = NvmlSource(nvml=fake)
     assert src.start()
     ticks = [src.read() for _ in range(3)]
@@ -266,7 +270,9 @@ def test_prometheus_source_real_http(prom_server) -> None:
     m["queries"].inc(120)
     second = src.read()
     src.close()
-    rows = [Sample(float(t), "engine", r.metric, r.value) for t, rs in enumerate([list(first_r(first)), second]) for r in rs]
+    rows = [
+        Sample(float(t), "engine", r.metric, r.value) for t, rs in enumerate([list(first_r(first)), second]) for r in rs
+    ]
     s = summarize(rows, 1.0)
     assert s["engine.preemptions"] == 2
     assert s["engine.prefix_cache_hit_rate"] == pytest.approx(0.25)
@@ -293,7 +299,9 @@ def test_prometheus_source_in_sampler_notes_missing_and_unreachable(prom_server)
     assert dead.start()
     assert dead.read() == [] and dead.read() == []
     dead.close()
-    assert len(dead.notes) == 1 and dead.notes[0].startswith("engine /metrics unreachable at http://127.0.0.1:9/metrics")
+    assert len(dead.notes) == 1 and dead.notes[0].startswith(
+        "engine /metrics unreachable at http://127.0.0.1:9/metrics"
+    )
 
 
 def test_prometheus_source_without_names_does_not_start() -> None:
@@ -327,8 +335,10 @@ LLAMACPP_NAMES = MetricNames(
 def test_parse_llamacpp_text() -> None:
     readings, missing = parse_metrics(LLAMACPP_TEXT, LLAMACPP_NAMES)
     assert {r.metric: r.value for r in readings} == {
-        "engine.prompt_tokens_total": 120, "engine.generation_tokens_total": 64,
-        "engine.running": 2, "engine.waiting": 1,
+        "engine.prompt_tokens_total": 120,
+        "engine.generation_tokens_total": 64,
+        "engine.running": 2,
+        "engine.waiting": 1,
     }
     assert missing == []
 
@@ -393,8 +403,11 @@ def test_docker_memory_matches_docker_stats() -> None:
 @pytest.mark.docker
 def test_docker_stats_source_real_container(docker_client, cpu_engine) -> None:
     """The CPU engine image llmplay builds (llama-server and the tiny model inside) as the measured container."""
-    c = docker_client.containers.create(cpu_engine.image, ["-m", cpu_engine.model_in_image, "--metrics", "-t", "1",
-                                                           "-c", "512"], labels={"llmplay.test": "telemetry"})
+    c = docker_client.containers.create(
+        cpu_engine.image,
+        ["-m", cpu_engine.model_in_image, "--metrics", "-t", "1", "-c", "512"],
+        labels={"llmplay.test": "telemetry"},
+    )
     try:
         c.start()
         with TelemetrySampler([DockerStatsSource(c)], interval_s=0.2) as s:
@@ -408,13 +421,20 @@ def test_docker_stats_source_real_container(docker_client, cpu_engine) -> None:
 
 # -- a real llama-server process (no Docker): /metrics, process tree, and the CPU diagnosis ------------
 
+
 def test_tiny_model_writer_gives_the_shape_asked_for(cpu_binary, tmp_path: Path) -> None:
     """The one GGUF writer (the CPU engine's), at another shape: the diagnosis reads back what was written."""
     shape = {**MODEL_PARAMS, "n_layer": 2, "n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 128, "n_ctx_train": 512}
     model = write_llama_gguf(tmp_path / "small.gguf", vocab_path(default_cache_dir()), shape)
     f = model_facts_from_gguf(model)
     assert (f.name, f.architecture, f.layers, f.heads, f.kv_heads, f.head_dim) == (
-        "llmplay-tiny-random", "llama", 2, 4, 2, 16)
+        "llmplay-tiny-random",
+        "llama",
+        2,
+        4,
+        2,
+        16,
+    )
     assert f.weight_bytes == pytest.approx(model.stat().st_size, rel=0.2)  # f16 weights, then the vocabulary
 
 
@@ -428,9 +448,26 @@ def _free_port() -> int:
 def tiny_llama_server(cpu_binary):
     binary, model = cpu_binary.binary, cpu_binary.model_path
     port = _free_port()
-    proc = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--metrics",
-                             "-c", "1024", "-np", "2", "-t", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            str(binary),
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics",
+            "-c",
+            "1024",
+            "-np",
+            "2",
+            "-t",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -454,8 +491,11 @@ def tiny_llama_server(cpu_binary):
 
 
 def _complete(url: str, n: int) -> None:
-    httpx.post(url + "/completion", json={"prompt": "Tell me a story", "n_predict": n, "ignore_eos": True,
-                                          "temperature": 0}, timeout=30).raise_for_status()
+    httpx.post(
+        url + "/completion",
+        json={"prompt": "Tell me a story", "n_predict": n, "ignore_eos": True, "temperature": 0},
+        timeout=30,
+    ).raise_for_status()
 
 
 def test_real_llama_server_metrics_and_process(tiny_llama_server) -> None:

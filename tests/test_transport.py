@@ -113,8 +113,10 @@ def test_the_connection_limit_holds_and_every_request_is_answered():
 def test_the_connection_limit_holds_when_the_server_closes_every_connection():
     async def main():
         transport = StreamingTransport(limits=httpx.Limits(max_connections=2))
-        async with Server(ok(extra=b"connection: close\r\n"), hold_s=0.02, close_after=True) as srv, \
-                httpx.AsyncClient(transport=transport) as client:
+        async with (
+            Server(ok(extra=b"connection: close\r\n"), hold_s=0.02, close_after=True) as srv,
+            httpx.AsyncClient(transport=transport) as client,
+        ):
             responses = await asyncio.gather(*(client.get(srv.url) for _ in range(8)))
             return [r.status_code for r in responses], srv.peak_open, srv.connections
 
@@ -152,8 +154,10 @@ def test_bytes_after_a_complete_response_keep_the_connection_from_reuse():
     stray = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray"
 
     async def main():
-        async with Server(lambda n: ok()(n) + (stray if n == 1 else b"")) as srv, \
-                httpx.AsyncClient(transport=StreamingTransport()) as client:
+        async with (
+            Server(lambda n: ok()(n) + (stray if n == 1 else b"")) as srv,
+            httpx.AsyncClient(transport=StreamingTransport()) as client,
+        ):
             first = await client.get(srv.url)
             await asyncio.sleep(0.05)
             second = await client.get(srv.url)
@@ -165,24 +169,31 @@ def test_bytes_after_a_complete_response_keep_the_connection_from_reuse():
 
 def test_a_body_without_length_ends_with_the_connection():
     async def main():
-        async with Server(lambda n: b"HTTP/1.1 200 OK\r\n\r\nuntil close", close_after=True) as srv, \
-                httpx.AsyncClient(transport=StreamingTransport()) as client:
+        async with (
+            Server(lambda n: b"HTTP/1.1 200 OK\r\n\r\nuntil close", close_after=True) as srv,
+            httpx.AsyncClient(transport=StreamingTransport()) as client,
+        ):
             return (await client.get(srv.url)).content
 
     assert asyncio.run(main()) == b"until close"
 
 
-@pytest.mark.parametrize("reply, message", [
-    (b"HTTP/1.1 abc OK\r\n\r\n", "malformed HTTP response"),
-    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", "malformed HTTP response"),
-    (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", "without sending complete message body"),
-    (b"HTTP/1.1 200 OK\r\ncontent-le", "before the response headers were complete"),
-    (b"", "Server disconnected without sending a response"),
-])
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        (b"HTTP/1.1 abc OK\r\n\r\n", "malformed HTTP response"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", "malformed HTTP response"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", "without sending complete message body"),
+        (b"HTTP/1.1 200 OK\r\ncontent-le", "before the response headers were complete"),
+        (b"", "Server disconnected without sending a response"),
+    ],
+)
 def test_broken_responses_raise_protocol_errors(reply, message):
     async def main():
-        async with Server(lambda n: reply, close_after=True) as srv, \
-                httpx.AsyncClient(transport=StreamingTransport()) as client:
+        async with (
+            Server(lambda n: reply, close_after=True) as srv,
+            httpx.AsyncClient(transport=StreamingTransport()) as client,
+        ):
             with pytest.raises(httpx.RemoteProtocolError) as caught:
                 await client.get(srv.url)
             return str(caught.value)

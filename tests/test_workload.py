@@ -1,4 +1,5 @@
 """Workloads: seeded length distributions, datasets, shared prefixes, multi-turn history, tokenizers."""
+
 import json
 
 import numpy as np
@@ -13,8 +14,14 @@ TOK = WordRatioTokenizer()
 
 
 def test_seeded_workloads_are_identical_and_seed_matters():
-    wl = Workload(concurrency=2, num_requests=30, input=LengthDist("uniform", min=5, max=50),
-                  output=LengthDist("lognormal", mean=40, std=0.5), streaming_fraction=0.5, seed=3)
+    wl = Workload(
+        concurrency=2,
+        num_requests=30,
+        input=LengthDist("uniform", min=5, max=50),
+        output=LengthDist("lognormal", mean=40, std=0.5),
+        streaming_fraction=0.5,
+        seed=3,
+    )
     a, b = build_requests(wl, TOK, "m"), build_requests(wl, TOK, "m")
     assert a == b
     c = build_requests(Workload(**{**wl.__dict__, "seed": 4}), TOK, "m")
@@ -47,8 +54,9 @@ def test_length_distributions():
 
 
 def test_prefix_groups_share_prefix_text():
-    wl = Workload(concurrency=1, num_requests=60, prefix_tokens=32, prefix_groups=3,
-                  input=LengthDist("fixed", value=10))
+    wl = Workload(
+        concurrency=1, num_requests=60, prefix_tokens=32, prefix_groups=3, input=LengthDist("fixed", value=10)
+    )
     reqs = build_requests(wl, TOK, "m")
     by_group: dict[int, set[str]] = {}
     for r in reqs:
@@ -61,8 +69,15 @@ def test_prefix_groups_share_prefix_text():
 
 
 def test_multi_turn_resends_history_chat():
-    wl = Workload(api="chat", concurrency=1, num_requests=6, turns=3, prefix_tokens=4,
-                  input=LengthDist("fixed", value=5), output=LengthDist("fixed", value=7))
+    wl = Workload(
+        api="chat",
+        concurrency=1,
+        num_requests=6,
+        turns=3,
+        prefix_tokens=4,
+        input=LengthDist("fixed", value=5),
+        output=LengthDist("fixed", value=7),
+    )
     reqs = build_requests(wl, TOK, "m")
     assert [(r.conversation_id, r.turn) for r in reqs] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     t0, t1, t2 = reqs[:3]
@@ -83,11 +98,20 @@ def test_dataset_jsonl_and_sharegpt(tmp_path):
     assert sorted(r.prompt for r in reqs[:4]) == [f"question {i}" for i in range(4)]  # a seeded pass
     assert all(r.max_tokens == 10 + int(r.prompt.split()[1]) for r in reqs)
     share = tmp_path / "s.json"
-    share.write_text(json.dumps([
-        {"conversations": [{"from": "system", "value": "sys"}, {"from": "human", "value": "hi there"},
-                           {"from": "gpt", "value": "one two three four"}]},
-        {"conversations": [{"from": "gpt", "value": "no human turn"}]},
-    ]))
+    share.write_text(
+        json.dumps(
+            [
+                {
+                    "conversations": [
+                        {"from": "system", "value": "sys"},
+                        {"from": "human", "value": "hi there"},
+                        {"from": "gpt", "value": "one two three four"},
+                    ]
+                },
+                {"conversations": [{"from": "gpt", "value": "no human turn"}]},
+            ]
+        )
+    )
     reqs = build_requests(Workload(concurrency=1, num_requests=2, dataset=str(share)), TOK, "m")
     assert [(r.prompt, r.max_tokens, r.input_tokens) for r in reqs] == [("hi there", 4, 2)] * 2
     bad = tmp_path / "bad.jsonl"

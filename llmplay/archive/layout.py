@@ -3,6 +3,7 @@
 `<root>/<playbook>/<UTC %Y%m%dT%H%M%SZ>-<6 hex>/` holds `playbook.yaml` (as run, redacted), `manifest.json`,
 `trials/<trial_id>/{requests,telemetry}.{parquet,csv}` and `engine.log`, and `report.html`.
 """
+
 from __future__ import annotations
 
 import re

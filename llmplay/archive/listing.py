@@ -1,4 +1,5 @@
 """Finding archived runs: the archive root a command uses, and one summary row per run under it (`llmplay ls`)."""
+
 from __future__ import annotations
 
 import json
@@ -20,19 +21,37 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
             if not isinstance(m, dict) or m.get("schema") != SCHEMA_ID:
                 raise ValueError("not an llmplay manifest")
         except (OSError, ValueError):
-            rows.append({"playbook": run_dir.parent.name, "version": "", "date": "", "status": "unreadable",
-                         "engine": "", "gpu": "", "gates": "", "path": str(run_dir), "run_id": run_dir.name})
+            rows.append(
+                {
+                    "playbook": run_dir.parent.name,
+                    "version": "",
+                    "date": "",
+                    "status": "unreadable",
+                    "engine": "",
+                    "gpu": "",
+                    "gates": "",
+                    "path": str(run_dir),
+                    "run_id": run_dir.name,
+                }
+            )
             continue
         gates = m.get("gates") or []
         met = sum(1 for g in gates if g.get("met"))
         env = m.get("environment") or {}
-        rows.append({"playbook": m.get("playbook", {}).get("name", run_dir.parent.name),
-                     "version": m.get("playbook", {}).get("version", ""),
-                     "date": env.get("started_utc", ""), "status": m.get("status", "?"),
-                     "engine": engine_label(m), "gpu": gpu_label(env),
-                     "gates": f"{met}/{len(gates)}" if gates else "-", "path": str(run_dir),
-                     "run_id": m.get("run_id", run_dir.name),
-                     "overridden": bool(m.get("overrides"))})
+        rows.append(
+            {
+                "playbook": m.get("playbook", {}).get("name", run_dir.parent.name),
+                "version": m.get("playbook", {}).get("version", ""),
+                "date": env.get("started_utc", ""),
+                "status": m.get("status", "?"),
+                "engine": engine_label(m),
+                "gpu": gpu_label(env),
+                "gates": f"{met}/{len(gates)}" if gates else "-",
+                "path": str(run_dir),
+                "run_id": m.get("run_id", run_dir.name),
+                "overridden": bool(m.get("overrides")),
+            }
+        )
     rows.sort(key=lambda r: (r["date"], r["run_id"]), reverse=True)
     return rows
 

@@ -3,6 +3,7 @@
 These are the contract between the runner (which makes them) and the archive (which stores them as
 JSON in manifest.json); the report reads them back from the archive only.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -88,11 +89,11 @@ class Finding:
     """A diagnosis finding: what the checklist rules of tuning.diagnose produce and the archive keeps."""
 
     id: str
-    severity: str
+    severity: str  # info | warn | critical
     title: str
-    evidence: str
-    suggestion: str
-    checklist_ref: str
+    evidence: str  # the numbers that triggered it
+    suggestion: str  # next step(s), cheapest first (CHECKLIST §7)
+    checklist_ref: str  # "§4", "§5", "§6"
 
 
 def to_plain(obj: Any) -> Any:

@@ -1,4 +1,5 @@
 """Reading an archived run back: its manifest as model values, and its records, telemetry and logs from disk."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -37,8 +38,13 @@ def trial_from(d: Mapping[str, Any]) -> TrialRecord:
 
 
 def config_from(d: Mapping[str, Any]) -> ConfigRecord:
-    return ConfigRecord(config_id=d["config_id"], engine=d.get("engine") or {}, workload=d.get("workload") or {},
-                        command=tuple(d.get("command") or ()), docker_command=d.get("docker_command") or "")
+    return ConfigRecord(
+        config_id=d["config_id"],
+        engine=d.get("engine") or {},
+        workload=d.get("workload") or {},
+        command=tuple(d.get("command") or ()),
+        docker_command=d.get("docker_command") or "",
+    )
 
 
 def verdict_from(d: Mapping[str, Any]) -> StepVerdict:
@@ -97,8 +103,10 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise ArchiveError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA_ID:
         found = manifest.get("schema") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ArchiveError(f"{path}: schema is {found!r}, expected {SCHEMA_ID!r} (an archive from another "
-                           "llmplay version, or not an llmplay archive)")
+        raise ArchiveError(
+            f"{path}: schema is {found!r}, expected {SCHEMA_ID!r} (an archive from another "
+            "llmplay version, or not an llmplay archive)"
+        )
     if "run_id" not in manifest:
         raise ArchiveError(f"{path}: no run_id; the manifest is damaged (llmplay verify {run_dir} lists why)")
     return manifest
@@ -155,9 +163,12 @@ class ArchivedRun:
                 if (column.endswith("_ns") and column != "chunk_ns") or column in ("http_status", "gpu"):
                     frame[column] = pd.to_numeric(frame[column], errors="coerce").round().astype("Int64")
         if "chunk_ns" in frame.columns:
-            frame["chunk_ns"] = [json.loads(v) if isinstance(v, str) and v.strip() else
-                                 ([] if v is None or (not hasattr(v, "__len__") and pd.isna(v)) else list(v))
-                                 for v in frame["chunk_ns"]]
+            frame["chunk_ns"] = [
+                json.loads(v)
+                if isinstance(v, str) and v.strip()
+                else ([] if v is None or (not hasattr(v, "__len__") and pd.isna(v)) else list(v))
+                for v in frame["chunk_ns"]
+            ]
         return frame
 
     def load_records(self, trial_id: str) -> pd.DataFrame:

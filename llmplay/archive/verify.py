@@ -1,4 +1,5 @@
 """Checking an archive: the manifest against its JSON schema and its own hash, every file against its listed sha256."""
+
 from __future__ import annotations
 
 import hashlib

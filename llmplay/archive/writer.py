@@ -5,6 +5,7 @@ trial, so a crash loses at most the trial in flight. The manifest carries its ow
 canonical JSON without that key) so an edited manifest fails `verify` too. Secrets are redacted before anything
 reaches the disk: known values, URL credentials and secret-named keys (llmplay.redaction).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -93,8 +94,15 @@ class RunArchive(ArchivedRun):
 
     # -------------------------------------------------------------------- creating and opening
     @classmethod
-    def create(cls, root: Path, playbook: Any, *, overrides: Mapping[str, Any], environment: Mapping[str, Any],
-               secrets: list[str]) -> RunArchive:
+    def create(
+        cls,
+        root: Path,
+        playbook: Any,
+        *,
+        overrides: Mapping[str, Any],
+        environment: Mapping[str, Any],
+        secrets: list[str],
+    ) -> RunArchive:
         stamp, iso = _utc_stamp()
         short = _secrets.token_hex(3)
         run_dir = Path(root) / safe_name(playbook.metadata.name) / f"{stamp}-{short}"
@@ -103,31 +111,45 @@ class RunArchive(ArchivedRun):
         except FileExistsError:  # same second and same 24 random bits: astronomically rare, but never overwrite
             raise ArchiveError(f"{run_dir} already exists; run again") from None
         except OSError as exc:
-            raise ArchiveError(f"cannot create the run archive {run_dir}: {exc.strerror}; "
-                               f"expected a writable --archive directory or ${ENV_ARCHIVE}") from None
+            raise ArchiveError(
+                f"cannot create the run archive {run_dir}: {exc.strerror}; "
+                f"expected a writable --archive directory or ${ENV_ARCHIVE}"
+            ) from None
         env = redact(_finite(to_plain(dict(environment))), list(secrets))
         env.setdefault("started_utc", iso)
         manifest: dict[str, Any] = {
             "schema": SCHEMA_ID,
             "run_id": f"{stamp}-{short}",
-            "playbook": {"name": playbook.metadata.name, "version": str(playbook.metadata.version),
-                         "path": str(playbook.path), "sha256": playbook.sha256, "file": PLAYBOOK_FILE,
-                         "api_version": getattr(playbook, "api_version", "")},
+            "playbook": {
+                "name": playbook.metadata.name,
+                "version": str(playbook.metadata.version),
+                "path": str(playbook.path),
+                "sha256": playbook.sha256,
+                "file": PLAYBOOK_FILE,
+                "api_version": getattr(playbook, "api_version", ""),
+            },
             "environment": env,
             "overrides": redact(_finite(to_plain(dict(overrides))), list(secrets)),
             "status": "running",
             "exit_code": None,
-            "configs": [], "trials": [], "verdicts": [],
+            "configs": [],
+            "trials": [],
+            "verdicts": [],
             "final_config_id": None,
-            "gates": [], "findings": [], "diagnosis": {}, "tuning_record": [],
+            "gates": [],
+            "findings": [],
+            "diagnosis": {},
+            "tuning_record": [],
             "files": {},
         }
         archive = cls(run_dir, manifest, secrets)
         archive._write_text(PLAYBOOK_FILE, redact_yaml_text(playbook.text, archive._secrets))
         resolved = getattr(playbook, "resolved", None)
         if resolved:
-            archive._write_text(RESOLVED_FILE, yaml.safe_dump(redact(to_plain(resolved), archive._secrets),
-                                                              sort_keys=False, allow_unicode=True))
+            archive._write_text(
+                RESOLVED_FILE,
+                yaml.safe_dump(redact(to_plain(resolved), archive._secrets), sort_keys=False, allow_unicode=True),
+            )
         archive._save()
         return archive
 
@@ -154,8 +176,9 @@ class RunArchive(ArchivedRun):
             raise ArchiveError(f"refusing to write an invalid manifest to {self.run_dir}: {problems[0]}")
         manifest["manifest_sha256"] = manifest_sha256(manifest)
         self._manifest = manifest
-        atomic_write_text(self.run_dir / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False,
-                                                              allow_nan=False) + "\n")
+        atomic_write_text(
+            self.run_dir / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+        )
 
     def write_config(self, config: ConfigRecord) -> None:
         _upsert(self._manifest["configs"], "config_id", self._redact(config))
@@ -164,8 +187,10 @@ class RunArchive(ArchivedRun):
     def _write_frame(self, relbase: str, frame: pd.DataFrame) -> str:
         frame = frame.copy()
         if "chunk_ns" in frame.columns:  # one JSON text per request: same in Parquet and CSV, no list-type guessing
-            frame["chunk_ns"] = [json.dumps([int(x) for x in v]) if v is not None and not isinstance(v, str) else v
-                                 for v in frame["chunk_ns"]]
+            frame["chunk_ns"] = [
+                json.dumps([int(x) for x in v]) if v is not None and not isinstance(v, str) else v
+                for v in frame["chunk_ns"]
+            ]
         for column in frame.columns:  # pandas 3 stores text as "str", older versions as object
             if pd.api.types.is_object_dtype(frame[column]) or pd.api.types.is_string_dtype(frame[column]):
                 frame[column] = [redact_text(v, self._secrets) if isinstance(v, str) else v for v in frame[column]]
@@ -178,8 +203,9 @@ class RunArchive(ArchivedRun):
         self._manifest["files"][relpath] = sha256_file(self.run_dir / relpath)
         return relpath
 
-    def write_trial(self, trial: TrialRecord, records: pd.DataFrame | None, telemetry: pd.DataFrame | None,
-                    engine_log: str) -> None:
+    def write_trial(
+        self, trial: TrialRecord, records: pd.DataFrame | None, telemetry: pd.DataFrame | None, engine_log: str
+    ) -> None:
         base = f"trials/{safe_name(trial.trial_id)}"
         files = dict(trial.files)
         if records is not None:
@@ -196,16 +222,30 @@ class RunArchive(ArchivedRun):
         _upsert(self._manifest["verdicts"], "step", self._redact(verdict))
         self._save()
 
-    def finish(self, *, status: str, exit_code: int, final_config_id: str, gates: Sequence[GateResult],
-               findings: Sequence[Any], diagnosis: Mapping[str, Any],
-               tuning_record: Sequence[Mapping[str, Any]]) -> None:
+    def finish(
+        self,
+        *,
+        status: str,
+        exit_code: int,
+        final_config_id: str,
+        gates: Sequence[GateResult],
+        findings: Sequence[Any],
+        diagnosis: Mapping[str, Any],
+        tuning_record: Sequence[Mapping[str, Any]],
+    ) -> None:
         if status not in STATUSES[1:]:
             raise ArchiveError(f"finish(status={status!r}): expected one of {', '.join(STATUSES[1:])}")
         m = self._manifest
-        m.update(status=status, exit_code=int(exit_code), final_config_id=final_config_id,
-                 gates=self._redact(list(gates)), findings=self._redact(list(findings)),
-                 diagnosis=self._redact(dict(diagnosis)), tuning_record=self._redact(list(tuning_record)),
-                 finished_utc=_utc_stamp()[1])
+        m.update(
+            status=status,
+            exit_code=int(exit_code),
+            final_config_id=final_config_id,
+            gates=self._redact(list(gates)),
+            findings=self._redact(list(findings)),
+            diagnosis=self._redact(dict(diagnosis)),
+            tuning_record=self._redact(list(tuning_record)),
+            finished_utc=_utc_stamp()[1],
+        )
         self._save()
 
     def record_report(self, relpath: str) -> None:

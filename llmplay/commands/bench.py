@@ -1,4 +1,5 @@
 """`llmplay bench`: one workload (or its sweep) against an already running endpoint, printed as summary tables."""
+
 from __future__ import annotations
 
 import sys
@@ -17,8 +18,9 @@ from llmplay.tuning.sweep import run_sweep
 def bench_command(url: str, workload_file: Path, *, model: str | None, json_path: str | None) -> int:
     """Run the workload file's workload against `url`; one summary table per sweep point."""
     workload, goals = load_workload(workload_file)
-    results = run_sweep(url, workload, model=model, json_path=json_path, slo_s=goals.slo_s,
-                        progress=sys.stderr.isatty())
+    results = run_sweep(
+        url, workload, model=model, json_path=json_path, slo_s=goals.slo_s, progress=sys.stderr.isatty()
+    )
     console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and CI logs: wide enough for the table
     for result in results:
         console.print(format_summary_table(result.summary))
@@ -36,14 +38,22 @@ def _num(value: float | int | None) -> str:
 def format_summary_table(summary: Summary) -> Table:
     """A rich Table of the headline metrics: latencies in ms, then counts and rates."""
     v = summary.values
-    table = Table(title="llmplay bench (latencies in ms)", box=box.SIMPLE_HEAD,
-                  caption=f"tokenizer: {summary.tokenizer}; output tokens from {summary.output_tokens_source}")
+    table = Table(
+        title="llmplay bench (latencies in ms)",
+        box=box.SIMPLE_HEAD,
+        caption=f"tokenizer: {summary.tokenizer}; output tokens from {summary.output_tokens_source}",
+    )
     table.add_column("metric", no_wrap=True)
     stats = ("mean", "std", "p50", "p90", "p95", "p99")
     for col in stats:
         table.add_column(col, justify="right", no_wrap=True)
-    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL"),
-                        ("ttft_nonstream", "TTFT non-stream")):
+    for name, label in (
+        ("ttft", "TTFT"),
+        ("tpot", "TPOT"),
+        ("itl", "ITL"),
+        ("e2el", "E2EL"),
+        ("ttft_nonstream", "TTFT non-stream"),
+    ):
         if v.get(f"{name}.p50") is not None:
             table.add_row(label, *(_ms(v.get(f"{name}.{s}")) for s in stats))
     table.add_section()

@@ -1,4 +1,5 @@
 """`llmplay compare`: the final configurations of two archived runs side by side, with confidence intervals."""
+
 from __future__ import annotations
 
 from pathlib import Path

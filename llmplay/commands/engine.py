@@ -1,4 +1,5 @@
 """`llmplay engine ...`: engine images; today the embedded CPU engine (llama.cpp and a tiny model)."""
+
 from __future__ import annotations
 
 import click

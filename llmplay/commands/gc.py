@@ -1,4 +1,5 @@
 """`llmplay gc`: remove the containers that llmplay runs which died left behind."""
+
 from __future__ import annotations
 
 import click

@@ -1,4 +1,5 @@
 """`llmplay ls`: the archived runs under the archive root, newest first."""
+
 from __future__ import annotations
 
 import sys

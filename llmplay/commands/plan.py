@@ -1,4 +1,5 @@
 """`llmplay plan`: the human-readable text of a plan (also what `llmplay run --dry-run` prints); starts nothing."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,7 +35,9 @@ def describe_workload(w: Workload) -> str:
     load = f"concurrency {w.concurrency} (closed loop)" if w.concurrency else f"rate {w.rate:g} req/s {w.arrival}"
     if w.sweep:
         load += f", sweep {list(w.sweep)}"
-    shape = f"dataset {w.dataset}" if w.dataset else f"input {describe_length(w.input)}, output {describe_length(w.output)}"
+    shape = (
+        f"dataset {w.dataset}" if w.dataset else f"input {describe_length(w.input)}, output {describe_length(w.output)}"
+    )
     length = f"duration {w.duration_s:g}s" if w.duration_s else f"{w.num_requests} requests"
     extras = []
     if w.prefix_tokens:
@@ -67,7 +70,7 @@ def render_plan(plan: Plan) -> str:
         "Gates:" if goals.gates else "Gates: none",
     ]
     lines += [f"  {gate.text}" for gate in goals.gates]
-    lines += ["", "Baseline"] + _config_lines(plan.baseline, plan)
+    lines += ["", "Baseline", *_config_lines(plan.baseline, plan)]
     for planned in plan.steps:
         step = planned.step
         flag = " [bundle: several knobs]" if step.bundle else ""
@@ -77,6 +80,9 @@ def render_plan(plan: Plan) -> str:
             lines.append(f"  why: {step.description}")
         lines += _config_lines(planned.cumulative, plan)
     if plan.steps:
-        lines += ["", "Command lines assume every earlier step is kept; the run applies each step to the best "
-                      "configuration so far."]
+        lines += [
+            "",
+            "Command lines assume every earlier step is kept; the run applies each step to the best "
+            "configuration so far.",
+        ]
     return "\n".join(lines)

@@ -1,4 +1,5 @@
 """`llmplay report`: re-render a run's report.html from its archive alone."""
+
 from __future__ import annotations
 
 from pathlib import Path

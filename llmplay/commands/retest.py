@@ -1,4 +1,5 @@
 """`llmplay retest`: re-run an archived run's final configuration (optionally on a new image) and compare."""
+
 from __future__ import annotations
 
 import sys
@@ -21,8 +22,10 @@ def final_playbook_of(run_dir: Path, playbook_file: Path | None = None) -> tuple
     manifest = read_manifest(run_dir)
     playbook = load_playbook(playbook_file or playbook_path_of(run_dir))
     if playbook.sha256 != manifest["playbook"]["sha256"]:
-        raise ArchiveError(f"{playbook.path} changed since {run_dir} was run (sha256 differs); "
-                           "restore it or re-run the playbook instead of re-testing")
+        raise ArchiveError(
+            f"{playbook.path} changed since {run_dir} was run (sha256 differs); "
+            "restore it or re-run the playbook instead of re-testing"
+        )
     carried = [v["step"] for v in manifest.get("verdicts", []) if v.get("carried")]
     config = Config("baseline", playbook.engine, playbook.workload)
     for step in playbook.steps:
@@ -31,19 +34,34 @@ def final_playbook_of(run_dir: Path, playbook_file: Path | None = None) -> tuple
     return replace(playbook, engine=config.engine, workload=config.workload, steps=()), manifest
 
 
-def retest_command(run_dir: Path, *, image: str | None, archive_dir: str | None, repeats: int | None,
-                   duration: str | None, html: Path | None = None) -> int:
+def retest_command(
+    run_dir: Path,
+    *,
+    image: str | None,
+    archive_dir: str | None,
+    repeats: int | None,
+    duration: str | None,
+    html: Path | None = None,
+) -> int:
     """Re-run the archived final configuration and compare; ExitCode.REGRESSION when the new run regressed."""
     playbook, manifest = final_playbook_of(run_dir)
     console = stdout_console()
-    console.print(f"re-testing {run_dir} final configuration '{manifest.get('final_config_id')}'"
-                  + (f" on image {image}" if image else ""), markup=False)
+    console.print(
+        f"re-testing {run_dir} final configuration '{manifest.get('final_config_id')}'"
+        + (f" on image {image}" if image else ""),
+        markup=False,
+    )
     repeats = repeats or int(manifest.get("overrides", {}).get("repeats") or playbook.trials.repeats)
-    options = RunOptions(archive_root=archive_root(archive_dir), repeats=repeats,
-                         duration_s=duration_option_s("duration", duration), image=image,
-                         progress=sys.stderr.isatty())
-    outcome = run_playbook(playbook, options, publish=publish_report,
-                           report=lambda line: console.print(line, markup=False))
+    options = RunOptions(
+        archive_root=archive_root(archive_dir),
+        repeats=repeats,
+        duration_s=duration_option_s("duration", duration),
+        image=image,
+        progress=sys.stderr.isatty(),
+    )
+    outcome = run_playbook(
+        playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False)
+    )
     print_gates(console, outcome.gates)
     if outcome.status != "complete":
         console.print(f"re-test did not complete ({outcome.status}); archive {outcome.run_dir}", markup=False)

@@ -1,4 +1,5 @@
 """`llmplay run`: load the playbook, run it (or print its plan), print the tuning record, gates and diagnosis."""
+
 from __future__ import annotations
 
 import json
@@ -52,9 +53,19 @@ def playbook_path_of(run_dir: Path) -> Path:
     return path
 
 
-def run_command(file: Path | None, *, archive_dir: str | None, resume: Path | None, dry_run: bool,
-                only: Sequence[str], repeats: int | None, duration: str | None, warmup: str | None,
-                allow_outside_extends: bool = False, image: str | None = None) -> int:
+def run_command(
+    file: Path | None,
+    *,
+    archive_dir: str | None,
+    resume: Path | None,
+    dry_run: bool,
+    only: Sequence[str],
+    repeats: int | None,
+    duration: str | None,
+    warmup: str | None,
+    allow_outside_extends: bool = False,
+    image: str | None = None,
+) -> int:
     """Run the playbook (or, with dry_run, print its plan) and print the outcome; the run's exit code."""
     if file is None:
         if resume is None:
@@ -65,12 +76,19 @@ def run_command(file: Path | None, *, archive_dir: str | None, resume: Path | No
     if dry_run:
         console.print(render_plan(build_plan(playbook)), markup=False)
         return ExitCode.OK
-    options = RunOptions(archive_root=archive_root(archive_dir), repeats=repeats,
-                         duration_s=duration_option_s("duration", duration),
-                         warmup_s=duration_option_s("warmup", warmup),
-                         only=tuple(only), resume=resume, progress=sys.stderr.isatty(), image=image)
-    outcome = run_playbook(playbook, options, publish=publish_report,
-                           report=lambda line: console.print(line, markup=False))
+    options = RunOptions(
+        archive_root=archive_root(archive_dir),
+        repeats=repeats,
+        duration_s=duration_option_s("duration", duration),
+        warmup_s=duration_option_s("warmup", warmup),
+        only=tuple(only),
+        resume=resume,
+        progress=sys.stderr.isatty(),
+        image=image,
+    )
+    outcome = run_playbook(
+        playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False)
+    )
     print_outcome(console, outcome)
     return outcome.exit_code
 
@@ -89,12 +107,15 @@ def print_outcome(console: Console, outcome: RunOutcome) -> None:
         table.add_column(info.label if info else metric, justify="right")
     for row in outcome.tuning_record:
         metrics = row.get("metrics", {})
-        table.add_row(row["config_id"], row.get("verdict", "baseline"),
-                      *(_fmt(m, metrics.get(m)) for m in TUNING_RECORD_METRICS))
+        table.add_row(
+            row["config_id"], row.get("verdict", "baseline"), *(_fmt(m, metrics.get(m)) for m in TUNING_RECORD_METRICS)
+        )
     console.print(table)
     for verdict in outcome.verdicts:
-        console.print(f"step {verdict.index} {verdict.step} [{', '.join(verdict.changes)}]: {verdict.verdict} — "
-                      f"{verdict.reason}", markup=False)
+        console.print(
+            f"step {verdict.index} {verdict.step} [{', '.join(verdict.changes)}]: {verdict.verdict} — {verdict.reason}",
+            markup=False,
+        )
     console.print(f"final configuration: {outcome.final_config_id}", markup=False)
     print_gates(console, outcome.gates)
     print_diagnosis(console, outcome.diagnosis, outcome.findings)
@@ -113,21 +134,29 @@ def print_diagnosis(console: Console, diagnosis: Mapping[str, Any], findings: Se
     memory = diagnosis.get("memory")
     if memory:
         share = f"{memory['kv_share']:.0%}" if memory.get("kv_share") is not None else "not measured"
-        console.print(f"memory ({memory.get('device', 'gpu')}): weights {_bytes(memory['weights_bytes'])}, "
-                      f"KV cache {_bytes(memory['kv_bytes'])} ({memory['tokens_in_flight']:.0f} tokens in flight x "
-                      f"{memory['kv_bytes_per_token']:.0f} B), other {_bytes(memory.get('other_bytes'))}, "
-                      f"peak {_bytes(memory.get('peak_bytes'))}, KV share {share}", markup=False)
+        console.print(
+            f"memory ({memory.get('device', 'gpu')}): weights {_bytes(memory['weights_bytes'])}, "
+            f"KV cache {_bytes(memory['kv_bytes'])} ({memory['tokens_in_flight']:.0f} tokens in flight x "
+            f"{memory['kv_bytes_per_token']:.0f} B), other {_bytes(memory.get('other_bytes'))}, "
+            f"peak {_bytes(memory.get('peak_bytes'))}, KV share {share}",
+            markup=False,
+        )
     roofline = diagnosis.get("roofline")
     if roofline and roofline.get("achieved_over_floor") is not None:
-        console.print(f"decode roofline: floor {roofline['floor_s'] * 1000:.2f} ms/token ({roofline['bandwidth_source']}), "
-                      f"achieved {roofline['achieved_tpot_s'] * 1000:.2f} ms = {roofline['achieved_over_floor']:.1f}x the floor",
-                      markup=False)
+        console.print(
+            f"decode roofline: floor {roofline['floor_s'] * 1000:.2f} ms/token ({roofline['bandwidth_source']}), "
+            f"achieved {roofline['achieved_tpot_s'] * 1000:.2f} ms = {roofline['achieved_over_floor']:.1f}x the floor",
+            markup=False,
+        )
     for note in diagnosis.get("notes", []):
         console.print(f"note: {note}", markup=False)
     for finding in findings:
         suggestion = f" -> {finding['suggestion']}" if finding.get("suggestion") else ""
-        console.print(f"finding [{finding['severity']}] {finding['checklist_ref']} {finding['title']}: "
-                      f"{finding['evidence']}{suggestion}", markup=False)
+        console.print(
+            f"finding [{finding['severity']}] {finding['checklist_ref']} {finding['title']}: "
+            f"{finding['evidence']}{suggestion}",
+            markup=False,
+        )
 
 
 def print_gates(console: Console, gates: Sequence[GateResult]) -> None:

@@ -1,4 +1,5 @@
 """`llmplay validate`: check playbooks against the schema and the engine's knobs, one line per file."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ def validate_command(files: Sequence[Path], *, allow_outside_extends: bool = Fal
             failed += 1
             click.echo(str(exc), err=True)
             continue
-        click.echo(f"{file}: ok ({pb.metadata.name}, engine {pb.engine.kind}, {len(pb.steps)} steps, "
-                   f"{len(pb.goals.gates)} gates)")
+        click.echo(
+            f"{file}: ok ({pb.metadata.name}, engine {pb.engine.kind}, {len(pb.steps)} steps, "
+            f"{len(pb.goals.gates)} gates)"
+        )
     return ExitCode.PLAYBOOK if failed else ExitCode.OK

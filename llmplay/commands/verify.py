@@ -1,4 +1,5 @@
 """`llmplay verify`: recompute every archived file's sha256 against the run's manifest."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """The engine registry: one adapter per engine kind, looked up by the playbook's `engine.kind`."""
+
 from __future__ import annotations
 
 from llmplay.engines import llamacpp, sglang, tgi, trtllm, vllm

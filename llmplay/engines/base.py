@@ -1,4 +1,5 @@
 """The one shape every engine adapter has: knobs to flags, health, version, metric names."""
+
 from __future__ import annotations
 
 import shlex

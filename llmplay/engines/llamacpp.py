@@ -1,4 +1,5 @@
 """The llama.cpp adapter: llama-server flags (common/arg.cpp, tools/server/README.md), /health, /props, llamacpp:* metrics."""
+
 from __future__ import annotations
 
 from llmplay.engines.base import Engine, MetricNames, RefusedValue, boolean_flag, flag_with_value, integer, one_of

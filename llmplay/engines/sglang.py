@@ -1,4 +1,5 @@
 """The SGLang adapter: launch_server flags (sglang/srt/server_args.py), /health, sglang:* metrics."""
+
 from __future__ import annotations
 
 from llmplay.engines.base import Engine, MetricNames, boolean_flag, flag_with_value, fraction, integer, one_of

@@ -1,4 +1,5 @@
 """The Text Generation Inference adapter: text-generation-launcher flags (launcher/src/main.rs), /health, /info, tgi_* metrics."""
+
 from __future__ import annotations
 
 from llmplay.engines.base import Engine, MetricNames, RefusedValue, flag_with_value, fraction, integer, one_of
@@ -32,9 +33,21 @@ ENGINE = Engine(
         "max_num_seqs": flag_with_value("--max-concurrent-requests", integer(minimum=1)),
         # The launcher's KvCacheDtype and Quantization value enums.
         "kv_cache_dtype": flag_with_value("--kv-cache-dtype", one_of("fp8_e4m3fn", "fp8_e5m2")),
-        "quantization": flag_with_value("--quantize", one_of(
-            "awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin", "bitsandbytes", "bitsandbytes-nf4",
-            "bitsandbytes-fp4", "fp8")),
+        "quantization": flag_with_value(
+            "--quantize",
+            one_of(
+                "awq",
+                "compressed-tensors",
+                "eetq",
+                "exl2",
+                "gptq",
+                "marlin",
+                "bitsandbytes",
+                "bitsandbytes-nf4",
+                "bitsandbytes-fp4",
+                "fp8",
+            ),
+        ),
         "tensor_parallel": flag_with_value("--num-shard", integer(minimum=1)),
         "cuda_graphs": _cuda_graphs,
         "max_model_len": flag_with_value("--max-total-tokens", integer(minimum=1)),

@@ -1,4 +1,5 @@
 """The TensorRT-LLM adapter (trtllm-serve, tensorrt_llm/commands/serve.py): flags, /health, /version."""
+
 from __future__ import annotations
 
 from llmplay.engines.base import Engine, MetricNames, flag_with_value, fraction, integer

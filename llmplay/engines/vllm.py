@@ -1,4 +1,5 @@
 """The vLLM adapter: OpenAI server flags (vllm/engine/arg_utils.py), /health, /version, vllm:* metrics."""
+
 from __future__ import annotations
 
 from llmplay.engines.base import Engine, MetricNames, boolean_flag, flag_with_value, fraction, integer, one_of

@@ -76,8 +76,7 @@ class RequestFeed:
             await self._refill
 
 
-async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warmup: bool,
-                      until_ns: int | None) -> None:
+async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warmup: bool, until_ns: int | None) -> None:
     """`users` users, each sending its next request as soon as its last one finished."""
 
     async def user() -> None:
@@ -97,8 +96,9 @@ async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warm
     await asyncio.gather(*(user() for _ in range(users)))
 
 
-async def open_loop(sender: LoadSender, feed: RequestFeed, rng: np.random.Generator, *, warmup: bool,
-                    until_ns: int | None) -> None:
+async def open_loop(
+    sender: LoadSender, feed: RequestFeed, rng: np.random.Generator, *, warmup: bool, until_ns: int | None
+) -> None:
     """Requests (or bursts of them) leave on a fixed or Poisson schedule, whether or not earlier ones finished."""
     wl = sender.workload
     assert wl.rate is not None and wl.rate > 0

@@ -91,8 +91,16 @@ def records_from_dataframe(df: Any) -> tuple[RequestRecord, ...]:
         kw["chunk_ns"] = tuple(int(x) for x in (chunks if chunks is not None else ()))
         for name in _NULLABLE_INT_COLUMNS:
             kw[name] = None if kw[name] is None else int(kw[name])
-        for name in ("index", "scheduled_ns", "sent_ns", "input_tokens", "output_tokens", "bytes_received",
-                     "conversation_id", "turn"):
+        for name in (
+            "index",
+            "scheduled_ns",
+            "sent_ns",
+            "input_tokens",
+            "output_tokens",
+            "bytes_received",
+            "conversation_id",
+            "turn",
+        ):
             kw[name] = int(kw[name] or 0)
         kw["is_warmup"], kw["stream"] = bool(kw["is_warmup"]), bool(kw["stream"])
         kw["queue_wait_s"] = float(kw["queue_wait_s"] or 0.0)

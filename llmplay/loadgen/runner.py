@@ -35,23 +35,36 @@ class LoadInterrupted(BaseException):
 async def _progress_loop(sender: LoadSender, total: int | None, duration_s: float | None, t0: int) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # deferred: only on a terminal
 
-    cols = [TextColumn("[bold]load"), BarColumn(), TextColumn("{task.completed}/{task.total} req" if total
-                                                              else "{task.completed:.0f}s"),
-            TextColumn("{task.fields[stats]}"), TimeElapsedColumn()]
+    cols = [
+        TextColumn("[bold]load"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} req" if total else "{task.completed:.0f}s"),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+    ]
     with Progress(*cols, transient=True) as bar:
         task = bar.add_task("load", total=total or duration_s or None, stats="")
         while True:
             await asyncio.sleep(0.5)
             el = max((_now() - t0) / 1e9, 1e-9)
             done = len(sender.records)
-            stats = (f"{done / el:.1f} req/s  {sender.out_tokens / el:.0f} tok/s  {sender.errors} errors  "
-                     f"{sender.inflight} in flight")
+            stats = (
+                f"{done / el:.1f} req/s  {sender.out_tokens / el:.0f} tok/s  {sender.errors} errors  "
+                f"{sender.inflight} in flight"
+            )
             bar.update(task, completed=done if total else min(el, duration_s or el), stats=stats)
 
 
-async def run_load(client: httpx.AsyncClient, base_url: str, workload: Workload,
-                   requests: Iterable[PlannedRequest], *, progress: bool = False,
-                   tokenizer: Tokenizer | None = None, transport: StreamingTransport | None = None) -> LoadResult:
+async def run_load(
+    client: httpx.AsyncClient,
+    base_url: str,
+    workload: Workload,
+    requests: Iterable[PlannedRequest],
+    *,
+    progress: bool = False,
+    tokenizer: Tokenizer | None = None,
+    transport: StreamingTransport | None = None,
+) -> LoadResult:
     """Warm-up phase (warmup_requests and/or warmup_s, flagged), then the measured phase until
     num_requests are done or duration_s has passed. Every request sent yields exactly one record.
 
@@ -100,8 +113,12 @@ async def run_load(client: httpx.AsyncClient, base_url: str, workload: Workload,
     end_ns = max(ends) if ends else end_wall
     lag = np.array([(r.sent_ns - r.scheduled_ns) / 1e9 for r in measured]) if mode == "open" else np.array([])
     result = LoadResult(
-        records=tuple(sorted(records, key=lambda r: r.index)), mode=mode, start_ns=start_ns, end_ns=end_ns,
-        duration_s=max(end_ns - start_ns, 0) / 1e9, warmup_duration_s=(start_ns - t_warm) / 1e9,
+        records=tuple(sorted(records, key=lambda r: r.index)),
+        mode=mode,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        duration_s=max(end_ns - start_ns, 0) / 1e9,
+        warmup_duration_s=(start_ns - t_warm) / 1e9,
         schedule_lag_p50_s=float(np.percentile(lag, 50)) if lag.size else None,
         schedule_lag_p99_s=float(np.percentile(lag, 99)) if lag.size else None,
         schedule_lag_max_s=float(lag.max()) if lag.size else None,
@@ -113,8 +130,9 @@ async def run_load(client: httpx.AsyncClient, base_url: str, workload: Workload,
     return result
 
 
-def _count_missing_tokens(records: list[RequestRecord], texts: dict[int, str],
-                          tokenizer: Tokenizer | None) -> list[RequestRecord]:
+def _count_missing_tokens(
+    records: list[RequestRecord], texts: dict[int, str], tokenizer: Tokenizer | None
+) -> list[RequestRecord]:
     """Server sent no usage: count the generated text with the tokenizer (after the timed run), or
     fall back to one token per text chunk (streams) / the word ratio (non-streamed)."""
     out = []
@@ -135,8 +153,9 @@ def client_limits(workload: Workload) -> httpx.Limits:
     if workload.concurrency is not None:
         n = workload.concurrency
         return httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=30)
-    return httpx.Limits(max_connections=None, max_keepalive_connections=max(64, int((workload.rate or 1) * 4)),
-                        keepalive_expiry=30)
+    return httpx.Limits(
+        max_connections=None, max_keepalive_connections=max(64, int((workload.rate or 1) * 4)), keepalive_expiry=30
+    )
 
 
 def make_client(workload: Workload, transport: StreamingTransport) -> httpx.AsyncClient:
@@ -145,15 +164,22 @@ def make_client(workload: Workload, transport: StreamingTransport) -> httpx.Asyn
     return httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(t, connect=min(t, 10.0)), trust_env=False)
 
 
-def run_load_sync(base_url: str, workload: Workload, requests: Iterable[PlannedRequest], *,
-                  progress: bool = False, tokenizer: Tokenizer | None = None) -> LoadResult:
+def run_load_sync(
+    base_url: str,
+    workload: Workload,
+    requests: Iterable[PlannedRequest],
+    *,
+    progress: bool = False,
+    tokenizer: Tokenizer | None = None,
+) -> LoadResult:
     """run_load with its own client and transport sized to the load, on uvloop where installed."""
 
     async def main() -> LoadResult:
         transport = StreamingTransport(limits=client_limits(workload))
         async with make_client(workload, transport) as client:
-            return await run_load(client, base_url, workload, requests, progress=progress, tokenizer=tokenizer,
-                                  transport=transport)
+            return await run_load(
+                client, base_url, workload, requests, progress=progress, tokenizer=tokenizer, transport=transport
+            )
 
     try:
         import uvloop  # deferred: optional, and only the event loop of a run needs it

@@ -52,8 +52,9 @@ class LoadSender:
     when nothing sits between them: no auth, hooks, cookies or mounts); None sends through the client.
     """
 
-    def __init__(self, client: httpx.AsyncClient, base_url: str, workload: Workload,
-                 transport: StreamingTransport | None = None):
+    def __init__(
+        self, client: httpx.AsyncClient, base_url: str, workload: Workload, transport: StreamingTransport | None = None
+    ):
         self.client = client
         self.base_url = base_url.rstrip("/")
         self.workload = workload
@@ -65,16 +66,19 @@ class LoadSender:
         # Multi-turn: turn k of a conversation waits for turn k-1 (its history) to finish.
         self._turn_done: dict[tuple[int, int], asyncio.Event] = {}
         self._direct = transport
-        self._urls = {api: httpx.URL(self.base_url + path) for api, path in
-                      (("chat", "/v1/chat/completions"), ("completions", "/v1/completions"))}
+        self._urls = {
+            api: httpx.URL(self.base_url + path)
+            for api, path in (("chat", "/v1/chat/completions"), ("completions", "/v1/completions"))
+        }
         self._headers = httpx.Headers({**dict(client.headers), "content-type": "application/json"})
         self._timeout_ext = {"timeout": client.timeout.as_dict()}
 
     def _turn_event(self, conversation: int, turn: int) -> asyncio.Event:
         return self._turn_done.setdefault((conversation, turn), asyncio.Event())
 
-    async def send(self, planned: PlannedRequest, scheduled_ns: int, warmup: bool,
-                   queue_wait_s: float = 0.0) -> RequestRecord:
+    async def send(
+        self, planned: PlannedRequest, scheduled_ns: int, warmup: bool, queue_wait_s: float = 0.0
+    ) -> RequestRecord:
         if planned.turn > 0:
             t_wait = _now()
             await self._turn_event(planned.conversation_id, planned.turn - 1).wait()
@@ -86,8 +90,9 @@ class LoadSender:
             if self.workload.turns > 1:
                 self._turn_event(planned.conversation_id, planned.turn).set()
 
-    async def _send(self, planned: PlannedRequest, scheduled_ns: int, warmup: bool,
-                    queue_wait_s: float) -> RequestRecord:
+    async def _send(
+        self, planned: PlannedRequest, scheduled_ns: int, warmup: bool, queue_wait_s: float
+    ) -> RequestRecord:
         request = self._build_request(planned)
         state = StreamState()
         self.inflight += 1
@@ -115,8 +120,7 @@ class LoadSender:
             return httpx.Request("POST", url, content=body, headers=self._headers, extensions=self._timeout_ext)
         return self.client.build_request("POST", url, content=body, headers={"content-type": "application/json"})
 
-    async def _exchange(self, request: httpx.Request, stream: bool, state: StreamState,
-                        exchange: _Exchange) -> None:
+    async def _exchange(self, request: httpx.Request, stream: bool, state: StreamState, exchange: _Exchange) -> None:
         """Send, read the whole response into state (stream) or exchange.body; failures go to exchange."""
         timeout_s = self.workload.request_timeout_s
         try:
@@ -151,16 +155,27 @@ class LoadSender:
         except Exception as exc:  # anything else still leaves a record, never a lost request
             exchange.fail("protocol", f"unexpected {type(exc).__name__}: {exc}")
 
-    def _record(self, planned: PlannedRequest, scheduled_ns: int, warmup: bool, queue_wait_s: float,
-                exchange: _Exchange, reply: _Reply, state: StreamState) -> RequestRecord:
+    def _record(
+        self,
+        planned: PlannedRequest,
+        scheduled_ns: int,
+        warmup: bool,
+        queue_wait_s: float,
+        exchange: _Exchange,
+        reply: _Reply,
+        state: StreamState,
+    ) -> RequestRecord:
         usage = reply.usage
         if usage and isinstance(usage.get("completion_tokens"), int):
             out_tokens, source = int(usage["completion_tokens"]), "usage"
         else:
             out_tokens, source = len(state.chunk_ns) if planned.stream else 0, "counted"
             self.texts[planned.index] = reply.text
-        in_tokens = int(usage["prompt_tokens"]) if usage and isinstance(usage.get("prompt_tokens"), int) \
+        in_tokens = (
+            int(usage["prompt_tokens"])
+            if usage and isinstance(usage.get("prompt_tokens"), int)
             else planned.input_tokens
+        )
         end_ns = reply.end_ns
         if planned.stream:
             first_content_ns, chunk_ns, received = state.first_content_ns, tuple(state.chunk_ns), state.bytes_received
@@ -168,21 +183,35 @@ class LoadSender:
             first_content_ns, chunk_ns = reply.first_ns, ((end_ns,) if end_ns is not None else ())
             received = len(exchange.body)
         return RequestRecord(
-            index=planned.index, is_warmup=warmup or planned.is_warmup, stream=planned.stream,
-            scheduled_ns=scheduled_ns, sent_ns=exchange.sent_ns, first_chunk_ns=reply.first_ns,
-            first_content_ns=first_content_ns, chunk_ns=chunk_ns, end_ns=end_ns, input_tokens=in_tokens,
-            output_tokens=out_tokens, output_tokens_source=source, finish_reason=reply.finish_reason,
-            http_status=exchange.status, error_kind=exchange.error_kind, error_message=exchange.error_message,
-            queue_wait_s=queue_wait_s, bytes_received=received,
-            conversation_id=planned.conversation_id, turn=planned.turn,
+            index=planned.index,
+            is_warmup=warmup or planned.is_warmup,
+            stream=planned.stream,
+            scheduled_ns=scheduled_ns,
+            sent_ns=exchange.sent_ns,
+            first_chunk_ns=reply.first_ns,
+            first_content_ns=first_content_ns,
+            chunk_ns=chunk_ns,
+            end_ns=end_ns,
+            input_tokens=in_tokens,
+            output_tokens=out_tokens,
+            output_tokens_source=source,
+            finish_reason=reply.finish_reason,
+            http_status=exchange.status,
+            error_kind=exchange.error_kind,
+            error_message=exchange.error_message,
+            queue_wait_s=queue_wait_s,
+            bytes_received=received,
+            conversation_id=planned.conversation_id,
+            turn=planned.turn,
         )
 
 
 async def _read_error_body(response: httpx.Response, exchange: _Exchange) -> None:
     status = response.status_code
     exchange.body = await response.aread()
-    exchange.fail("http_4xx" if status < 500 else "http_5xx",
-                  f"HTTP {status}: {exchange.body[:300].decode('utf-8', 'replace')}")
+    exchange.fail(
+        "http_4xx" if status < 500 else "http_5xx", f"HTTP {status}: {exchange.body[:300].decode('utf-8', 'replace')}"
+    )
 
 
 async def _read_stream(response: httpx.Response, state: StreamState, exchange: _Exchange) -> None:
@@ -211,10 +240,16 @@ async def _read_body(response: httpx.Response, exchange: _Exchange) -> None:
 
 def _stream_reply(state: StreamState, exchange: _Exchange) -> _Reply:
     if exchange.error_kind is not None and state.bytes_received:
-        exchange.error_message = (f"{exchange.error_message}; {state.bytes_received} bytes received, "
-                                  f"unparsed tail {state.tail()!r}")
-    return _Reply(text=state.text, usage=state.usage, finish_reason=state.finish_reason,
-                  first_ns=state.first_chunk_ns, end_ns=state.end_ns)
+        exchange.error_message = (
+            f"{exchange.error_message}; {state.bytes_received} bytes received, unparsed tail {state.tail()!r}"
+        )
+    return _Reply(
+        text=state.text,
+        usage=state.usage,
+        finish_reason=state.finish_reason,
+        first_ns=state.first_chunk_ns,
+        end_ns=state.end_ns,
+    )
 
 
 def _body_reply(exchange: _Exchange) -> _Reply:

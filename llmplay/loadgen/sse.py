@@ -1,11 +1,12 @@
 """Incremental parsing of OpenAI-style server-sent event streams into timestamped token chunks (no I/O)."""
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 try:  # 5-10x faster per chunk; the load generator's hot path is this parse
     from orjson import loads as _loads
-except ImportError:  # pragma: no cover - orjson is optional
+except ImportError:  # pragma: no cover - a dependency, but a missing one must not stop the parse
     from json import loads as _loads  # type: ignore[assignment]
 
 DONE, TEXT, ROLE, USAGE, ERROR, EMPTY = "done", "text", "role", "usage", "error", "empty"
@@ -108,8 +109,20 @@ class StreamState:
     nothing after [DONE] counts.
     """
 
-    __slots__ = ("bytes_received", "chunk_ns", "decoder", "done", "end_ns", "error", "finish_reason",
-                 "first_chunk_ns", "first_content_ns", "n_events", "texts", "usage")
+    __slots__ = (
+        "bytes_received",
+        "chunk_ns",
+        "decoder",
+        "done",
+        "end_ns",
+        "error",
+        "finish_reason",
+        "first_chunk_ns",
+        "first_content_ns",
+        "n_events",
+        "texts",
+        "usage",
+    )
 
     def __init__(self) -> None:
         self.decoder = SSEDecoder()

@@ -1,4 +1,5 @@
 """Token counting and exact-length prompt text: the engine's own tokenizer where reachable, else a word ratio."""
+
 from __future__ import annotations
 
 import re
@@ -120,7 +121,7 @@ class _VocabularyTokenizer:
         start = int(gen.integers(0, max(1, len(self._corpus) - n_tokens)))
         want, text = n_tokens, ""
         for _ in range(8):
-            text = self.detokenize(self._corpus[start:start + want]).strip()
+            text = self.detokenize(self._corpus[start : start + want]).strip()
             got = self.count(text)
             if got == n_tokens:
                 return text
@@ -162,8 +163,9 @@ class LlamaCppTokenizer(_VocabularyTokenizer):
             resp.raise_for_status()
             return list(resp.json()["tokens"])
         except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise InfrastructureError(f"tokenizer at {self.base_url}/tokenize failed: {exc}; "
-                                      "expected a llama.cpp server") from exc
+            raise InfrastructureError(
+                f"tokenizer at {self.base_url}/tokenize failed: {exc}; expected a llama.cpp server"
+            ) from exc
 
     def detokenize(self, tokens: list[int]) -> str:
         try:
@@ -171,8 +173,9 @@ class LlamaCppTokenizer(_VocabularyTokenizer):
             resp.raise_for_status()
             return str(resp.json()["content"])
         except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise InfrastructureError(f"tokenizer at {self.base_url}/detokenize failed: {exc}; "
-                                      "expected a llama.cpp server") from exc
+            raise InfrastructureError(
+                f"tokenizer at {self.base_url}/detokenize failed: {exc}; expected a llama.cpp server"
+            ) from exc
 
 
 class HfTokenizer(_VocabularyTokenizer):
@@ -181,10 +184,11 @@ class HfTokenizer(_VocabularyTokenizer):
 
     def __init__(self, path: str | Path):
         try:
-            from tokenizers import Tokenizer as _HfTokenizer
+            from tokenizers import Tokenizer as _HfTokenizer  # deferred: optional (the hf extra)
         except ImportError as exc:
-            raise InfrastructureError("reading tokenizer.json needs the `tokenizers` package; expected "
-                                      "`pip install 'llmplay[hf]'`") from exc
+            raise InfrastructureError(
+                "reading tokenizer.json needs the `tokenizers` package; expected `pip install 'llmplay[hf]'`"
+            ) from exc
         self.path = Path(path)
         self._tok = _HfTokenizer.from_file(str(self.path))
         self.name = f"tokenizer.json at {self.path}"

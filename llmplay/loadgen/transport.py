@@ -111,7 +111,7 @@ class _Conn(asyncio.Protocol):
             self.parse_error = httpx.RemoteProtocolError(f"malformed HTTP response: {exc}")
         pieces = self._pieces
         if self._own_pieces >= 0:
-            del pieces[self._own_pieces:]
+            del pieces[self._own_pieces :]
             self._own_pieces = -1
         if pieces:
             # One payload per read, as the bytes of one read arrived together.
@@ -217,8 +217,14 @@ class _Conn(asyncio.Protocol):
         return httpx.RemoteProtocolError(f"peer closed connection {what}")
 
     def reusable(self) -> bool:
-        return (self.complete and self.keep_alive and not self.stray and not self.pending
-                and self.parse_error is None and not self.closed())
+        return (
+            self.complete
+            and self.keep_alive
+            and not self.stray
+            and not self.pending
+            and self.parse_error is None
+            and not self.closed()
+        )
 
     def closed(self) -> bool:
         return self.eof or self.transport is None or self.transport.is_closing()
@@ -429,9 +435,12 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 conn.close()
                 raise
             break
-        return httpx.Response(conn.status, headers=conn.headers, stream=BodyStream(self, conn),
-                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason,
-                                          "llmplay.sent_ns": sent_ns})
+        return httpx.Response(
+            conn.status,
+            headers=conn.headers,
+            stream=BodyStream(self, conn),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason, "llmplay.sent_ns": sent_ns},
+        )
 
     @staticmethod
     async def _read_head(conn: _Conn) -> None:

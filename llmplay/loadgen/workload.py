@@ -1,4 +1,5 @@
 """Turns a Workload into a deterministic sequence of PlannedRequests: lengths, datasets, shared prefixes, turns."""
+
 from __future__ import annotations
 
 import itertools
@@ -43,8 +44,12 @@ class PlannedRequest:
 
     def body(self, *, temperature: float, ignore_eos: bool) -> dict:
         """The OpenAI JSON body for this request."""
-        body: dict = {"model": self.model, "max_tokens": self.max_tokens, "temperature": temperature,
-                      "stream": self.stream}
+        body: dict = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "temperature": temperature,
+            "stream": self.stream,
+        }
         if self.messages is not None:
             body["messages"] = [{"role": r, "content": c} for r, c in self.messages]
         else:
@@ -87,8 +92,9 @@ def draw_length(dist: LengthDist, rng: np.random.Generator) -> int:
             p = w / w.sum()
         value = float(dist.values[int(rng.choice(len(dist.values), p=p))])
     else:
-        raise WorkloadError(f"unknown length distribution {dist.kind!r}; expected fixed, uniform, normal, "
-                            "lognormal or choice")
+        raise WorkloadError(
+            f"unknown length distribution {dist.kind!r}; expected fixed, uniform, normal, lognormal or choice"
+        )
     value = max(value, float(lo), 1.0)
     if hi is not None:
         value = min(value, float(hi))
@@ -122,8 +128,9 @@ def load_dataset(path: str, tokenizer: Tokenizer) -> tuple[DatasetEntry, ...]:
             try:
                 rows.append((lineno, json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise WorkloadError(f"dataset {path}:{lineno}: invalid JSON ({exc.msg}); expected one object "
-                                    "per line") from exc
+                raise WorkloadError(
+                    f"dataset {path}:{lineno}: invalid JSON ({exc.msg}); expected one object per line"
+                ) from exc
     entries: list[DatasetEntry] = []
     for lineno, row in rows:
         if not isinstance(row, dict):
@@ -134,10 +141,18 @@ def load_dataset(path: str, tokenizer: Tokenizer) -> tuple[DatasetEntry, ...]:
             continue
         conv = row.get("conversations") or row.get("conversation")
         if not isinstance(conv, list):
-            raise WorkloadError(f"dataset {path}:{lineno}: no 'prompt' or 'conversations'; expected "
-                                "{prompt, output_tokens} or ShareGPT {conversations: [...]}")
-        human = next((i for i, t in enumerate(conv) if isinstance(t, dict)
-                      and t.get("from", t.get("role")) in ("human", "user")), None)
+            raise WorkloadError(
+                f"dataset {path}:{lineno}: no 'prompt' or 'conversations'; expected "
+                "{prompt, output_tokens} or ShareGPT {conversations: [...]}"
+            )
+        human = next(
+            (
+                i
+                for i, t in enumerate(conv)
+                if isinstance(t, dict) and t.get("from", t.get("role")) in ("human", "user")
+            ),
+            None,
+        )
         if human is None:
             continue  # no human turn: nothing to send (ShareGPT has such rows)
         prompt = str(conv[human].get("value", conv[human].get("content", "")))
@@ -173,15 +188,17 @@ def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Itera
     def prefix_for(group: int) -> str:
         if group not in prefixes:
             # Each group's prefix is its own text (system prompt), identical across its requests.
-            prefixes[group] = tokenizer.make_text(workload.prefix_tokens, _sub_rng(workload.seed, _PURPOSE_PREFIX,
-                                                                                   group))
+            prefixes[group] = tokenizer.make_text(
+                workload.prefix_tokens, _sub_rng(workload.seed, _PURPOSE_PREFIX, group)
+            )
         return prefixes[group]
 
     def dataset_entry(conv: int) -> DatasetEntry:
         # A fresh seeded permutation per pass over the dataset.
         while len(order) <= conv:
-            order.extend(_sub_rng(workload.seed, _PURPOSE_DATASET, len(order) // len(dataset))
-                         .permutation(len(dataset)).tolist())
+            order.extend(
+                _sub_rng(workload.seed, _PURPOSE_DATASET, len(order) // len(dataset)).permutation(len(dataset)).tolist()
+            )
         return dataset[order[conv]]
 
     turns = max(1, workload.turns)
@@ -227,9 +244,18 @@ def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Itera
                 prompt, msgs = "\n".join(parts), None
                 counted = tokenizer.count(prompt)
             yield PlannedRequest(
-                index=index, conversation_id=conv, group_id=group, turn=turn, prompt=prompt, messages=msgs,
-                input_tokens_target=target, input_tokens=counted, max_tokens=max_tokens, stream=stream,
-                is_warmup=index < workload.warmup_requests, model=model,
+                index=index,
+                conversation_id=conv,
+                group_id=group,
+                turn=turn,
+                prompt=prompt,
+                messages=msgs,
+                input_tokens_target=target,
+                input_tokens=counted,
+                max_tokens=max_tokens,
+                stream=stream,
+                is_warmup=index < workload.warmup_requests,
+                model=model,
             )
             index += 1
             if turn + 1 < turns:
@@ -245,6 +271,7 @@ def build_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> tupl
     A duration-bound workload has no fixed count: pass `iter_requests(...)` to the load runner instead.
     """
     if workload.num_requests is None:
-        raise WorkloadError("workload is bounded by duration, not num_requests; use iter_requests() "
-                            "so the load runner can keep drawing")
+        raise WorkloadError(
+            "workload is bounded by duration, not num_requests; use iter_requests() so the load runner can keep drawing"
+        )
     return tuple(iter_requests(workload, tokenizer, model))

@@ -1,4 +1,5 @@
 """Checked YAML -> frozen spec values: gates, lengths, durations, workload, engine, steps, goals, trials."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,19 @@ from llmplay.spec import (
 
 # What a step may set besides engine knobs (args.*) and env.*: engine fields, and these workload fields.
 ENGINE_FIELDS_SETTABLE = {"image", "gpus", "extra_args"}
-WORKLOAD_FIELDS = {"concurrency", "rate", "max_tokens", "streaming_fraction", "prefix_tokens", "prefix_groups",
-                   "turns", "arrival", "burst", "temperature", "api"}
+WORKLOAD_FIELDS = {
+    "concurrency",
+    "rate",
+    "max_tokens",
+    "streaming_fraction",
+    "prefix_tokens",
+    "prefix_groups",
+    "turns",
+    "arrival",
+    "burst",
+    "temperature",
+    "api",
+}
 
 
 def parse_gate(raw: Any, path: YamlPath, problems: Problems) -> Gate | None:
@@ -48,9 +60,12 @@ def parse_gate(raw: Any, path: YamlPath, problems: Problems) -> Gate | None:
         text = f"{metric} {op} {value_text}"
     info = metric_info(metric)
     if info is None:
-        problems.add(path, f"unknown metric '{metric}'{did_you_mean(metric, METRICS)}; expected one of: "
-                           "ttft.p95, tpot.p95, itl.p99, e2el.p95, throughput.output_tok_s, throughput.req_s, "
-                           "goodput.req_s, cost.usd_per_1m_tokens, memory.peak_frac, errors.rate (and other stats)")
+        problems.add(
+            path,
+            f"unknown metric '{metric}'{did_you_mean(metric, METRICS)}; expected one of: "
+            "ttft.p95, tpot.p95, itl.p99, e2el.p95, throughput.output_tok_s, throughput.req_s, "
+            "goodput.req_s, cost.usd_per_1m_tokens, memory.peak_frac, errors.rate (and other stats)",
+        )
         return None
     try:
         value = info.parse_value(value_text)
@@ -64,26 +79,28 @@ def parse_length(raw: Any, path: YamlPath, problems: Problems) -> LengthDist:
     """A token-length distribution: an integer, or one `{kind: params}` mapping."""
     if isinstance(raw, int):
         return LengthDist("fixed", value=raw)
-    (kind, params), = raw.items()
+    ((kind, params),) = raw.items()
     if kind == "fixed":
         return LengthDist("fixed", value=params)
     if kind == "choice":
         values, weights = tuple(params["values"]), tuple(params.get("weights", ()))
         if weights and len(weights) != len(values):
-            problems.add((*path, "choice", "weights"),
-                         f"found {len(weights)} weights for {len(values)} values; expected one weight per value")
+            problems.add(
+                (*path, "choice", "weights"),
+                f"found {len(weights)} weights for {len(values)} values; expected one weight per value",
+            )
         if weights and sum(weights) <= 0:
             problems.add((*path, "choice", "weights"), "weights sum to 0; expected a positive sum")
         return LengthDist("choice", values=values, weights=weights)
     lo, hi = params.get("min"), params.get("max")
     if lo is not None and hi is not None and lo > hi:
         problems.add((*path, kind, "min"), f"min {lo} is greater than max {hi}; expected min <= max")
-    return LengthDist(kind, min=lo, max=hi, mean=params.get("mean"),
-                      std=params.get("std", params.get("sigma")))
+    return LengthDist(kind, min=lo, max=hi, mean=params.get("mean"), std=params.get("std", params.get("sigma")))
 
 
-def parse_duration(section: Mapping[str, Any], key: str, path: YamlPath, problems: Problems,
-                   default: float | None) -> float | None:
+def parse_duration(
+    section: Mapping[str, Any], key: str, path: YamlPath, problems: Problems, default: float | None
+) -> float | None:
     """`section[key]` in seconds, or `default` when absent or wrong (the problem is recorded)."""
     if key not in section:
         return default
@@ -97,8 +114,10 @@ def parse_duration(section: Mapping[str, Any], key: str, path: YamlPath, problem
 def parse_workload(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problems: Problems) -> Workload:
     """The workload, with the rules the schema cannot say (one load kind, a length, a dataset that exists)."""
     if raw.get("concurrency") is not None and raw.get("rate") is not None:
-        problems.add((*path, "rate"), "both concurrency and rate are set; expected one: concurrency (closed loop) "
-                                       "or rate (open loop, req/s)")
+        problems.add(
+            (*path, "rate"),
+            "both concurrency and rate are set; expected one: concurrency (closed loop) or rate (open loop, req/s)",
+        )
     if raw.get("concurrency") is None and raw.get("rate") is None:
         problems.add(path, "no load given; expected concurrency: N (closed loop) or rate: R req/s (open loop)")
     if raw.get("duration") is None and raw.get("num_requests") is None:
@@ -109,8 +128,10 @@ def parse_workload(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, probl
     if dataset is not None:
         resolved = (base_dir / dataset).resolve()
         if not resolved.is_file():
-            problems.add((*path, "dataset"), f"dataset '{dataset}' not found (looked for {display_path(str(resolved))}); "
-                                              "expected a JSONL file")
+            problems.add(
+                (*path, "dataset"),
+                f"dataset '{dataset}' not found (looked for {display_path(str(resolved))}); expected a JSONL file",
+            )
         dataset = str(resolved)
     defaults = Workload()
     return Workload(
@@ -144,8 +165,11 @@ def parse_engine(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problem
     env = {str(k): str(v) if not isinstance(v, bool) else str(v).lower() for k, v in raw.get("env", {}).items()}
     for name, value in env.items():
         if SECRET_NAME.search(name) and not ENV_REF.fullmatch(value):
-            problems.add((*path, "env", name), f"'{name}' looks like a secret written in the playbook; expected a "
-                                               f"reference like ${{env:{name}}} so the value never enters the file")
+            problems.add(
+                (*path, "env", name),
+                f"'{name}' looks like a secret written in the playbook; expected a "
+                f"reference like ${{env:{name}}} so the value never enters the file",
+            )
     gpus_raw = raw.get("gpus", 0)
     gpus: int | tuple[str, ...] = tuple(str(g) for g in gpus_raw) if isinstance(gpus_raw, list) else gpus_raw
     health = raw.get("health", {})
@@ -153,16 +177,23 @@ def parse_engine(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problem
     if model_dir is not None:
         model_dir = str((base_dir / os.path.expanduser(model_dir)).resolve())
     return EngineSpec(
-        kind=raw["kind"], model=raw["model"], image=raw.get("image"), model_dir=model_dir,
-        served_model_name=raw.get("served_model_name"), gpus=gpus,
-        args=frozen_map(raw.get("args", {})), extra_args=tuple(raw.get("extra_args", ())),
-        env=frozen_map(env), port=raw.get("port"), health_path=health.get("path"),
+        kind=raw["kind"],
+        model=raw["model"],
+        image=raw.get("image"),
+        model_dir=model_dir,
+        served_model_name=raw.get("served_model_name"),
+        gpus=gpus,
+        args=frozen_map(raw.get("args", {})),
+        extra_args=tuple(raw.get("extra_args", ())),
+        env=frozen_map(env),
+        port=raw.get("port"),
+        health_path=health.get("path"),
         health_timeout_s=parse_duration(health, "timeout", (*path, "health"), problems, 600.0) or 600.0,
-        shm_size=raw.get("shm_size"), ipc_mode=raw.get("ipc"),
+        shm_size=raw.get("shm_size"),
+        ipc_mode=raw.get("ipc"),
         network_mode=raw.get("network") if raw.get("network") == "host" else None,
         executable=raw.get("executable"),
     )
-
 
 
 def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Step, ...]:
@@ -181,8 +212,11 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
             elif key.startswith("workload."):
                 field_name = key.split(".", 1)[1]
                 if field_name not in WORKLOAD_FIELDS:
-                    problems.add((*spath, "set", key), f"workload field '{field_name}' cannot be a step"
-                                 f"{did_you_mean(field_name, WORKLOAD_FIELDS)}; expected one of: {', '.join(sorted(WORKLOAD_FIELDS))}")
+                    problems.add(
+                        (*spath, "set", key),
+                        f"workload field '{field_name}' cannot be a step"
+                        f"{did_you_mean(field_name, WORKLOAD_FIELDS)}; expected one of: {', '.join(sorted(WORKLOAD_FIELDS))}",
+                    )
                 target = key
             elif key.startswith("args."):
                 target = key
@@ -190,13 +224,25 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
                 target = f"args.{key}"
             changes.append(Change(target, value))
         if not changes:
-            problems.add((*spath, "set"), "the step changes nothing; expected exactly one knob, e.g. set: {prefix_caching: true}")
+            problems.add(
+                (*spath, "set"), "the step changes nothing; expected exactly one knob, e.g. set: {prefix_caching: true}"
+            )
         elif len(changes) > 1 and not item.get("bundle", False):
-            problems.add((*spath, "set"), f"the step changes {len(changes)} knobs ({', '.join(c.target for c in changes)}); "
-                                           "expected one variable per step, or bundle: true to declare a bundle")
-        steps.append(Step(name=item["name"], changes=tuple(changes), bundle=item.get("bundle", False),
-                          carry=item.get("carry", "if_kept"), description=item.get("description", ""),
-                          line=problems.sources.locate(spath).line))
+            problems.add(
+                (*spath, "set"),
+                f"the step changes {len(changes)} knobs ({', '.join(c.target for c in changes)}); "
+                "expected one variable per step, or bundle: true to declare a bundle",
+            )
+        steps.append(
+            Step(
+                name=item["name"],
+                changes=tuple(changes),
+                bundle=item.get("bundle", False),
+                carry=item.get("carry", "if_kept"),
+                description=item.get("description", ""),
+                line=problems.sources.locate(spath).line,
+            )
+        )
     return tuple(steps)
 
 
@@ -207,7 +253,9 @@ def parse_goals(raw: Mapping[str, Any], problems: Problems) -> Goals:
     obj_raw = raw.get("objective", {"minimize": "ttft.p95"})
     directions = [d for d in ("minimize", "maximize") if d in obj_raw]
     if len(directions) != 1:
-        problems.add((*path, "objective"), f"found {len(directions)} directions; expected exactly one of minimize or maximize")
+        problems.add(
+            (*path, "objective"), f"found {len(directions)} directions; expected exactly one of minimize or maximize"
+        )
         directions = directions or ["minimize"]
     direction = directions[0]
     metric = obj_raw.get(direction, "ttft.p95")
@@ -219,8 +267,11 @@ def parse_goals(raw: Mapping[str, Any], problems: Problems) -> Goals:
             problems.add((*path, "objective", "min_effect"), str(exc))
     info = metric_info(metric)
     if info and (direction == "minimize") != info.lower_is_better:
-        problems.add((*path, "objective", direction), f"{direction} {metric} optimizes the wrong way; expected "
-                     f"{'minimize' if info.lower_is_better else 'maximize'} for {metric}")
+        problems.add(
+            (*path, "objective", direction),
+            f"{direction} {metric} optimizes the wrong way; expected "
+            f"{'minimize' if info.lower_is_better else 'maximize'} for {metric}",
+        )
     guards = []
     for i, g in enumerate(raw.get("guards", ())):
         ginfo = metric_info(g["metric"])
@@ -234,22 +285,29 @@ def parse_goals(raw: Mapping[str, Any], problems: Problems) -> Goals:
     slo = {}
     for key, value in raw.get("slo", {}).items():
         slo[key] = units.parse_duration_s(value)
-    return Goals(gates=gates, objective=Objective(direction, metric, min_effect), guards=tuple(guards),
-                 slo_s=frozen_map(slo))
+    return Goals(
+        gates=gates, objective=Objective(direction, metric, min_effect), guards=tuple(guards), slo_s=frozen_map(slo)
+    )
 
 
 def parse_trials(raw: Mapping[str, Any], problems: Problems) -> Trials:
     """Repeats and their policy, with defaults from Trials."""
     d = Trials()
     t = Trials(
-        repeats=raw.get("repeats", d.repeats), interleave=raw.get("interleave", d.interleave),
-        sequential=raw.get("sequential", d.sequential), max_repeats=raw.get("max_repeats", d.max_repeats),
-        confidence=raw.get("confidence", d.confidence), bootstrap_samples=raw.get("bootstrap_samples", d.bootstrap_samples),
+        repeats=raw.get("repeats", d.repeats),
+        interleave=raw.get("interleave", d.interleave),
+        sequential=raw.get("sequential", d.sequential),
+        max_repeats=raw.get("max_repeats", d.max_repeats),
+        confidence=raw.get("confidence", d.confidence),
+        bootstrap_samples=raw.get("bootstrap_samples", d.bootstrap_samples),
         on_failure=raw.get("on_failure", d.on_failure),
         cooldown_s=parse_duration(raw, "cooldown", ("trials",), problems, 0.0) or 0.0,
     )
     if t.max_repeats < t.repeats:
-        problems.add(("trials", "max_repeats"), f"max_repeats {t.max_repeats} < repeats {t.repeats}; expected max_repeats >= repeats")
+        problems.add(
+            ("trials", "max_repeats"),
+            f"max_repeats {t.max_repeats} < repeats {t.repeats}; expected max_repeats >= repeats",
+        )
     return t
 
 

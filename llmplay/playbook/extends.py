@@ -1,4 +1,5 @@
 """`extends:`: a playbook merged over its base, key by key, inside the playbook's directory tree."""
+
 from __future__ import annotations
 
 import copy
@@ -20,31 +21,42 @@ def deep_merge(base: Any, override: Any) -> Any:
     return copy.deepcopy(override)
 
 
-def resolve_extends(path: Path, root_dir: Path, allow_outside: bool, chain: tuple[Path, ...]
-                    ) -> tuple[dict[str, Any], SourceMap]:
+def resolve_extends(
+    path: Path, root_dir: Path, allow_outside: bool, chain: tuple[Path, ...]
+) -> tuple[dict[str, Any], SourceMap]:
     """The document at `path` merged over its bases, with every key's line; `chain` holds the files above it."""
     data, sources = read_yaml(path)
     if not isinstance(data, dict):
-        raise located_error(str(path), 1, f"found a {type(data).__name__}; expected a mapping with "
-                                          "apiVersion, kind, metadata, engine, workload")
+        raise located_error(
+            str(path),
+            1,
+            f"found a {type(data).__name__}; expected a mapping with apiVersion, kind, metadata, engine, workload",
+        )
     parent = data.get("extends")
     if parent is None:
         return data, sources
     where = sources.locate(("extends",))
     if not isinstance(parent, str) or not parent:
-        raise located_error(str(path), where.line, f"extends: found {parent!r}; expected a relative path to a base playbook")
+        raise located_error(
+            str(path), where.line, f"extends: found {parent!r}; expected a relative path to a base playbook"
+        )
     target = (path.parent / parent).resolve()
     if not allow_outside and not target.is_relative_to(root_dir):
-        raise located_error(str(path), where.line,
-                            f"extends: '{parent}' points outside {display_path(str(root_dir))}; expected a base inside the "
-                            "playbook's directory tree (pass --allow-outside-extends to permit it)")
+        raise located_error(
+            str(path),
+            where.line,
+            f"extends: '{parent}' points outside {display_path(str(root_dir))}; expected a base inside the "
+            "playbook's directory tree (pass --allow-outside-extends to permit it)",
+        )
     if target in chain:
         cycle = " -> ".join(display_path(str(p)) for p in (*chain, target))
         raise located_error(str(path), where.line, f"extends: cycle {cycle}; expected a chain that ends in a base")
     if len(chain) >= MAX_EXTENDS_DEPTH:
         raise located_error(str(path), where.line, f"extends: chain longer than {MAX_EXTENDS_DEPTH}")
     if not target.is_file():
-        raise located_error(str(path), where.line, f"extends: '{parent}' does not exist (looked for {display_path(str(target))})")
+        raise located_error(
+            str(path), where.line, f"extends: '{parent}' does not exist (looked for {display_path(str(target))})"
+        )
     base, base_sources = resolve_extends(target, root_dir, allow_outside, (*chain, target))
     base.pop("extends", None)
     merged = deep_merge(base, {k: v for k, v in data.items() if k != "extends"})

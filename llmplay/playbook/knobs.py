@@ -1,4 +1,5 @@
 """Knob names and values checked against the engine adapter while the playbook loads, with the line they are on."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -24,15 +25,21 @@ def check_knobs(playbook: Playbook, sources: SourceMap) -> None:
     knobs = list(_knobs_written(playbook, sources))
     for path, knob, _ in knobs:
         if knob not in engine.knobs:
-            problems.add(path, f"engine '{engine.kind}' has no knob '{knob}'{did_you_mean(knob, known)}; "
-                               f"known knobs: {', '.join(known)}")
+            problems.add(
+                path,
+                f"engine '{engine.kind}' has no knob '{knob}'{did_you_mean(knob, known)}; "
+                f"known knobs: {', '.join(known)}",
+            )
     if playbook.runtime.kind == "endpoint":
         for i, step in enumerate(playbook.steps):
             for change in step.changes:
                 if not change.target.startswith("workload."):
-                    problems.add(("steps", i, "set"), f"step '{step.name}' changes {change.target}, but runtime "
-                                                      "endpoint cannot restart the engine; expected only workload.* "
-                                                      "steps, or runtime docker/process")
+                    problems.add(
+                        ("steps", i, "set"),
+                        f"step '{step.name}' changes {change.target}, but runtime "
+                        "endpoint cannot restart the engine; expected only workload.* "
+                        "steps, or runtime docker/process",
+                    )
     problems.raise_if_any()
     for path, knob, value in knobs:
         _check_value(engine, knob, value, path, problems)
@@ -72,6 +79,9 @@ def _check_steps_change_something(playbook: Playbook, problems: Problems) -> Non
         new_config, effects = apply_step(config, step)
         for effect in effects:
             if effect.old == effect.new:
-                problems.add(("steps", i, "set"), f"step '{step.name}' sets {effect.target} to {show_value(effect.new)}, "
-                                                  "which is already in effect; expected a change")
+                problems.add(
+                    ("steps", i, "set"),
+                    f"step '{step.name}' sets {effect.target} to {show_value(effect.new)}, "
+                    "which is already in effect; expected a change",
+                )
         config = new_config

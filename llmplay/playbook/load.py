@@ -4,6 +4,7 @@ Every problem becomes a `PlaybookError` whose lines read
 `FILE:LINE: YAML.PATH: found X, expected Y (did you mean Z?)`; knob names and values are checked here,
 against the engine adapter, so `validate` catches everything `plan` and `run` would.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,9 +31,11 @@ from llmplay.spec import Goals, Metadata, Playbook, Workload, frozen_map
 def _check_api_version(doc: dict, problems: Problems) -> None:
     found = doc.get("apiVersion")
     if found != API_VERSION:
-        hint = (" — this llmplay reads llmplay/v1 only; upgrade llmplay for newer formats"
-                if isinstance(found, str) and found.startswith("llmplay/") else
-                f" — add 'apiVersion: {API_VERSION}' as the first line")
+        hint = (
+            " — this llmplay reads llmplay/v1 only; upgrade llmplay for newer formats"
+            if isinstance(found, str) and found.startswith("llmplay/")
+            else f" — add 'apiVersion: {API_VERSION}' as the first line"
+        )
         problems.add(("apiVersion",), f"found {found!r}; expected '{API_VERSION}'{hint}")
         problems.raise_if_any()
 
@@ -50,10 +53,17 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
     base_dir = file.parent
     metadata = doc["metadata"]
     playbook = Playbook(
-        path=str(file), text=text, sha256=hashlib.sha256(text.encode()).hexdigest(), api_version=doc["apiVersion"],
-        metadata=Metadata(name=metadata["name"], version=str(metadata.get("version", "0")),
-                          owner=metadata.get("owner", ""), description=metadata.get("description", ""),
-                          tags=tuple(metadata.get("tags", ()))),
+        path=str(file),
+        text=text,
+        sha256=hashlib.sha256(text.encode()).hexdigest(),
+        api_version=doc["apiVersion"],
+        metadata=Metadata(
+            name=metadata["name"],
+            version=str(metadata.get("version", "0")),
+            owner=metadata.get("owner", ""),
+            description=metadata.get("description", ""),
+            tags=tuple(metadata.get("tags", ())),
+        ),
         goals=parse_goals(doc.get("goals", {}), problems),
         workload=parse_workload(doc["workload"], base_dir, ("workload",), problems),
         engine=parse_engine(doc["engine"], base_dir, ("engine",), problems),
@@ -79,8 +89,13 @@ def load_workload(path: str | os.PathLike) -> tuple[Workload, Goals]:
     if not isinstance(data, dict):
         raise located_error(str(file), 1, f"found {type(data).__name__}; expected a playbook or a workload mapping")
     doc = data.get("workload", data)
-    wrapper = {"apiVersion": API_VERSION, "kind": "Playbook", "metadata": {"name": "bench"},
-               "engine": {"kind": "vllm", "model": "x"}, "workload": doc}
+    wrapper = {
+        "apiVersion": API_VERSION,
+        "kind": "Playbook",
+        "metadata": {"name": "bench"},
+        "engine": {"kind": "vllm", "model": "x"},
+        "workload": doc,
+    }
     schema_problems(wrapper, problems)
     problems.raise_if_any()
     workload = parse_workload(doc, file.parent, ("workload",) if "workload" in data else (), problems)

@@ -1,4 +1,5 @@
 """Problem collection: every problem in a playbook, each as `FILE:LINE: YAML.PATH: found X, expected Y`."""
+
 from __future__ import annotations
 
 import difflib

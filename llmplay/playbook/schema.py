@@ -1,4 +1,5 @@
 """The playbook's JSON Schema (shipped in the wheel) and the messages its violations become."""
+
 from __future__ import annotations
 
 import json
@@ -55,7 +56,9 @@ def _describe_expected(schema: dict, root: dict) -> str:
         return repr(schema["const"])
     if "type" in schema:
         kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        return " or ".join({"object": "a mapping", "array": "a list", "integer": "an integer"}.get(k, f"a {k}") for k in kinds)
+        return " or ".join(
+            {"object": "a mapping", "array": "a list", "integer": "an integer"}.get(k, f"a {k}") for k in kinds
+        )
     return "a value matching the schema"
 
 
@@ -68,8 +71,10 @@ def schema_problems(doc: dict[str, Any], problems: Problems) -> None:
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
             known = _known_properties(err.schema, root)
             for key in sorted(set(err.instance) - set(known), key=str):
-                problems.add((*path, str(key)), f"unknown key '{key}'{did_you_mean(str(key), known)}; "
-                                                  f"expected one of: {', '.join(sorted(known))}")
+                problems.add(
+                    (*path, str(key)),
+                    f"unknown key '{key}'{did_you_mean(str(key), known)}; expected one of: {', '.join(sorted(known))}",
+                )
         elif err.validator == "required":
             missing = err.message.split("'")[1] if "'" in err.message else err.message
             problems.add(path, f"missing required key '{missing}'")
@@ -77,8 +82,11 @@ def schema_problems(doc: dict[str, Any], problems: Problems) -> None:
             problems.add(path, f"found {short_repr(err.instance)}; expected {_describe_expected(err.schema, root)}")
         elif err.validator in ("enum", "const") and path and path[-1] in ("kind", "apiVersion", "api", "arrival"):
             choices = err.validator_value if err.validator == "enum" else [err.validator_value]
-            problems.add(path, f"found {short_repr(err.instance)}; expected one of: {', '.join(map(str, choices))}"
-                               f"{did_you_mean(str(err.instance), map(str, choices))}")
+            problems.add(
+                path,
+                f"found {short_repr(err.instance)}; expected one of: {', '.join(map(str, choices))}"
+                f"{did_you_mean(str(err.instance), map(str, choices))}",
+            )
         else:
             problems.add(path, f"found {short_repr(err.instance)}; expected {_expected_from_error(err, root)}")
 

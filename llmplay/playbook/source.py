@@ -1,4 +1,5 @@
 """YAML with line numbers: a playbook file read safely, every YAML path mapped to the line it was written on."""
+
 from __future__ import annotations
 
 import os
@@ -101,18 +102,23 @@ def _check_nodes(node: yaml.Node, file: str) -> None:
                 for k, _ in current.value:
                     if isinstance(k, yaml.ScalarNode):
                         if k.value in seen:
-                            raise located_error(file, k.start_mark.line + 1,
-                                                f"duplicate key '{k.value}' (first at line {seen[k.value]}); "
-                                                "expected each key once")
+                            raise located_error(
+                                file,
+                                k.start_mark.line + 1,
+                                f"duplicate key '{k.value}' (first at line {seen[k.value]}); expected each key once",
+                            )
                         seen[k.value] = k.start_mark.line + 1
             stack.append((current, True))
             stack.extend((c, False) for c in children if id(c) not in sizes)
         else:
             sizes[key] = 1 + sum(sizes.get(id(c), 1) for c in children)
             if sizes[key] > MAX_EXPANDED_NODES:
-                raise located_error(file, current.start_mark.line + 1,
-                                    f"document expands to more than {MAX_EXPANDED_NODES} nodes through aliases; "
-                                    "expected a plain playbook (no alias bombs)")
+                raise located_error(
+                    file,
+                    current.start_mark.line + 1,
+                    f"document expands to more than {MAX_EXPANDED_NODES} nodes through aliases; "
+                    "expected a plain playbook (no alias bombs)",
+                )
 
 
 def _line_map(node: yaml.Node, file: str) -> SourceMap:
@@ -158,13 +164,17 @@ def read_yaml(path: Path) -> tuple[Any, SourceMap]:
         loader = yaml.SafeLoader(text)  # the reader rejects control characters already here
         node = loader.get_single_node()
         if node is None:
-            raise PlaybookError(f"{display_path(file)}:1: the file is empty; expected a playbook mapping "
-                                f"starting with 'apiVersion: {API_VERSION}'")
+            raise PlaybookError(
+                f"{display_path(file)}:1: the file is empty; expected a playbook mapping "
+                f"starting with 'apiVersion: {API_VERSION}'"
+            )
         _check_nodes(node, file)
         data = loader.construct_document(node)
     except yaml.constructor.ConstructorError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 0
-        raise located_error(file, line, f"unsupported YAML tag ({exc.problem}); expected plain YAML: no tags, no code") from None
+        raise located_error(
+            file, line, f"unsupported YAML tag ({exc.problem}); expected plain YAML: no tags, no code"
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 0

@@ -1,4 +1,5 @@
 """matplotlib charts of archived data, each returned as an inline SVG string (no pyplot state, text kept as text)."""
+
 from __future__ import annotations
 
 import functools
@@ -30,15 +31,29 @@ _STYLE = {
 }
 
 
-def _figure(width_in: float, height_in: float, ncols: int = 1, nrows: int = 1, *, left_in: float = 0.62,
-            bottom_in: float = 0.48, top_in: float = 0.3, gap_in: float = 0.72):
+def _figure(
+    width_in: float,
+    height_in: float,
+    ncols: int = 1,
+    nrows: int = 1,
+    *,
+    left_in: float = 0.62,
+    bottom_in: float = 0.48,
+    top_in: float = 0.3,
+    gap_in: float = 0.72,
+):
     """Fixed margins in inches: a constrained layout measures every tick label and would double the render time."""
     fig = Figure(figsize=(width_in, height_in))
     axes = fig.subplots(nrows, ncols, squeeze=False)
     right_in = 0.12
     axis_w = (width_in - left_in - right_in - (ncols - 1) * gap_in) / ncols
-    fig.subplots_adjust(left=left_in / width_in, right=1 - right_in / width_in, bottom=bottom_in / height_in,
-                        top=1 - top_in / height_in, wspace=gap_in / axis_w if ncols > 1 else 0.2)
+    fig.subplots_adjust(
+        left=left_in / width_in,
+        right=1 - right_in / width_in,
+        bottom=bottom_in / height_in,
+        top=1 - top_in / height_in,
+        wspace=gap_in / axis_w if ncols > 1 else 0.2,
+    )
     return fig, [ax for row in axes for ax in row]
 
 
@@ -69,7 +84,7 @@ def to_svg(fig: Figure) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
     svg = buf.getvalue()
-    svg = svg[svg.index("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG lives inside HTML
+    svg = svg[svg.index("<svg") :]  # drop the XML prolog and DOCTYPE: the SVG lives inside HTML
     svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
     # HTML parses inline SVG into its namespace by itself; the declarations only add URLs to the file
     svg = re.sub(r'\s+xmlns(:xlink)?="[^"]*"', "", svg)
@@ -130,8 +145,9 @@ def latency_cdfs(panels: Sequence[tuple[str, Mapping[str, np.ndarray]]], width_i
 
 
 @_styled
-def trial_points(title: str, unit_label: str, points: Sequence[tuple[str, str, float]], scale: float = 1.0,
-                 width_in: float = 2.9) -> str:
+def trial_points(
+    title: str, unit_label: str, points: Sequence[tuple[str, str, float]], scale: float = 1.0, width_in: float = 2.9
+) -> str:
     """Each trial's value of the objective (role, trial_id, value): the spread a verdict rests on."""
     fig, (ax,) = _figure(width_in, 2.6)
     ax.set_title(title)
@@ -146,8 +162,9 @@ def trial_points(title: str, unit_label: str, points: Sequence[tuple[str, str, f
         ax.scatter(xs, vals, color=ROLE_COLORS[role], s=28, zorder=3)
         ax.hlines(vals.mean(), i - 0.25, i + 0.25, color=ROLE_COLORS[role], linewidth=1.2)
         for x, v, tid in zip(xs, vals, ids, strict=True):
-            ax.annotate(tid, (x, v), textcoords="offset points", xytext=(5, 0), fontsize=7, color="#555555",
-                        va="center")
+            ax.annotate(
+                tid, (x, v), textcoords="offset points", xytext=(5, 0), fontsize=7, color="#555555", va="center"
+            )
     ax.set_xticks(range(len(roles)), roles)
     ax.set_xlim(-0.6, len(roles) - 0.4)
     ax.set_ylabel(unit_label)
@@ -187,8 +204,9 @@ def over_time(series: Sequence[tuple[str, str, np.ndarray, np.ndarray, np.ndarra
 
 
 @_styled
-def telemetry_panels(panels: Sequence[tuple[str, str, Sequence[tuple[str, str, np.ndarray, np.ndarray]]]],
-                     width_in: float = 9.0) -> str:
+def telemetry_panels(
+    panels: Sequence[tuple[str, str, Sequence[tuple[str, str, np.ndarray, np.ndarray]]]], width_in: float = 9.0
+) -> str:
     """Small multiples (title, y label, [(role, trial_id, t_s, value)]); an empty panel says "not measured"."""
     fig, axes = _figure(width_in, 2.3, ncols=max(len(panels), 1))
     for ax, (title, ylabel, lines) in zip(axes, panels, strict=False):
@@ -224,15 +242,29 @@ def memory_bar(parts: Sequence[tuple[str, float]], capacity_bytes: float | None,
         ax.text(cap, 0.32, f"capacity {cap:.1f} {unit} ", ha="right", va="bottom", fontsize=8, color="#b22222")
         ax.set_xlim(0, max(cap, left) * 1.02)
     elif capacity_bytes:
-        ax.text(left, 0.32, f"{total / capacity_bytes:.1%} of the {capacity_bytes / 2**30:.1f} GiB capacity ",
-                ha="right", va="bottom", fontsize=8, color="#b22222")
+        ax.text(
+            left,
+            0.32,
+            f"{total / capacity_bytes:.1%} of the {capacity_bytes / 2**30:.1f} GiB capacity ",
+            ha="right",
+            va="bottom",
+            fontsize=8,
+            color="#b22222",
+        )
         ax.set_xlim(0, left * 1.02 or 1)
     ax.set_ylim(-0.4, 0.6)
     ax.set_yticks([])
     ax.set_xlabel(unit)
     ax.grid(axis="y", visible=False)
-    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=len(parts), borderaxespad=0.2, fontsize=7,
-              handlelength=1.0, columnspacing=1.0)
+    ax.legend(
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        ncols=len(parts),
+        borderaxespad=0.2,
+        fontsize=7,
+        handlelength=1.0,
+        columnspacing=1.0,
+    )
     return to_svg(fig)
 
 

@@ -2,6 +2,7 @@
 
 Strings, lists and inline SVG charts, so the template only lays them out; nothing here touches the network.
 """
+
 from __future__ import annotations
 
 import json
@@ -110,10 +111,14 @@ def _engine_facts(run: _ArchivedRunData) -> dict[str, str]:
     engine = dict(config.engine) if config else {}
     digest = next((str(d[k]) for k in ("image_digest", "digest", "repo_digest", "image_id") if d.get(k)), "")
     images = sorted({str(t.engine_describe.get("image")) for t in described if t.engine_describe.get("image")})
-    return {"kind": str(engine.get("kind") or ""), "image": str(d.get("image") or engine.get("image") or "—"),
-            "digest": digest or "not recorded", "version": str(d.get("version") or d.get("engine_version") or
-                                                                "not reported"),
-            "model": str(engine.get("model") or ""), "images": ", ".join(images)}
+    return {
+        "kind": str(engine.get("kind") or ""),
+        "image": str(d.get("image") or engine.get("image") or "—"),
+        "digest": digest or "not recorded",
+        "version": str(d.get("version") or d.get("engine_version") or "not reported"),
+        "model": str(engine.get("model") or ""),
+        "images": ", ".join(images),
+    }
 
 
 def _header(run: _ArchivedRunData) -> dict[str, Any]:
@@ -131,17 +136,27 @@ def _header(run: _ArchivedRunData) -> dict[str, Any]:
     if isinstance(docker, dict):
         docker = docker.get("version") or docker.get("server") or json.dumps(docker)
     return {
-        "name": m["playbook"]["name"], "version": m["playbook"].get("version", ""),
-        "started": env.get("started_utc", ""), "finished": m.get("finished_utc", ""),
-        "who": f"{env.get('user', '?')}@{env.get('host', '?')}", "platform": env.get("platform", ""),
-        "engine": _engine_facts(run), "gpu": gpu_text,
-        "llmplay_version": env.get("llmplay_version", "?"), "python": env.get("python", ""),
-        "docker": str(docker or "—"), "seed": env.get("seed"),
+        "name": m["playbook"]["name"],
+        "version": m["playbook"].get("version", ""),
+        "started": env.get("started_utc", ""),
+        "finished": m.get("finished_utc", ""),
+        "who": f"{env.get('user', '?')}@{env.get('host', '?')}",
+        "platform": env.get("platform", ""),
+        "engine": _engine_facts(run),
+        "gpu": gpu_text,
+        "llmplay_version": env.get("llmplay_version", "?"),
+        "python": env.get("python", ""),
+        "docker": str(docker or "—"),
+        "seed": env.get("seed"),
         "gpu_hours": f"{gpu_hours:.3f}" if gpu_hours else "0 (no GPU used)",
-        "wall_hours": f"{wall_hours:.3f}", "status": m.get("status", "?"), "exit_code": m.get("exit_code"),
-        "run_id": m.get("run_id"), "trials": len(run.trials),
+        "wall_hours": f"{wall_hours:.3f}",
+        "status": m.get("status", "?"),
+        "exit_code": m.get("exit_code"),
+        "run_id": m.get("run_id"),
+        "trials": len(run.trials),
         "failed_trials": sum(1 for t in run.trials.values() if t.status != TRIAL_OK),
-        "playbook_path": m["playbook"].get("path", ""), "playbook_sha256": m["playbook"].get("sha256", ""),
+        "playbook_path": m["playbook"].get("path", ""),
+        "playbook_sha256": m["playbook"].get("sha256", ""),
     }
 
 
@@ -149,17 +164,30 @@ def _glance(run: _ArchivedRunData) -> dict[str, Any]:
     gates = []
     for g in run.archive.gates():
         state = "not measured" if g.met is None else ("met" if g.met else "failed")
-        gates.append({"gate": g.gate, "observed": fmt_full(g.metric, g.observed), "state": state,
-                      "margin": fmt_pct(g.margin) if g.margin is not None else "—", "label": label_of(g.metric)})
+        gates.append(
+            {
+                "gate": g.gate,
+                "observed": fmt_full(g.metric, g.observed),
+                "state": state,
+                "margin": fmt_pct(g.margin) if g.margin is not None else "—",
+                "label": label_of(g.metric),
+            }
+        )
     final = run.manifest.get("final_config_id")
     config = run.configs.get(final or "")
     kept = [v for v in run.verdicts if v.carried]
-    return {"gates": gates, "met": sum(1 for g in gates if g["state"] == "met"), "total": len(gates),
-            "final": final or "—", "docker_command": config.docker_command if config else "",
-            "engine_command": " ".join(config.command) if config else "",
-            "kept": [{"step": v.step, "changes": [arrow(c) for c in v.changes]} for v in kept],
-            "counts": {k: sum(1 for v in run.verdicts if v.verdict == k)
-                       for k in ("kept", "rejected", "inconclusive", "failed")}}
+    return {
+        "gates": gates,
+        "met": sum(1 for g in gates if g["state"] == "met"),
+        "total": len(gates),
+        "final": final or "—",
+        "docker_command": config.docker_command if config else "",
+        "engine_command": " ".join(config.command) if config else "",
+        "kept": [{"step": v.step, "changes": [arrow(c) for c in v.changes]} for v in kept],
+        "counts": {
+            k: sum(1 for v in run.verdicts if v.verdict == k) for k in ("kept", "rejected", "inconclusive", "failed")
+        },
+    }
 
 
 def _peak_memory(run: _ArchivedRunData, config_id: str, metrics: Mapping[str, Any]) -> str:
@@ -179,37 +207,54 @@ def _record_rows(run: _ArchivedRunData) -> list[dict[str, Any]]:
     if not rows:  # an interrupted run has no record yet: rebuild it from the trials' own summaries
         for config_id in dict.fromkeys(t.config_id for t in run.trials.values()):
             ok = [t for t in run.trials_of(config_id) if t.status == TRIAL_OK]
-            metrics = {m: float(np.mean([t.summary[m] for t in ok if m in t.summary]))
-                       for m, _ in REPORT_RECORD_COLUMNS if any(m in t.summary for t in ok)}
-            rows.append({"config_id": config_id, "metrics": metrics, "trials": [t.trial_id for t in ok],
-                         "rebuilt": True})
+            metrics = {
+                m: float(np.mean([t.summary[m] for t in ok if m in t.summary]))
+                for m, _ in REPORT_RECORD_COLUMNS
+                if any(m in t.summary for t in ok)
+            }
+            rows.append(
+                {"config_id": config_id, "metrics": metrics, "trials": [t.trial_id for t in ok], "rebuilt": True}
+            )
     verdicts = {v.step: v for v in run.verdicts}
     out = []
     for row in rows:
         metrics = row.get("metrics") or {}
         cells = []
         for metric, _ in REPORT_RECORD_COLUMNS:
-            text = _peak_memory(run, row["config_id"], metrics) if metric == PEAK_MEMORY_COLUMN else \
-                fmt_value(metric, metrics.get(metric))
+            text = (
+                _peak_memory(run, row["config_id"], metrics)
+                if metric == PEAK_MEMORY_COLUMN
+                else fmt_value(metric, metrics.get(metric))
+            )
             cells.append(text)
         verdict = verdicts.get(row.get("step") or "")
         entry: dict[str, Any] = {
-            "config_id": row["config_id"], "cells": cells, "verdict": row.get("verdict") or "baseline",
-            "reason": row.get("reason") or "", "compared_with": row.get("compared_with") or "",
-            "changes": [arrow(c) for c in row.get("changes") or []], "failed_trials": row.get("failed_trials", 0),
-            "trials": len(row.get("trials") or []), "objective": None, "rebuilt": bool(row.get("rebuilt")),
+            "config_id": row["config_id"],
+            "cells": cells,
+            "verdict": row.get("verdict") or "baseline",
+            "reason": row.get("reason") or "",
+            "compared_with": row.get("compared_with") or "",
+            "changes": [arrow(c) for c in row.get("changes") or []],
+            "failed_trials": row.get("failed_trials", 0),
+            "trials": len(row.get("trials") or []),
+            "objective": None,
+            "rebuilt": bool(row.get("rebuilt")),
             "final": row["config_id"] == run.manifest.get("final_config_id"),
         }
         if verdict is not None and verdict.objective is not None:
             o = verdict.objective
-            entry["objective"] = {"label": label_of(o.metric), "delta": fmt_pct(o.rel_change),
-                                  "ci": fmt_ci(o.ci_low, o.ci_high)}
+            entry["objective"] = {
+                "label": label_of(o.metric),
+                "delta": fmt_pct(o.rel_change),
+                "ci": fmt_ci(o.ci_low, o.ci_high),
+            }
         out.append(entry)
     return out
 
 
-def _lines(run: _ArchivedRunData, trial_ids: Sequence[str], metric: str, scale: float = 1.0,
-           gpu_sum: bool = False) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+def _lines(
+    run: _ArchivedRunData, trial_ids: Sequence[str], metric: str, scale: float = 1.0, gpu_sum: bool = False
+) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
     out = []
     for tid in trial_ids:
         frame = run.telemetry(tid)
@@ -220,8 +265,9 @@ def _lines(run: _ArchivedRunData, trial_ids: Sequence[str], metric: str, scale: 
             continue
         if gpu_sum:
             rows = rows.groupby("t_s", as_index=False)["value"].sum()
-        out.append((run.trials[tid].role, tid, rows["t_s"].to_numpy(dtype=float),
-                    rows["value"].to_numpy(dtype=float) * scale))
+        out.append(
+            (run.trials[tid].role, tid, rows["t_s"].to_numpy(dtype=float), rows["value"].to_numpy(dtype=float) * scale)
+        )
     return out
 
 
@@ -231,10 +277,12 @@ def _telemetry_chart(run: _ArchivedRunData, trial_ids: Sequence[str]) -> str:
     if not memory:
         memory = _lines(run, trial_ids, "proc.rss_bytes", 1 / 2**30)
         memory_title = "engine RSS (no GPU memory measured)" if memory else "memory"
-    panels = [("GPU utilization", "%", _lines(run, trial_ids, "gpu.util_frac", 100.0)),
-              (memory_title, "GiB", memory),
-              ("KV-cache usage", "%", _lines(run, trial_ids, "engine.kv_cache_usage_frac", 100.0)),
-              ("waiting requests", "requests", _lines(run, trial_ids, "engine.waiting"))]
+    panels = [
+        ("GPU utilization", "%", _lines(run, trial_ids, "gpu.util_frac", 100.0)),
+        (memory_title, "GiB", memory),
+        ("KV-cache usage", "%", _lines(run, trial_ids, "engine.kv_cache_usage_frac", 100.0)),
+        ("waiting requests", "requests", _lines(run, trial_ids, "engine.waiting")),
+    ]
     return charts.telemetry_panels(panels)
 
 
@@ -251,18 +299,33 @@ def _section_charts(run: _ArchivedRunData, trial_ids: Sequence[str], objective: 
             by_role.setdefault(run.trials[tid].role, []).append(tid)
     cdf_panels = []
     for name, attr in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl")):
-        cdf_panels.append((f"{name} CDF", {role: _concat(run.requests(t).latency_s[attr] for t in tids)
-                                           for role, tids in by_role.items()}))
+        cdf_panels.append(
+            (
+                f"{name} CDF",
+                {role: _concat(run.requests(t).latency_s[attr] for t in tids) for role, tids in by_role.items()},
+            )
+        )
     out = {"cdf": charts.latency_cdfs(cdf_panels)}
     objective = objective or "throughput.output_tok_s"
     info = metric_info(objective)
-    scale, unit = (1000.0, "ms") if info and info.unit == "s" else \
-        ((100.0, "%") if info and info.unit == "fraction" else (1.0, info.unit if info else ""))
-    points = [(run.trials[t].role, t, run.trials[t].summary[objective])
-              for tids in by_role.values() for t in tids if objective in run.trials[t].summary]
+    scale, unit = (
+        (1000.0, "ms")
+        if info and info.unit == "s"
+        else ((100.0, "%") if info and info.unit == "fraction" else (1.0, info.unit if info else ""))
+    )
+    points = [
+        (run.trials[t].role, t, run.trials[t].summary[objective])
+        for tids in by_role.values()
+        for t in tids
+        if objective in run.trials[t].summary
+    ]
     out["points"] = charts.trial_points(f"{label_of(objective)} per trial", unit, points, scale=scale)
-    series = [(run.trials[t].role, t, line["done_s"], line["output_tokens"], line["ttft"])
-              for tids in by_role.values() for t in tids for line in (run.requests(t).timeline,)]
+    series = [
+        (run.trials[t].role, t, line["done_s"], line["output_tokens"], line["ttft"])
+        for tids in by_role.values()
+        for t in tids
+        for line in (run.requests(t).timeline,)
+    ]
     out["time"] = charts.over_time(series)
     out["telemetry"] = _telemetry_chart(run, [t for tids in by_role.values() for t in tids])
     return out
@@ -274,13 +337,22 @@ def _trial_rows(run: _ArchivedRunData, trial_ids: Sequence[str], objective: str 
         t = run.trials.get(tid)
         if t is None:
             continue
-        rows.append({"id": t.trial_id, "role": t.role, "repeat": t.repeat + 1, "config": t.config_id,
-                     "status": t.status, "wall": f"{t.wall_s:.1f} s", "error": t.error or "",
-                     "objective": fmt_value(objective, t.summary.get(objective)) if objective else "",
-                     "ttft": fmt_value("ttft.p95", t.summary.get("ttft.p95")),
-                     "tok_s": fmt_value("throughput.output_tok_s", t.summary.get("throughput.output_tok_s")),
-                     "errors": fmt_value("errors.rate", t.summary.get("errors.rate")),
-                     "log": _tail(run.archive.load_log(tid)) if t.status != TRIAL_OK else ""})
+        rows.append(
+            {
+                "id": t.trial_id,
+                "role": t.role,
+                "repeat": t.repeat + 1,
+                "config": t.config_id,
+                "status": t.status,
+                "wall": f"{t.wall_s:.1f} s",
+                "error": t.error or "",
+                "objective": fmt_value(objective, t.summary.get(objective)) if objective else "",
+                "ttft": fmt_value("ttft.p95", t.summary.get("ttft.p95")),
+                "tok_s": fmt_value("throughput.output_tok_s", t.summary.get("throughput.output_tok_s")),
+                "errors": fmt_value("errors.rate", t.summary.get("errors.rate")),
+                "log": _tail(run.archive.load_log(tid)) if t.status != TRIAL_OK else "",
+            }
+        )
     return rows
 
 
@@ -301,13 +373,24 @@ def _delta_rows(verdict: StepVerdict) -> list[dict[str, Any]]:
         if d is None or d.metric in seen:
             continue
         seen.add(d.metric)
-        role = "objective" if verdict.objective and d.metric == verdict.objective.metric else \
-            ("guard" if d.metric in guard_metrics else "")
-        rows.append({"metric": label_of(d.metric), "path": d.metric, "role": role,
-                     "baseline": fmt_full(d.metric, d.baseline), "candidate": fmt_full(d.metric, d.candidate),
-                     "delta": fmt_pct(d.rel_change), "ci": fmt_ci(d.ci_low, d.ci_high),
-                     "p": "—" if d.p_value is None else f"{d.p_value:.3g}",
-                     "better": _direction(d)})
+        role = (
+            "objective"
+            if verdict.objective and d.metric == verdict.objective.metric
+            else ("guard" if d.metric in guard_metrics else "")
+        )
+        rows.append(
+            {
+                "metric": label_of(d.metric),
+                "path": d.metric,
+                "role": role,
+                "baseline": fmt_full(d.metric, d.baseline),
+                "candidate": fmt_full(d.metric, d.candidate),
+                "delta": fmt_pct(d.rel_change),
+                "ci": fmt_ci(d.ci_low, d.ci_high),
+                "p": "—" if d.p_value is None else f"{d.p_value:.3g}",
+                "better": _direction(d),
+            }
+        )
     return rows
 
 
@@ -326,32 +409,63 @@ def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[
         trial_ids = [*v.trials_baseline, *v.trials_candidate]
         trial_ids = sorted(trial_ids, key=lambda t: t)
         objective = v.objective.metric if v.objective else None
-        out.append({
-            "index": v.index, "step": v.step, "verdict": v.verdict, "reason": v.reason,
-            "changes": [arrow(c) for c in v.changes], "bundle": v.bundle, "carried": v.carried,
-            "baseline": v.baseline_config, "candidate": v.candidate_config,
-            "description": descriptions.get(v.step, ""), "more_trials": v.more_trials_needed,
-            "deltas": _delta_rows(v), "trials": _trial_rows(run, trial_ids, objective),
-            "charts": _section_charts(run, trial_ids, objective), "notes": _notes(run, trial_ids),
-            "anchor": f"step-{v.index}",
-        })
+        out.append(
+            {
+                "index": v.index,
+                "step": v.step,
+                "verdict": v.verdict,
+                "reason": v.reason,
+                "changes": [arrow(c) for c in v.changes],
+                "bundle": v.bundle,
+                "carried": v.carried,
+                "baseline": v.baseline_config,
+                "candidate": v.candidate_config,
+                "description": descriptions.get(v.step, ""),
+                "more_trials": v.more_trials_needed,
+                "deltas": _delta_rows(v),
+                "trials": _trial_rows(run, trial_ids, objective),
+                "charts": _section_charts(run, trial_ids, objective),
+                "notes": _notes(run, trial_ids),
+                "anchor": f"step-{v.index}",
+            }
+        )
     stepped = {t for v in run.verdicts for t in (*v.trials_baseline, *v.trials_candidate)}
     loose = sorted(t for t in run.trials if t not in stepped)
     if loose:  # a baseline-only run, or trials of a step whose verdict never came (interrupted)
-        out.append({
-            "index": 0, "step": "baseline" if not run.verdicts else "trials without a verdict", "verdict": "",
-            "reason": "", "changes": [], "bundle": False, "carried": False, "baseline": "baseline", "candidate": "",
-            "description": "", "more_trials": None, "deltas": [], "anchor": "trials-loose",
-            "trials": _trial_rows(run, loose, "throughput.output_tok_s"),
-            "charts": _section_charts(run, loose, "throughput.output_tok_s"), "notes": _notes(run, loose),
-        })
+        out.append(
+            {
+                "index": 0,
+                "step": "baseline" if not run.verdicts else "trials without a verdict",
+                "verdict": "",
+                "reason": "",
+                "changes": [],
+                "bundle": False,
+                "carried": False,
+                "baseline": "baseline",
+                "candidate": "",
+                "description": "",
+                "more_trials": None,
+                "deltas": [],
+                "anchor": "trials-loose",
+                "trials": _trial_rows(run, loose, "throughput.output_tok_s"),
+                "charts": _section_charts(run, loose, "throughput.output_tok_s"),
+                "notes": _notes(run, loose),
+            }
+        )
     return out
 
 
 def _diagnosis(run: _ArchivedRunData) -> dict[str, Any]:
     d = run.manifest.get("diagnosis") or {}
-    out: dict[str, Any] = {"memory_chart": "", "memory": [], "roofline_chart": "", "roofline": [],
-                           "notes": list(d.get("notes") or []), "model": [], "scheduler": []}
+    out: dict[str, Any] = {
+        "memory_chart": "",
+        "memory": [],
+        "roofline_chart": "",
+        "roofline": [],
+        "notes": list(d.get("notes") or []),
+        "model": [],
+        "scheduler": [],
+    }
     memory = d.get("memory") or {}
     if memory.get("weights_bytes") is not None:
         parts = [("weights", float(memory["weights_bytes"])), ("KV cache", float(memory.get("kv_bytes") or 0))]
@@ -373,8 +487,11 @@ def _diagnosis(run: _ArchivedRunData) -> dict[str, Any]:
         ratio = roof.get("achieved_over_floor")
         out["roofline"] = [
             ("bytes read per decode step", fmt_bytes(roof.get("bytes_per_step"))),
-            ("memory bandwidth", f"{(roof.get('bandwidth_bytes_s') or 0) / 1e12:.2f} TB/s "
-                                 f"({roof.get('bandwidth_source') or 'source not recorded'})"),
+            (
+                "memory bandwidth",
+                f"{(roof.get('bandwidth_bytes_s') or 0) / 1e12:.2f} TB/s "
+                f"({roof.get('bandwidth_source') or 'source not recorded'})",
+            ),
             ("decode floor per token", f"{roof['floor_s'] * 1000:.2f} ms"),
             ("achieved TPOT", fmt_full("tpot.p50", roof.get("achieved_tpot_s"))),
             ("achieved / floor", "—" if ratio is None else f"{ratio:.2f}×"),
@@ -383,8 +500,17 @@ def _diagnosis(run: _ArchivedRunData) -> dict[str, Any]:
     model = d.get("model") or {}
     out["model"] = [(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else str(v)) for k, v in model.items()]
     out["scheduler"] = [(k.replace("_", " "), str(v)) for k, v in (d.get("scheduler") or {}).items()]
-    out["findings"] = [{"id": f.id, "severity": f.severity, "title": f.title, "evidence": f.evidence,
-                        "suggestion": f.suggestion, "ref": f.checklist_ref} for f in run.archive.findings()]
+    out["findings"] = [
+        {
+            "id": f.id,
+            "severity": f.severity,
+            "title": f.title,
+            "evidence": f.evidence,
+            "suggestion": f.suggestion,
+            "ref": f.checklist_ref,
+        }
+        for f in run.archive.findings()
+    ]
     return out
 
 
@@ -395,13 +521,16 @@ def _describe_length(dist: Any) -> str:
     if kind == "fixed":
         return f"fixed {dist.get('value')}"
     if kind == "choice":
-        return f"choice {list(dist.get('values') or [])}" + (f" weights {list(dist['weights'])}"
-                                                             if dist.get("weights") else "")
+        return f"choice {list(dist.get('values') or [])}" + (
+            f" weights {list(dist['weights'])}" if dist.get("weights") else ""
+        )
     if kind == "uniform":
         return f"uniform [{dist.get('min')}, {dist.get('max')}]"
     spread = "std" if kind == "normal" else "sigma"
-    return (f"{kind} mean {dist.get('mean')} {spread} {dist.get('std')}, clipped [{dist.get('min') or 1}, "
-            f"{dist.get('max') or '∞'}]")
+    return (
+        f"{kind} mean {dist.get('mean')} {spread} {dist.get('std')}, clipped [{dist.get('min') or 1}, "
+        f"{dist.get('max') or '∞'}]"
+    )
 
 
 def _archived_playbook(run: _ArchivedRunData) -> dict[str, Any]:
@@ -422,49 +551,66 @@ def _method(run: _ArchivedRunData, playbook_doc: Mapping[str, Any]) -> dict[str,
     if w.get("concurrency"):
         load = f"closed loop, {w['concurrency']} concurrent users"
     elif w.get("rate"):
-        load = f"open loop, {w['rate']} req/s, {w.get('arrival', 'poisson')} arrivals" + \
-            (f", bursts of {w['burst']}" if (w.get("burst") or 1) > 1 else "")
+        load = f"open loop, {w['rate']} req/s, {w.get('arrival', 'poisson')} arrivals" + (
+            f", bursts of {w['burst']}" if (w.get("burst") or 1) > 1 else ""
+        )
     else:
         load = "—"
-    rows = [("API", str(w.get("api", "—"))),
-            ("input tokens", "dataset " + str(w["dataset"]) if w.get("dataset") else _describe_length(w.get("input"))),
-            ("output tokens", _describe_length(w.get("output")) if not w.get("dataset") else "from the dataset"),
-            ("load", load)]
+    rows = [
+        ("API", str(w.get("api", "—"))),
+        ("input tokens", "dataset " + str(w["dataset"]) if w.get("dataset") else _describe_length(w.get("input"))),
+        ("output tokens", _describe_length(w.get("output")) if not w.get("dataset") else "from the dataset"),
+        ("load", load),
+    ]
     if w.get("sweep"):
         rows.append(("sweep", str(list(w["sweep"]))))
     if w.get("prefix_tokens"):
         rows.append(("shared prefix", f"{w['prefix_tokens']} tokens × {w.get('prefix_groups', 1)} groups"))
     if (w.get("turns") or 1) > 1:
         rows.append(("turns", str(w["turns"])))
-    rows += [("streaming share", fmt_pct(w.get("streaming_fraction"), signed=False)),
-             ("sampling", f"temperature {w.get('temperature', 0)}, ignore_eos {w.get('ignore_eos')}, "
-                          f"max_tokens {w.get('max_tokens') or 'from the output distribution'}"),
-             ("warm-up (discarded)", f"{w.get('warmup_s') or 0:g} s" +
-              (f" + {w['warmup_requests']} requests" if w.get("warmup_requests") else "")),
-             ("measured window", f"{w['duration_s']:g} s" if w.get("duration_s") else
-              f"{w.get('num_requests')} requests"),
-             ("seed", str(w.get("seed", "—")))]
+    rows += [
+        ("streaming share", fmt_pct(w.get("streaming_fraction"), signed=False)),
+        (
+            "sampling",
+            f"temperature {w.get('temperature', 0)}, ignore_eos {w.get('ignore_eos')}, "
+            f"max_tokens {w.get('max_tokens') or 'from the output distribution'}",
+        ),
+        (
+            "warm-up (discarded)",
+            f"{w.get('warmup_s') or 0:g} s"
+            + (f" + {w['warmup_requests']} requests" if w.get("warmup_requests") else ""),
+        ),
+        ("measured window", f"{w['duration_s']:g} s" if w.get("duration_s") else f"{w.get('num_requests')} requests"),
+        ("seed", str(w.get("seed", "—"))),
+    ]
     trials: Mapping[str, Any] = playbook_doc["trials"] if isinstance(playbook_doc.get("trials"), Mapping) else {}
     overrides = run.manifest.get("overrides") or {}
     repeats = overrides.get("repeats") or trials.get("repeats", 3)
-    trial_rows = [("repeats per side", str(repeats) + (" (overridden)" if "repeats" in overrides else "")),
-                  ("order", "interleaved A B A B … (drift cancels)" if trials.get("interleave", True)
-                   else "blocked A A … B B …"),
-                  ("each trial", "a fresh engine start; warm-up discarded"),
-                  ("sequential", str(trials.get("sequential", False))),
-                  ("confidence", str(trials.get("confidence", 0.95)))]
+    trial_rows = [
+        ("repeats per side", str(repeats) + (" (overridden)" if "repeats" in overrides else "")),
+        ("order", "interleaved A B A B … (drift cancels)" if trials.get("interleave", True) else "blocked A A … B B …"),
+        ("each trial", "a fresh engine start; warm-up discarded"),
+        ("sequential", str(trials.get("sequential", False))),
+        ("confidence", str(trials.get("confidence", 0.95))),
+    ]
     measured = [run.requests(t).timeline for t in run.trials if run.trials[t].status == TRIAL_OK]
-    histograms = charts.histograms([
-        ("input tokens per request", "tokens", _concat(line["input_tokens"] for line in measured)),
-        ("output tokens per request", "tokens", _concat(line["output_tokens"] for line in measured)),
-        ("gap between request sends", "ms", _concat(line["send_gap_s"] for line in measured) * 1000),
-    ])
-    return {"workload": rows, "trials": trial_rows, "histograms": histograms,
-            "overrides": [(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in overrides.items()],
-            "definitions": METRIC_DEFINITIONS,
-            "slo": ", ".join(f"{k} {v}" for k, v in (playbook_doc.get("goals", {}) or {}).get("slo", {}).items())
-            if isinstance(playbook_doc.get("goals"), Mapping) and isinstance(playbook_doc["goals"].get("slo"),
-                                                                             Mapping) else ""}
+    histograms = charts.histograms(
+        [
+            ("input tokens per request", "tokens", _concat(line["input_tokens"] for line in measured)),
+            ("output tokens per request", "tokens", _concat(line["output_tokens"] for line in measured)),
+            ("gap between request sends", "ms", _concat(line["send_gap_s"] for line in measured) * 1000),
+        ]
+    )
+    return {
+        "workload": rows,
+        "trials": trial_rows,
+        "histograms": histograms,
+        "overrides": [(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in overrides.items()],
+        "definitions": METRIC_DEFINITIONS,
+        "slo": ", ".join(f"{k} {v}" for k, v in (playbook_doc.get("goals", {}) or {}).get("slo", {}).items())
+        if isinstance(playbook_doc.get("goals"), Mapping) and isinstance(playbook_doc["goals"].get("slo"), Mapping)
+        else "",
+    }
 
 
 def _goals(run: _ArchivedRunData, playbook_doc: Mapping[str, Any]) -> dict[str, str]:
@@ -482,18 +628,31 @@ def build_context(archive: ArchivedRun) -> dict[str, Any]:
     """Everything the template shows, as strings, lists and inline SVG; nothing here touches the network."""
     run = _ArchivedRunData(archive)
     playbook_doc = _archived_playbook(run)
-    descriptions = {str(s["name"]): str(s.get("description") or "") for s in playbook_doc.get("steps") or []
-                    if isinstance(s, Mapping) and "name" in s}
+    descriptions = {
+        str(s["name"]): str(s.get("description") or "")
+        for s in playbook_doc.get("steps") or []
+        if isinstance(s, Mapping) and "name" in s
+    }
     manifest = run.manifest
     return {
-        "header": _header(run), "glance": _glance(run), "goals": _goals(run, playbook_doc),
-        "columns": [label for _, label in REPORT_RECORD_COLUMNS], "record": _record_rows(run),
-        "steps": _steps(run, descriptions), "diagnosis": _diagnosis(run), "method": _method(run, playbook_doc),
+        "header": _header(run),
+        "glance": _glance(run),
+        "goals": _goals(run, playbook_doc),
+        "columns": [label for _, label in REPORT_RECORD_COLUMNS],
+        "record": _record_rows(run),
+        "steps": _steps(run, descriptions),
+        "diagnosis": _diagnosis(run),
+        "method": _method(run, playbook_doc),
         "overridden": bool(manifest.get("overrides")),
-        "audit": {"run_dir": str(archive.run_dir), "files": len(manifest.get("files") or {}),
-                  "manifest_sha256": manifest.get("manifest_sha256", ""), "report_error": manifest.get("report_error")},
+        "audit": {
+            "run_dir": str(archive.run_dir),
+            "files": len(manifest.get("files") or {}),
+            "manifest_sha256": manifest.get("manifest_sha256", ""),
+            "report_error": manifest.get("report_error"),
+        },
         "playbook_text": (archive.run_dir / (manifest["playbook"].get("file") or PLAYBOOK_FILE)).read_text(
-            encoding="utf-8") if (archive.run_dir / (manifest["playbook"].get("file") or PLAYBOOK_FILE)).is_file()
+            encoding="utf-8"
+        )
+        if (archive.run_dir / (manifest["playbook"].get("file") or PLAYBOOK_FILE)).is_file()
         else "",
     }
-

@@ -1,4 +1,5 @@
 """Rendering to HTML: the jinja environment over report/templates, report.html of a run, and publishing it."""
+
 from __future__ import annotations
 
 import sys
@@ -17,8 +18,13 @@ from llmplay.report.context import build_context
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("llmplay", "report/templates"), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("llmplay", "report/templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["svg"] = lambda s: Markup(s) if s else ""  # our own matplotlib output: trusted markup
     return env
 
@@ -45,8 +51,10 @@ def publish_report(run_dir: Path) -> Path:
         raise
     except Exception as exc:  # any rendering bug: the measurements are safe on disk, so say how to retry
         archive.record_report_error(f"{type(exc).__name__}: {exc}")
-        sys.stderr.write(f"warning: report.html not written ({type(exc).__name__}: {exc}); the archive is "
-                         f"complete, re-render with `llmplay report {archive.run_dir}`\n")
+        sys.stderr.write(
+            f"warning: report.html not written ({type(exc).__name__}: {exc}); the archive is "
+            f"complete, re-render with `llmplay report {archive.run_dir}`\n"
+        )
         return archive.run_dir / REPORT_FILE
     archive.record_report(REPORT_FILE)
     return path

@@ -1,4 +1,5 @@
 """Where engines run: docker (default), a local process, or an endpoint already running; one interface."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """What every runtime shares: the Endpoint it hands out, the health wait, the version probe, and the
 registry of live runtimes that a signal handler stops."""
+
 from __future__ import annotations
 
 import contextlib
@@ -86,12 +87,10 @@ class Runtime(ABC):
         """Idempotent; safe from a signal handler's thread of control."""
 
     @abstractmethod
-    def logs(self, tail: int | None = None) -> str:
-        ...
+    def logs(self, tail: int | None = None) -> str: ...
 
     @abstractmethod
-    def describe(self) -> dict[str, Any]:
-        ...
+    def describe(self) -> dict[str, Any]: ...
 
     def alive(self) -> bool:
         return True
@@ -113,8 +112,14 @@ def tail_lines(text: str, n: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-n:])
 
 
-def wait_healthy(url: str, timeout_s: float, exit_code: Callable[[], int | None], logs: Callable[[], str],
-                 what: str, interval_s: float = 0.25) -> float:
+def wait_healthy(
+    url: str,
+    timeout_s: float,
+    exit_code: Callable[[], int | None],
+    logs: Callable[[], str],
+    what: str,
+    interval_s: float = 0.25,
+) -> float:
     """Poll `url` until it answers 200; seconds it took. Raises EngineStartError with the exit code and the
     last log lines when the engine exits first or the timeout passes."""
     t0 = time.perf_counter()
@@ -125,8 +130,11 @@ def wait_healthy(url: str, timeout_s: float, exit_code: Callable[[], int | None]
             code = exit_code()
             if code is not None:
                 tail = tail_lines(logs())
-                raise EngineStartError(f"{what} exited with code {code} before becoming healthy; "
-                                       f"last {LOG_TAIL_LINES} log lines:\n{tail}", code, tail)
+                raise EngineStartError(
+                    f"{what} exited with code {code} before becoming healthy; last {LOG_TAIL_LINES} log lines:\n{tail}",
+                    code,
+                    tail,
+                )
             try:
                 r = client.get(url)
                 if r.status_code == 200:
@@ -136,8 +144,12 @@ def wait_healthy(url: str, timeout_s: float, exit_code: Callable[[], int | None]
                 last = type(exc).__name__
             if time.perf_counter() >= deadline:
                 tail = tail_lines(logs())
-                raise EngineStartError(f"{what} not healthy at {url} after {timeout_s:g}s (last: {last}); "
-                                       f"last {LOG_TAIL_LINES} log lines:\n{tail}", None, tail)
+                raise EngineStartError(
+                    f"{what} not healthy at {url} after {timeout_s:g}s (last: {last}); "
+                    f"last {LOG_TAIL_LINES} log lines:\n{tail}",
+                    None,
+                    tail,
+                )
             time.sleep(interval_s)
 
 

@@ -1,4 +1,5 @@
 """Where llmplay keeps what it builds or starts once per machine (llama-server, the tiny model, dockerd's log)."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ GGUF, and the local image `llmplay/llamacpp-cpu:local` imported from a minimal r
 Everything lands under the cache directory (default ~/.cache/llmplay), keyed by content hashes, so a
 second run only checks files and the image label and takes seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,13 @@ from llmplay.runtime.cache import default_cache_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
-CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-               "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=OFF")
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DGGML_NATIVE=OFF",
+)
 IMAGE_TAG = "llmplay/llamacpp-cpu:local"
 MODEL_IN_IMAGE = "/models/tiny.gguf"
 CONTENT_LABEL = "llmplay.content"
@@ -40,11 +46,21 @@ VOCAB_FILE = "vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf"
 # A few million parameters: 4 layers of width 256 with grouped-query attention (8 query heads sharing
 # 2 KV heads), so KV-cache knobs have something to act on; embeddings tied to the output.
 MODEL_PARAMS: dict[str, Any] = {
-    "n_layer": 4, "n_embd": 256, "n_head": 8, "n_head_kv": 2, "n_ff": 688, "n_ctx_train": 8192,
-    "rope_freq_base": 10000.0, "rms_eps": 1e-5, "init_std": 0.02, "seed": 0,
+    "n_layer": 4,
+    "n_embd": 256,
+    "n_head": 8,
+    "n_head_kv": 2,
+    "n_ff": 688,
+    "n_ctx_train": 8192,
+    "rope_freq_base": 10000.0,
+    "rms_eps": 1e-5,
+    "init_std": 0.02,
+    "seed": 0,
 }
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 Log = Callable[[str], None]
 
@@ -76,16 +92,23 @@ def _run(argv: list[str], log_path: Path, what: str, cwd: Path | None = None) ->
 
 def _apt_install(packages: list[str], log_path: Path, log: Log) -> None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise InfrastructureError(f"missing {', '.join(packages)}; install them: sudo apt-get install -y {' '.join(packages)}")
+        raise InfrastructureError(
+            f"missing {', '.join(packages)}; install them: sudo apt-get install -y {' '.join(packages)}"
+        )
     log(f"installing {' '.join(packages)} with apt-get")
     env_prefix = ["env", "DEBIAN_FRONTEND=noninteractive"]
-    if subprocess.call([*env_prefix, "apt-get", "install", "-y", *packages], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL) != 0:
+    if (
+        subprocess.call(
+            [*env_prefix, "apt-get", "install", "-y", *packages], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        != 0
+    ):
         _run([*env_prefix, "apt-get", "update"], log_path, "apt-get update")
         _run([*env_prefix, "apt-get", "install", "-y", *packages], log_path, f"apt-get install {' '.join(packages)}")
 
 
 # --- source -------------------------------------------------------------------------------------------
+
 
 def sdist_path(cache: Path, log: Log = print) -> Path:
     """The pinned sdist, downloaded once with pip (source only, no dependencies)."""
@@ -94,8 +117,22 @@ def sdist_path(cache: Path, log: Log = print) -> Path:
     if not tarball.exists():
         dest.mkdir(parents=True, exist_ok=True)
         log(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist with pip")
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-              f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(dest)], cache / "build.log", "pip download")
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+                "-d",
+                str(dest),
+            ],
+            cache / "build.log",
+            "pip download",
+        )
     return tarball
 
 
@@ -116,6 +153,7 @@ def _extract(tarball: Path, dest: Path, prefix: str) -> Path:
 
 # --- llama-server -------------------------------------------------------------------------------------
 
+
 def binary_path(cache: Path) -> Path:
     return cache / "llama-server" / _key(LLAMA_CPP_PYTHON_VERSION, CMAKE_FLAGS) / "llama-server"
 
@@ -133,8 +171,21 @@ def build_llama_server(cache: Path, force: bool = False, log: Log = print) -> Pa
     log(f"building llama-server (about 8 minutes on 2 cores); log: {cache / 'build.log'}")
     t0 = time.perf_counter()
     _run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], cache / "build.log", "cmake configure")
-    _run(["cmake", "--build", str(build), "--config", "Release", "--target", "llama-server",
-          "-j", str(os.cpu_count() or 1)], cache / "build.log", "cmake build")
+    _run(
+        [
+            "cmake",
+            "--build",
+            str(build),
+            "--config",
+            "Release",
+            "--target",
+            "llama-server",
+            "-j",
+            str(os.cpu_count() or 1),
+        ],
+        cache / "build.log",
+        "cmake build",
+    )
     binary.parent.mkdir(parents=True, exist_ok=True)
     tmp = binary.with_suffix(".tmp")
     shutil.copy2(build / "bin" / "llama-server", tmp)
@@ -144,6 +195,7 @@ def build_llama_server(cache: Path, force: bool = False, log: Log = print) -> Pa
 
 
 # --- the tiny model -----------------------------------------------------------------------------------
+
 
 def model_path(cache: Path) -> Path:
     return cache / "models" / f"tiny-{_key(MODEL_PARAMS, VOCAB_FILE, CHAT_TEMPLATE)}.gguf"
@@ -168,8 +220,9 @@ def write_tiny_model(cache: Path, force: bool = False, log: Log = print) -> Path
     return path
 
 
-def write_llama_gguf(path: Path, vocab_file: Path, params: Mapping[str, Any] = MODEL_PARAMS,
-                     chat_template: str = CHAT_TEMPLATE) -> Path:
+def write_llama_gguf(
+    path: Path, vocab_file: Path, params: Mapping[str, Any] = MODEL_PARAMS, chat_template: str = CHAT_TEMPLATE
+) -> Path:
     """A loadable random-weight Llama GGUF (seeded, so the bytes are reproducible) with `vocab_file`'s tokenizer,
     so llama-server really tokenizes and decodes; `params` has MODEL_PARAMS's keys."""
     import gguf  # deferred: an optional dependency (the `cpu` extra), needed only to write the model
@@ -180,8 +233,37 @@ def write_llama_gguf(path: Path, vocab_file: Path, params: Mapping[str, Any] = M
     head_dim = p["n_embd"] // p["n_head"]
     rng = np.random.default_rng(p["seed"])
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("llmplay-tiny-random")
+    def contents(w: Any) -> None:
+        _llama_contents(w, gguf, reader, p, n_vocab, head_dim, rng, chat_template)
+
+    return write_gguf(path, "llmplay-tiny-random", contents)
+
+
+def write_gguf(path: Path, name: str, contents: Callable[[Any], None], architecture: str = "llama") -> Path:
+    """The one GGUF writer: header, metadata and tensors in the order llama.cpp reads them; `contents(writer)`
+    adds the metadata and tensors (tests pass their own, e.g. quantized, to check model facts)."""
+    import gguf  # deferred: an optional dependency (the `cpu` extra), needed only to write a model
+
+    w = gguf.GGUFWriter(str(path), architecture)
+    w.add_name(name)
+    contents(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _llama_contents(
+    w: Any,
+    gguf: Any,
+    reader: Any,
+    p: Mapping[str, Any],
+    n_vocab: int,
+    head_dim: int,
+    rng: np.random.Generator,
+    chat_template: str,
+) -> None:
     w.add_context_length(p["n_ctx_train"])
     w.add_embedding_length(p["n_embd"])
     w.add_block_count(p["n_layer"])
@@ -217,14 +299,10 @@ def write_llama_gguf(path: Path, vocab_file: Path, params: Mapping[str, Any] = M
         w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(p["n_ff"], p["n_embd"]))
         w.add_tensor(f"blk.{i}.ffn_up.weight", mat(p["n_ff"], p["n_embd"]))
         w.add_tensor(f"blk.{i}.ffn_down.weight", mat(p["n_embd"], p["n_ff"]))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 # --- the image ----------------------------------------------------------------------------------------
+
 
 def shared_libraries(binary: Path) -> list[Path]:
     """What the dynamic loader maps for `binary` (libstdc++, libgomp, libc, ld-linux, ...), from ldd."""
@@ -239,6 +317,7 @@ def shared_libraries(binary: Path) -> list[Path]:
 
 def _rootfs_tar(binary: Path, model: Path, libs: list[Path], dest: Path) -> Path:
     """A tarball of the minimal root filesystem: /llama-server, its libraries at their paths, the model."""
+
     def add(tf: tarfile.TarFile, src: Path, arcname: str) -> None:
         info = tf.gettarinfo(str(src.resolve()), arcname=arcname)
         info.uid = info.gid = 0
@@ -263,12 +342,16 @@ def _rootfs_tar(binary: Path, model: Path, libs: list[Path], dest: Path) -> Path
     return dest
 
 
-def build_image(client: Any, binary: Path, model: Path, cache: Path, force: bool = False, log: Log = print) -> tuple[str, str]:
+def build_image(
+    client: Any, binary: Path, model: Path, cache: Path, force: bool = False, log: Log = print
+) -> tuple[str, str]:
     """(image id, content hash); imports the image only when the tag's label differs from the contents."""
     import docker  # deferred: the docker SDK loads only when an image is built (not for --no-image)
 
     libs = shared_libraries(binary)
-    content = _key([sha256_file(binary), sha256_file(model)] + [(str(lib), sha256_file(lib)) for lib in libs], MODEL_IN_IMAGE)
+    content = _key(
+        [sha256_file(binary), sha256_file(model)] + [(str(lib), sha256_file(lib)) for lib in libs], MODEL_IN_IMAGE
+    )
     if not force:
         try:
             image = client.images.get(IMAGE_TAG)
@@ -281,8 +364,13 @@ def build_image(client: Any, binary: Path, model: Path, cache: Path, force: bool
     workdir.mkdir(parents=True, exist_ok=True)
     tar = _rootfs_tar(binary, model, libs, workdir / f"rootfs-{content}.tar")
     repo, tag = IMAGE_TAG.rsplit(":", 1)
-    changes = ['ENTRYPOINT ["/llama-server"]', "EXPOSE 8080", f"LABEL {CONTENT_LABEL}={content}",
-               f"LABEL llmplay.llama_cpp_python={LLAMA_CPP_PYTHON_VERSION}", "ENV LLAMA_ARG_HOST=0.0.0.0"]
+    changes = [
+        'ENTRYPOINT ["/llama-server"]',
+        "EXPOSE 8080",
+        f"LABEL {CONTENT_LABEL}={content}",
+        f"LABEL llmplay.llama_cpp_python={LLAMA_CPP_PYTHON_VERSION}",
+        "ENV LLAMA_ARG_HOST=0.0.0.0",
+    ]
     client.api.import_image(src=str(tar), repository=repo, tag=tag, changes=changes)
     tar.unlink()
     image = client.images.get(IMAGE_TAG)
@@ -290,8 +378,9 @@ def build_image(client: Any, binary: Path, model: Path, cache: Path, force: bool
     return image.id, content
 
 
-def build_cpu_engine(cache_dir: Path | str | None = None, force: bool = False, *, with_image: bool = True,
-                     log: Log = print) -> CpuEngine:
+def build_cpu_engine(
+    cache_dir: Path | str | None = None, force: bool = False, *, with_image: bool = True, log: Log = print
+) -> CpuEngine:
     """Binary, model and (unless with_image=False) the local image, each built only when missing or forced."""
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
@@ -318,13 +407,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     try:
-        eng = build_cpu_engine(args.cache_dir, args.force, with_image=not args.no_image,
-                               log=lambda m: print(m, file=sys.stderr))
+        eng = build_cpu_engine(
+            args.cache_dir, args.force, with_image=not args.no_image, log=lambda m: print(m, file=sys.stderr)
+        )
     except InfrastructureError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(f"image:  {eng.image or '(not built)'} {eng.image_id}\nbinary: {eng.binary}\nmodel:  {eng.model_path}"
-          f"\nready in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"image:  {eng.image or '(not built)'} {eng.image_id}\nbinary: {eng.binary}\nmodel:  {eng.model_path}"
+        f"\nready in {time.perf_counter() - t0:.1f}s"
+    )
     return 0
 
 

@@ -1,5 +1,6 @@
 """The Docker runtime: one engine container per trial through the Docker SDK, always removed afterwards,
 plus `gc()` for containers an earlier llmplay process left behind."""
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,10 @@ def connect(docker_host: str | None = None, timeout_s: float = 120.0) -> Any:
             client.ping()
             return client
         except Exception as exc:
-            raise InfrastructureError(f"Docker daemon at {docker_host} unreachable ({type(exc).__name__}: "
-                                      f"{str(exc).splitlines()[0] if str(exc) else ''}); start dockerd there") from None
+            raise InfrastructureError(
+                f"Docker daemon at {docker_host} unreachable ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); start dockerd there"
+            ) from None
     return dockerd.client(timeout_s)
 
 
@@ -117,12 +120,22 @@ class DockerRuntime(Runtime):
         command = engine.command(spec, container_port)
         instance = self._instance
         all_labels = {str(k): str(v) for k, v in (labels or {}).items()}
-        all_labels.update({LABEL_INSTANCE: instance, LABEL_PID: str(os.getpid()), LABEL_HOST: socket.gethostname(),
-                           "llmplay.engine": engine.kind})
+        all_labels.update(
+            {
+                LABEL_INSTANCE: instance,
+                LABEL_PID: str(os.getpid()),
+                LABEL_HOST: socket.gethostname(),
+                "llmplay.engine": engine.kind,
+            }
+        )
         all_labels.setdefault(LABEL_RUN, "adhoc")
         kwargs: dict[str, Any] = {
-            "command": command, "detach": True, "labels": all_labels, "name": f"llmplay-{engine.kind}-{instance}",
-            "environment": dict(spec.env), "device_requests": _gpu_requests(spec.gpus) or None,
+            "command": command,
+            "detach": True,
+            "labels": all_labels,
+            "name": f"llmplay-{engine.kind}-{instance}",
+            "environment": dict(spec.env),
+            "device_requests": _gpu_requests(spec.gpus) or None,
         }
         if spec.shm_size:
             kwargs["shm_size"] = spec.shm_size
@@ -133,31 +146,46 @@ class DockerRuntime(Runtime):
         else:
             kwargs["ports"] = {f"{container_port}/tcp": (self.bind_host, host_port)}
         if spec.model_dir:
-            kwargs["volumes"] = {str(Path(spec.model_dir).expanduser()): {"bind": engine.model_path_in_container,
-                                                                          "mode": "ro"}}
+            kwargs["volumes"] = {
+                str(Path(spec.model_dir).expanduser()): {"bind": engine.model_path_in_container, "mode": "ro"}
+            }
         digests = image.attrs.get("RepoDigests") or []
         self._info = {
-            "runtime": self.kind, "engine": engine.kind, "engine_version": None, "image": image_ref,
-            "image_id": image.id, "image_digest": digests[0] if digests else image.id,
-            "command": [image_ref, *command], "command_line": shlex.join([image_ref, *command]),
-            "container_id": None, "container_name": kwargs["name"], "host_port": host_port,
-            "container_port": container_port, "labels": all_labels, "gpus": spec.gpus if isinstance(spec.gpus, int)
-            else list(spec.gpus),
+            "runtime": self.kind,
+            "engine": engine.kind,
+            "engine_version": None,
+            "image": image_ref,
+            "image_id": image.id,
+            "image_digest": digests[0] if digests else image.id,
+            "command": [image_ref, *command],
+            "command_line": shlex.join([image_ref, *command]),
+            "container_id": None,
+            "container_name": kwargs["name"],
+            "host_port": host_port,
+            "container_port": container_port,
+            "labels": all_labels,
+            "gpus": spec.gpus if isinstance(spec.gpus, int) else list(spec.gpus),
         }
         try:
             self.container = client.containers.run(image_ref, **kwargs)
         except docker.errors.APIError as exc:
             message = exc.explanation or str(exc)
             if spec.gpus and _is_gpu_error(exc):
-                raise InfrastructureError(f"GPUs requested but Docker cannot provide them: {message}; install "
-                                          "nvidia-container-toolkit, run `nvidia-ctk runtime configure "
-                                          "--runtime=docker` and restart dockerd (or set gpus: 0)") from None
+                raise InfrastructureError(
+                    f"GPUs requested but Docker cannot provide them: {message}; install "
+                    "nvidia-container-toolkit, run `nvidia-ctk runtime configure "
+                    "--runtime=docker` and restart dockerd (or set gpus: 0)"
+                ) from None
             raise InfrastructureError(f"Docker could not start {image_ref}: {message}") from None
         self._info["container_id"] = self.container.id
         base_url = f"http://127.0.0.1:{host_port}"
-        self._info["health_s"] = wait_healthy(base_url + (spec.health_path or engine.health_path),
-                                              spec.health_timeout_s, self._exit_code, self.logs,
-                                              f"{engine.kind} container {kwargs['name']} ({image_ref})")
+        self._info["health_s"] = wait_healthy(
+            base_url + (spec.health_path or engine.health_path),
+            spec.health_timeout_s,
+            self._exit_code,
+            self.logs,
+            f"{engine.kind} container {kwargs['name']} ({image_ref})",
+        )
         self._info["engine_version"] = probe_version(base_url, engine, self.logs(tail=200))
         self._info["base_url"] = base_url
         return Endpoint(base_url, engine.served_model(spec), dict(self._info), self.stop)

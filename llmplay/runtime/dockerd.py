@@ -1,4 +1,5 @@
 """Reaching a Docker daemon: ping it, and on a bare machine start `dockerd` in the background (as root)."""
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,7 @@ def _unix_socket_problem(timeout_s: float) -> str | None:
     host = os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
     if not host.startswith("unix://"):
         return None
-    path = host[len("unix://"):]
+    path = host[len("unix://") :]
     if not os.path.exists(path):
         return f"no socket at {path}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -70,8 +71,10 @@ def ensure_dockerd(cache_dir: Path | str | None = None, timeout_s: float = 60.0)
     remote = os.environ.get("DOCKER_HOST", "")
     if remote and remote != DEFAULT_SOCKET:
         # A dockerd we start listens on the default socket, not there.
-        raise InfrastructureError(f"Docker daemon at DOCKER_HOST={remote} unreachable ({ping()}); start it there, "
-                                  "or unset DOCKER_HOST to use the local one")
+        raise InfrastructureError(
+            f"Docker daemon at DOCKER_HOST={remote} unreachable ({ping()}); start it there, "
+            "or unset DOCKER_HOST to use the local one"
+        )
     dockerd = shutil.which("dockerd")
     if dockerd is None:
         raise InfrastructureError(f"no Docker daemon answers and `dockerd` is not installed; {START_HINT}")
@@ -82,8 +85,9 @@ def ensure_dockerd(cache_dir: Path | str | None = None, timeout_s: float = 60.0)
     log_path = cache / "dockerd.log"
     with open(log_path, "ab") as log:
         # Its own session so it outlives this process and a Ctrl-C here; later runs reuse it.
-        proc = subprocess.Popen([dockerd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [dockerd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if ping(2.0) is None:
@@ -92,5 +96,7 @@ def ensure_dockerd(cache_dir: Path | str | None = None, timeout_s: float = 60.0)
             break
         time.sleep(0.5)
     tail = log_path.read_text(errors="replace").splitlines()[-5:]
-    raise InfrastructureError(f"started dockerd but it did not answer within {timeout_s:.0f}s "
-                              f"(exit code {proc.poll()}); see {log_path}: {' | '.join(tail)}")
+    raise InfrastructureError(
+        f"started dockerd but it did not answer within {timeout_s:.0f}s "
+        f"(exit code {proc.poll()}); see {log_path}: {' | '.join(tail)}"
+    )

@@ -1,4 +1,5 @@
 """The endpoint runtime: an engine someone else already runs at a URL; llmplay only checks and measures it."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -16,8 +17,10 @@ def refuse_engine_changes(steps: Iterable[Step], url: str = "") -> None:
         for change in step.changes:
             if not change.target.startswith("workload."):
                 where = f" at {url}" if url else ""
-                raise PlaybookError(f"step '{step.name}' changes {change.target}, but runtime endpoint{where} cannot "
-                                    "restart the engine; expected only workload.* steps, or runtime docker/process")
+                raise PlaybookError(
+                    f"step '{step.name}' changes {change.target}, but runtime endpoint{where} cannot "
+                    "restart the engine; expected only workload.* steps, or runtime docker/process"
+                )
 
 
 class EndpointRuntime(Runtime):
@@ -30,12 +33,27 @@ class EndpointRuntime(Runtime):
 
     def start(self, spec: EngineSpec, engine: Engine, labels: Mapping[str, str] | None = None) -> Endpoint:
         timeout_s = self.health_timeout_s if self.health_timeout_s is not None else min(spec.health_timeout_s, 30.0)
-        health_s = wait_healthy(self.url + (spec.health_path or engine.health_path), timeout_s, lambda: None,
-                                lambda: "(engine not started by llmplay: no logs)", f"{engine.kind} endpoint {self.url}")
-        self._info = {"runtime": self.kind, "engine": engine.kind, "engine_version": probe_version(self.url, engine),
-                      "image": None, "image_id": None, "image_digest": None, "container_id": None,
-                      "command": None, "command_line": None, "base_url": self.url, "health_s": health_s,
-                      "labels": dict(labels or {})}
+        health_s = wait_healthy(
+            self.url + (spec.health_path or engine.health_path),
+            timeout_s,
+            lambda: None,
+            lambda: "(engine not started by llmplay: no logs)",
+            f"{engine.kind} endpoint {self.url}",
+        )
+        self._info = {
+            "runtime": self.kind,
+            "engine": engine.kind,
+            "engine_version": probe_version(self.url, engine),
+            "image": None,
+            "image_id": None,
+            "image_digest": None,
+            "container_id": None,
+            "command": None,
+            "command_line": None,
+            "base_url": self.url,
+            "health_s": health_s,
+            "labels": dict(labels or {}),
+        }
         return Endpoint(self.url, engine.served_model(spec), dict(self._info), self.stop)
 
     def stop(self) -> None:

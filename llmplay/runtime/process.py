@@ -1,5 +1,6 @@
 """The process runtime: the engine as a local executable in its own process group, logging to a file,
 killed as a group (bare-metal installs, Slurm nodes without Docker)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -39,7 +40,7 @@ def _bind_loopback(argv: list[str], host: str) -> list[str]:
 def host_model(spec: EngineSpec, engine: Engine) -> EngineSpec:
     """A model path written as the container sees it (/models/...) maps to model_dir on the host."""
     if spec.model_dir and spec.model.startswith(engine.model_path_in_container):
-        rest = spec.model[len(engine.model_path_in_container):].lstrip("/")
+        rest = spec.model[len(engine.model_path_in_container) :].lstrip("/")
         host = Path(spec.model_dir).expanduser() / rest if rest else Path(spec.model_dir).expanduser()
         return replace(spec, model=str(host))
     return spec
@@ -67,31 +68,54 @@ class ProcessRuntime(Runtime):
             raise InfrastructureError(f"engine '{engine.kind}' has no default program; set engine.executable")
         program = argv[0]
         if shutil.which(program) is None:
-            raise InfrastructureError(f"executable '{program}' not found or not executable; set engine.executable "
-                                      f"to the {engine.kind} server program")
+            raise InfrastructureError(
+                f"executable '{program}' not found or not executable; set engine.executable "
+                f"to the {engine.kind} server program"
+            )
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="llmplay-engine-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         run = (labels or {}).get("llmplay.trial") or (labels or {}).get("llmplay.run") or "adhoc"
         self.log_path = log_dir / f"{engine.kind}-{run}-{port}.log"
         env = dict(os.environ)
         env.update(spec.env)
-        self._info = {"runtime": self.kind, "engine": engine.kind, "engine_version": None, "image": None,
-                      "image_id": None, "image_digest": None, "container_id": None, "executable": program,
-                      "command": argv, "command_line": shlex.join(argv), "host_port": port,
-                      "log_path": str(self.log_path), "labels": dict(labels or {})}
+        self._info = {
+            "runtime": self.kind,
+            "engine": engine.kind,
+            "engine_version": None,
+            "image": None,
+            "image_id": None,
+            "image_digest": None,
+            "container_id": None,
+            "executable": program,
+            "command": argv,
+            "command_line": shlex.join(argv),
+            "host_port": port,
+            "log_path": str(self.log_path),
+            "labels": dict(labels or {}),
+        }
         self._register()
         try:
             with open(self.log_path, "wb") as log:
                 # A session of its own: signals to our terminal's group do not reach it, and the
                 # whole group (engine workers included) is killed together.
-                self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=env, start_new_session=True)
+                self.proc = subprocess.Popen(
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
             self.pid = self.proc.pid
             self._info["pid"] = self.pid
             base_url = f"http://127.0.0.1:{port}"
-            self._info["health_s"] = wait_healthy(base_url + (spec.health_path or engine.health_path),
-                                                  spec.health_timeout_s, self.proc.poll, self.logs,
-                                                  f"{engine.kind} process {program} (pid {self.pid})")
+            self._info["health_s"] = wait_healthy(
+                base_url + (spec.health_path or engine.health_path),
+                spec.health_timeout_s,
+                self.proc.poll,
+                self.logs,
+                f"{engine.kind} process {program} (pid {self.pid})",
+            )
             self._info["engine_version"] = probe_version(base_url, engine, self.logs(tail=200))
             self._info["base_url"] = base_url
         except BaseException:

@@ -1,4 +1,5 @@
 """GPU telemetry through NVML (pynvml): memory, utilization, clocks, power, and Hopper GPM metrics."""
+
 from __future__ import annotations
 
 import contextlib
@@ -145,8 +146,10 @@ class NvmlSource:
         mg.numMetrics = 2
         mg.sample1 = prev
         mg.sample2 = cur
-        wanted = [(nv.NVML_GPM_METRIC_SM_UTIL, "gpu.sm_activity_frac"),
-                  (nv.NVML_GPM_METRIC_DRAM_BW_UTIL, "gpu.dram_bw_util_frac")]
+        wanted = [
+            (nv.NVML_GPM_METRIC_SM_UTIL, "gpu.sm_activity_frac"),
+            (nv.NVML_GPM_METRIC_DRAM_BW_UTIL, "gpu.dram_bw_util_frac"),
+        ]
         for k, (mid, _) in enumerate(wanted):
             mg.metrics[k].metricId = mid
         nv.nvmlGpmMetricsGet(mg)
@@ -165,12 +168,16 @@ class NvmlSource:
         for i, h in self._handles.items():
             mem = self._try(i, "memory", nv.nvmlDeviceGetMemoryInfo, h)
             if mem is not None:
-                out += [Reading("memory.used_bytes", float(mem.used), i),
-                        Reading("memory.total_bytes", float(mem.total), i)]
+                out += [
+                    Reading("memory.used_bytes", float(mem.used), i),
+                    Reading("memory.total_bytes", float(mem.total), i),
+                ]
             util = self._try(i, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
             if util is not None:
-                out += [Reading("gpu.util_frac", util.gpu / 100.0, i),
-                        Reading("gpu.mem_util_frac", util.memory / 100.0, i)]
+                out += [
+                    Reading("gpu.util_frac", util.gpu / 100.0, i),
+                    Reading("gpu.mem_util_frac", util.memory / 100.0, i),
+                ]
             sm = self._try(i, "sm clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
             if sm is not None:
                 out.append(Reading("gpu.sm_clock_mhz", float(sm), i))

@@ -1,4 +1,5 @@
 """CPU seconds and memory of the engine: a Docker container (stats API) or a local process tree (psutil)."""
+
 from __future__ import annotations
 
 from typing import Any

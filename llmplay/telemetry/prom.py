@@ -1,4 +1,5 @@
 """Engine scheduler telemetry scraped from its Prometheus /metrics endpoint, named by the engine adapter."""
+
 from __future__ import annotations
 
 from dataclasses import fields

@@ -1,4 +1,5 @@
 """Background-thread sampling of telemetry sources into one immutable time series with a flat summary."""
+
 from __future__ import annotations
 
 import itertools
@@ -88,15 +89,17 @@ class TelemetrySeries:
 
     @classmethod
     def from_frame(
-        cls, df: pd.DataFrame, notes: Sequence[str] = (), info: Mapping[str, str] | None = None,
+        cls,
+        df: pd.DataFrame,
+        notes: Sequence[str] = (),
+        info: Mapping[str, str] | None = None,
         duration_s: float | None = None,
     ) -> TelemetrySeries:
         """Rebuild a series from an archived frame, so an old run can be re-summarised."""
         import pandas as pd  # deferred: as in to_frame
 
         samples = tuple(
-            Sample(float(r.t_s), str(r.source), str(r.metric), float(r.value),
-                   None if pd.isna(r.gpu) else int(r.gpu))
+            Sample(float(r.t_s), str(r.source), str(r.metric), float(r.value), None if pd.isna(r.gpu) else int(r.gpu))
             for r in df.itertuples(index=False)
         )
         dur = duration_s if duration_s is not None else max((s.t_s for s in samples), default=0.0)

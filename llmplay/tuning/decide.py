@@ -4,6 +4,7 @@ Effects are relative changes of the candidate against the configuration it is co
 intervals come from a two-level bootstrap: trials are resampled (machine drift, engine restarts), and
 requests are resampled inside each trial (load noise), so both sources of spread widen the interval.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,10 +22,12 @@ from llmplay.spec import Gate, Goals, Trials
 
 PER_REQUEST = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "queue_wait")
 
-_WINDOWED = {"throughput.output_tok_s": ("output_tokens", "window_output_tokens"),
-             "throughput.total_tok_s": ("total_tokens", "window_total_tokens"),
-             "throughput.req_s": ("count", "window_requests"),
-             "goodput.req_s": ("good", "window_good")}
+_WINDOWED = {
+    "throughput.output_tok_s": ("output_tokens", "window_output_tokens"),
+    "throughput.total_tok_s": ("total_tokens", "window_total_tokens"),
+    "throughput.req_s": ("count", "window_requests"),
+    "goodput.req_s": ("good", "window_good"),
+}
 MIN_TRIALS_TO_DECIDE = 2
 
 
@@ -33,15 +36,18 @@ class TrialSample:
     """One successful trial reduced to what the statistics need."""
 
     duration_s: float
-    values: Mapping[str, np.ndarray]  # per request: ttft, tpot, e2el, ... (s); output_tokens, total_tokens; good (0/1); itl pooled
+    values: Mapping[
+        str, np.ndarray
+    ]  # per request: ttft, tpot, e2el, ... (s); output_tokens, total_tokens; good (0/1); itl pooled
     n_requests: int
     n_errors: int
     scalars: Mapping[str, float] = field(default_factory=dict)  # the trial's summary (telemetry, cost inputs)
     price_usd_per_hour: float = 0.0
 
 
-def sample_from_records(records: Any, duration_s: float, summary: Mapping[str, float],
-                        slo_s: Mapping[str, float], price_usd_per_hour: float) -> TrialSample:
+def sample_from_records(
+    records: Any, duration_s: float, summary: Mapping[str, float], slo_s: Mapping[str, float], price_usd_per_hour: float
+) -> TrialSample:
     measured = records[~records["is_warmup"].astype(bool)] if "is_warmup" in records else records
     ok = measured[measured["error_kind"].isna()] if "error_kind" in measured else measured
     arrays = {k: np.asarray(v, dtype=float) for k, v in per_request_arrays(measured).items()}
@@ -51,15 +57,20 @@ def sample_from_records(records: Any, duration_s: float, summary: Mapping[str, f
     arrays["total_tokens"] = out_tokens + in_tokens
     arrays["good"] = good_mask(ok, slo_s)  # the same rule as the summary's goodput
     arrays.update(_windows(measured, ok, arrays, duration_s))
-    return TrialSample(duration_s=duration_s, values=arrays, n_requests=len(measured),
-                       n_errors=len(measured) - len(ok), scalars=dict(summary), price_usd_per_hour=price_usd_per_hour)
+    return TrialSample(
+        duration_s=duration_s,
+        values=arrays,
+        n_requests=len(measured),
+        n_errors=len(measured) - len(ok),
+        scalars=dict(summary),
+        price_usd_per_hour=price_usd_per_hour,
+    )
 
 
 THROUGHPUT_WINDOWS = 10
 
 
-def _windows(measured: Any, ok: Any, arrays: Mapping[str, np.ndarray], duration_s: float
-             ) -> dict[str, np.ndarray]:
+def _windows(measured: Any, ok: Any, arrays: Mapping[str, np.ndarray], duration_s: float) -> dict[str, np.ndarray]:
     """Per time window of the measured span: tokens, requests and good requests completed in it."""
     if not len(ok) or duration_s <= 0:
         return {}
@@ -71,9 +82,12 @@ def _windows(measured: Any, ok: Any, arrays: Mapping[str, np.ndarray], duration_
     def per_window(weights: np.ndarray) -> np.ndarray:
         return np.bincount(which, weights=weights, minlength=THROUGHPUT_WINDOWS).astype(float)
 
-    return {"window_output_tokens": per_window(arrays["output_tokens"]),
-            "window_total_tokens": per_window(arrays["total_tokens"]),
-            "window_requests": per_window(np.ones(len(ok))), "window_good": per_window(arrays["good"])}
+    return {
+        "window_output_tokens": per_window(arrays["output_tokens"]),
+        "window_total_tokens": per_window(arrays["total_tokens"]),
+        "window_requests": per_window(np.ones(len(ok))),
+        "window_good": per_window(arrays["good"]),
+    }
 
 
 def _stat(values: np.ndarray, stat: str) -> float | None:
@@ -127,8 +141,9 @@ def metric_value(samples: Sequence[TrialSample], metric: str) -> float | None:
     return _value(samples, metric, _as_is)
 
 
-def _bootstrap(a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str, n_boot: int,
-               rng: np.random.Generator) -> np.ndarray:
+def _bootstrap(
+    a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str, n_boot: int, rng: np.random.Generator
+) -> np.ndarray:
     """Relative change b vs a under two-level resampling; NaN where undefined."""
     out = np.full(n_boot, np.nan)
 
@@ -161,8 +176,15 @@ def _mann_whitney(a: Sequence[TrialSample], b: Sequence[TrialSample], metric: st
     return float(stats.mannwhitneyu(xa, xb, alternative="two-sided").pvalue)
 
 
-def compare_metric(a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str, *, n_boot: int = 2000,
-                   confidence: float = 0.95, seed: int = 0) -> MetricDelta:
+def compare_metric(
+    a: Sequence[TrialSample],
+    b: Sequence[TrialSample],
+    metric: str,
+    *,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> MetricDelta:
     info = metric_info(metric)
     lower_better = info.lower_is_better if info else True
     va, vb = metric_value(a, metric), metric_value(b, metric)
@@ -174,8 +196,16 @@ def compare_metric(a: Sequence[TrialSample], b: Sequence[TrialSample], metric: s
     alpha = (1 - confidence) / 2
     lo, hi = (float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))) if boots.size else (None, None)
     better = (rel < 0) if lower_better else (rel > 0)
-    return MetricDelta(metric, va, vb, rel if math.isfinite(rel) else None, lo, hi, _mann_whitney(a, b, metric),
-                       better if rel != 0 else None)
+    return MetricDelta(
+        metric,
+        va,
+        vb,
+        rel if math.isfinite(rel) else None,
+        lo,
+        hi,
+        _mann_whitney(a, b, metric),
+        better if rel != 0 else None,
+    )
 
 
 def _improvement(delta: MetricDelta, lower_better: bool) -> tuple[float, float, float]:
@@ -220,36 +250,62 @@ class Decision:
     more_trials_needed: int | None
 
 
-def decide_step(a: Sequence[TrialSample], b: Sequence[TrialSample], goals: Goals, trials: Trials, *,
-                failed_candidate_trials: int = 0, seed: int = 0) -> Decision:
+def decide_step(
+    a: Sequence[TrialSample],
+    b: Sequence[TrialSample],
+    goals: Goals,
+    trials: Trials,
+    *,
+    failed_candidate_trials: int = 0,
+    seed: int = 0,
+) -> Decision:
     """kept / rejected / inconclusive / failed, with the one-sentence reason the report shows."""
     objective = goals.objective
     if not b:
-        return Decision(FAILED, f"every candidate trial failed ({failed_candidate_trials}); nothing to compare", None,
-                        (), (), None)
+        return Decision(
+            FAILED, f"every candidate trial failed ({failed_candidate_trials}); nothing to compare", None, (), (), None
+        )
     if not a:
         return Decision(FAILED, "every trial of the configuration it is compared with failed", None, (), (), None)
     n_boot = trials.bootstrap_samples
     obj = compare_metric(a, b, objective.metric, n_boot=n_boot, confidence=trials.confidence, seed=seed)
-    guard_deltas = tuple(compare_metric(a, b, g.metric, n_boot=max(200, n_boot // 4), confidence=trials.confidence,
-                                        seed=seed + 1 + i) for i, g in enumerate(goals.guards))
-    record = tuple(compare_metric(a, b, m, n_boot=200, confidence=trials.confidence, seed=seed + 99)
-                   for m in RECORD_METRICS)
+    guard_deltas = tuple(
+        compare_metric(a, b, g.metric, n_boot=max(200, n_boot // 4), confidence=trials.confidence, seed=seed + 1 + i)
+        for i, g in enumerate(goals.guards)
+    )
+    record = tuple(
+        compare_metric(a, b, m, n_boot=200, confidence=trials.confidence, seed=seed + 99) for m in RECORD_METRICS
+    )
     if obj.rel_change is None or obj.ci_low is None:
-        return Decision(INCONCLUSIVE, f"{describe_delta(obj)}: the objective was not measured on both sides",
-                        obj, guard_deltas, record, None)
+        return Decision(
+            INCONCLUSIVE,
+            f"{describe_delta(obj)}: the objective was not measured on both sides",
+            obj,
+            guard_deltas,
+            record,
+            None,
+        )
     lower_better = objective.direction == "minimize"
     point, lo, hi = _improvement(obj, lower_better)
     if min(len(a), len(b)) < MIN_TRIALS_TO_DECIDE:
-        return Decision(INCONCLUSIVE, f"{describe_delta(obj)} from {len(a)} vs {len(b)} trial(s); a single run "
-                        f"misleads, so at least {MIN_TRIALS_TO_DECIDE} per side are needed to decide",
-                        obj, guard_deltas, record, MIN_TRIALS_TO_DECIDE - min(len(a), len(b)))
+        return Decision(
+            INCONCLUSIVE,
+            f"{describe_delta(obj)} from {len(a)} vs {len(b)} trial(s); a single run "
+            f"misleads, so at least {MIN_TRIALS_TO_DECIDE} per side are needed to decide",
+            obj,
+            guard_deltas,
+            record,
+            MIN_TRIALS_TO_DECIDE - min(len(a), len(b)),
+        )
 
     regressed = []
     for guard, delta in zip(goals.guards, guard_deltas, strict=True):
         if regressed_beyond(delta, guard.direction == "minimize", guard.tolerance):
-            change = describe_delta(delta) if delta.rel_change is not None else \
-                f"{label_of(delta.metric)} from 0 to {fmt_full(delta.metric, delta.candidate)},"
+            change = (
+                describe_delta(delta)
+                if delta.rel_change is not None
+                else f"{label_of(delta.metric)} from 0 to {fmt_full(delta.metric, delta.candidate)},"
+            )
             regressed.append(f"{change} beyond its {guard.tolerance:.0%} tolerance")
     guard_text = "; ".join(regressed) if regressed else "no guard regressed"
     head = f"{describe_delta(obj)}, {guard_text}"
@@ -261,11 +317,23 @@ def decide_step(a: Sequence[TrialSample], b: Sequence[TrialSample], goals: Goals
     if hi < 0:
         return Decision(REJECTED, f"{head}; worse, rejected", obj, guard_deltas, record, None)
     if hi < objective.min_effect:
-        return Decision(REJECTED, f"{head}; any gain is below the {objective.min_effect:.0%} minimum effect, rejected",
-                        obj, guard_deltas, record, None)
+        return Decision(
+            REJECTED,
+            f"{head}; any gain is below the {objective.min_effect:.0%} minimum effect, rejected",
+            obj,
+            guard_deltas,
+            record,
+            None,
+        )
     more = _more_trials(len(b), point, lo, hi, objective.min_effect)
-    return Decision(INCONCLUSIVE, f"{head}; within noise, about {more} more trial(s) per side would decide it",
-                    obj, guard_deltas, record, more)
+    return Decision(
+        INCONCLUSIVE,
+        f"{head}; within noise, about {more} more trial(s) per side would decide it",
+        obj,
+        guard_deltas,
+        record,
+        more,
+    )
 
 
 def _more_trials(n: int, point: float, lo: float, hi: float, min_effect: float) -> int:

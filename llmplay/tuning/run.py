@@ -1,4 +1,5 @@
 """The tuning run: baseline and steps, interleaved fresh-engine trials, verdicts, gates, all archived as it goes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -50,9 +51,18 @@ class RunOptions:
     bootstrap_samples: int | None = None
 
     def overrides(self) -> dict[str, Any]:
-        out = {k: v for k, v in (("repeats", self.repeats), ("duration_s", self.duration_s),
-                                 ("warmup_s", self.warmup_s), ("only", list(self.only) or None),
-                                 ("image", self.image), ("bootstrap_samples", self.bootstrap_samples)) if v is not None}
+        out = {
+            k: v
+            for k, v in (
+                ("repeats", self.repeats),
+                ("duration_s", self.duration_s),
+                ("warmup_s", self.warmup_s),
+                ("only", list(self.only) or None),
+                ("image", self.image),
+                ("bootstrap_samples", self.bootstrap_samples),
+            )
+            if v is not None
+        }
         return out
 
 
@@ -104,8 +114,10 @@ def apply_overrides(playbook: Playbook, options: RunOptions) -> Playbook:
     if options.only:
         unknown = set(options.only) - {s.name for s in steps}
         if unknown:
-            raise PlaybookError(f"--only {', '.join(sorted(unknown))}: no such step; expected one of: "
-                                f"{', '.join(s.name for s in steps)}")
+            raise PlaybookError(
+                f"--only {', '.join(sorted(unknown))}: no such step; expected one of: "
+                f"{', '.join(s.name for s in steps)}"
+            )
         steps = tuple(s for s in steps if s.name in options.only)
     return replace(playbook, workload=workload, trials=trials, engine=engine, steps=steps)
 
@@ -116,14 +128,25 @@ class TuningRun:
     `measure_trial` replaces the measuring of one trial (tests hand in trials with known effects); everything
     around it (schedule, decisions, archive) stays the real one."""
 
-    def __init__(self, playbook: Playbook, options: RunOptions, *, runtime_factory: Callable[..., Any] | None = None,
-                 report: Reporter = print, measure_trial: MeasureTrial | None = None):
+    def __init__(
+        self,
+        playbook: Playbook,
+        options: RunOptions,
+        *,
+        runtime_factory: Callable[..., Any] | None = None,
+        report: Reporter = print,
+        measure_trial: MeasureTrial | None = None,
+    ):
         self.playbook = apply_overrides(playbook, options)
         self.options = options
         self.engine: Engine = get_engine(self.playbook.engine.kind)
         self.secrets = secret_values(_try_resolve(self.playbook.engine.env)) + referenced_values(
-            [self.playbook.text, dict(self.playbook.engine.env),
-             [str(change.value) for step in self.playbook.steps for change in step.changes]])
+            [
+                self.playbook.text,
+                dict(self.playbook.engine.env),
+                [str(change.value) for step in self.playbook.steps for change in step.changes],
+            ]
+        )
         # Console lines carry engine errors (a log line may echo an env value): redacted like the archive.
         self.report: Reporter = lambda line: report(redact_text(line, self.secrets))
         self.runtime_factory = runtime_factory or make_runtime
@@ -151,25 +174,46 @@ class TuningRun:
             self.report(f"resuming {archive.run_dir}: {len(self.done)} trial(s) already archived")
             return archive
         env = describe_environment(self.playbook, started_utc=utc_now())
-        archive = RunArchive.create(self.options.archive_root, self.playbook, overrides=self.options.overrides(),
-                                    environment=env, secrets=self.secrets)
+        archive = RunArchive.create(
+            self.options.archive_root,
+            self.playbook,
+            overrides=self.options.overrides(),
+            environment=env,
+            secrets=self.secrets,
+        )
         self.report(f"archive: {archive.run_dir}")
         return archive
 
     def _config_record(self, config: Config) -> ConfigRecord:
         spec = config.engine
-        return ConfigRecord(config_id=config.label, engine=redact(to_plain(spec), self.secrets),
-                            workload=to_plain(config.workload),
-                            command=tuple(self.engine.command(spec)),
-                            docker_command=format_argv(docker_run_argv(spec, self.engine)))
+        return ConfigRecord(
+            config_id=config.label,
+            engine=redact(to_plain(spec), self.secrets),
+            workload=to_plain(config.workload),
+            command=tuple(self.engine.command(spec)),
+            docker_command=format_argv(docker_run_argv(spec, self.engine)),
+        )
 
     # ---------------------------------------------------------------- trials
-    def _fresh_engine_trial(self, config: Config, *, trial_id: str, step: str | None, role: str,
-                            repeat: int) -> TrialResult:
-        return run_trial(self.playbook, config, self.engine, self.runtime_factory, trial_id=trial_id, step=step,
-                         role=role, repeat=repeat, run_id=self.archive.run_id, progress=self.options.progress)
+    def _fresh_engine_trial(
+        self, config: Config, *, trial_id: str, step: str | None, role: str, repeat: int
+    ) -> TrialResult:
+        return run_trial(
+            self.playbook,
+            config,
+            self.engine,
+            self.runtime_factory,
+            trial_id=trial_id,
+            step=step,
+            role=role,
+            repeat=repeat,
+            run_id=self.archive.run_id,
+            progress=self.options.progress,
+        )
 
-    def _trial(self, config: Config, step: str | None, role: str, repeat: int) -> tuple[TrialRecord, TrialSample | None]:
+    def _trial(
+        self, config: Config, step: str | None, role: str, repeat: int
+    ) -> tuple[TrialRecord, TrialSample | None]:
         key = (step or "", role, repeat)
         if key in self.done:
             trial = self.done[key]
@@ -212,8 +256,9 @@ class TuningRun:
             self._run_into(measured, step.name, role, rep)
         rep = trials.repeats
         while trials.sequential and rep < trials.max_repeats:
-            decision = decide_step(reference.samples, cand.samples, self.playbook.goals, trials,
-                                   seed=self.playbook.workload.seed)
+            decision = decide_step(
+                reference.samples, cand.samples, self.playbook.goals, trials, seed=self.playbook.workload.seed
+            )
             if decision.verdict != "inconclusive":
                 break
             for measured, role in pairs:
@@ -258,20 +303,38 @@ class TuningRun:
                     archive.write_config(self._config_record(cand_config))
                     cand = ConfigTrials(cand_config)
                     reference = ConfigTrials(best.config)
-                    self.report(f"step {index}/{len(pb.steps)} {step.name}: "
-                                + "; ".join(e.describe() for e in effects))
+                    self.report(
+                        f"step {index}/{len(pb.steps)} {step.name}: " + "; ".join(e.describe() for e in effects)
+                    )
                     self._measure_pair(reference, cand, step)
-                    decision = decide_step(reference.samples, cand.samples, pb.goals, pb.trials,
-                                           failed_candidate_trials=cand.failed, seed=pb.workload.seed + index)
-                    carried = (step.carry == "always" and decision.verdict != FAILED) or \
-                              (step.carry == "if_kept" and decision.verdict == KEPT)
+                    decision = decide_step(
+                        reference.samples,
+                        cand.samples,
+                        pb.goals,
+                        pb.trials,
+                        failed_candidate_trials=cand.failed,
+                        seed=pb.workload.seed + index,
+                    )
+                    carried = (step.carry == "always" and decision.verdict != FAILED) or (
+                        step.carry == "if_kept" and decision.verdict == KEPT
+                    )
                     verdict = StepVerdict(
-                        step=step.name, index=index, verdict=decision.verdict, reason=decision.reason,
-                        changes=tuple(e.describe() for e in effects), bundle=step.bundle,
-                        baseline_config=reference.config.label, candidate_config=cand_config.label,
-                        objective=decision.objective, guards=decision.guards, deltas=decision.deltas,
-                        trials_baseline=tuple(reference.trial_ids), trials_candidate=tuple(cand.trial_ids),
-                        more_trials_needed=decision.more_trials_needed, carried=carried)
+                        step=step.name,
+                        index=index,
+                        verdict=decision.verdict,
+                        reason=decision.reason,
+                        changes=tuple(e.describe() for e in effects),
+                        bundle=step.bundle,
+                        baseline_config=reference.config.label,
+                        candidate_config=cand_config.label,
+                        objective=decision.objective,
+                        guards=decision.guards,
+                        deltas=decision.deltas,
+                        trials_baseline=tuple(reference.trial_ids),
+                        trials_candidate=tuple(cand.trial_ids),
+                        more_trials_needed=decision.more_trials_needed,
+                        carried=carried,
+                    )
                     archive.write_verdict(verdict)
                     self.verdicts.append(verdict)
                     self.report(f"  -> {decision.verdict}: {decision.reason}")
@@ -300,12 +363,28 @@ class TuningRun:
         gates = evaluate_gates(pb.goals.gates, final_summary)
         if status == "complete":
             exit_code = ExitCode.OK if all(g.met for g in gates) else ExitCode.GATES
-        archive.finish(status=status, exit_code=exit_code, final_config_id=final.config.label, gates=gates,
-                       findings=findings, diagnosis=diagnosis, tuning_record=record_rows)
+        archive.finish(
+            status=status,
+            exit_code=exit_code,
+            final_config_id=final.config.label,
+            gates=gates,
+            findings=findings,
+            diagnosis=diagnosis,
+            tuning_record=record_rows,
+        )
         if crash is not None:
             raise crash
-        return RunOutcome(archive.run_dir, exit_code, status, final.config.label, tuple(gates),
-                          tuple(self.verdicts), tuple(record_rows), tuple(findings), diagnosis)
+        return RunOutcome(
+            archive.run_dir,
+            exit_code,
+            status,
+            final.config.label,
+            tuple(gates),
+            tuple(self.verdicts),
+            tuple(record_rows),
+            tuple(findings),
+            diagnosis,
+        )
 
 
 def _try_resolve(env: Mapping[str, str]) -> dict[str, str]:
@@ -317,17 +396,26 @@ def _try_resolve(env: Mapping[str, str]) -> dict[str, str]:
 
 def _record_row(measured: ConfigTrials, verdict: StepVerdict | None) -> dict[str, Any]:
     summary = pooled_summary(measured.samples)
-    row: dict[str, Any] = {"config_id": measured.config.label, "trials": list(measured.trial_ids),
-                           "failed_trials": measured.failed,
-                           "metrics": {m: summary[m] for m in RECORD_METRICS if m in summary}}
+    row: dict[str, Any] = {
+        "config_id": measured.config.label,
+        "trials": list(measured.trial_ids),
+        "failed_trials": measured.failed,
+        "metrics": {m: summary[m] for m in RECORD_METRICS if m in summary},
+    }
     if verdict is not None:
-        row.update(step=verdict.step, verdict=verdict.verdict, reason=verdict.reason,
-                   compared_with=verdict.baseline_config, changes=list(verdict.changes))
+        row.update(
+            step=verdict.step,
+            verdict=verdict.verdict,
+            reason=verdict.reason,
+            compared_with=verdict.baseline_config,
+            changes=list(verdict.changes),
+        )
     return row
 
 
-def run_playbook(playbook: Playbook, options: RunOptions, *, publish: Callable[[Path], Any] | None = None,
-                 **kwargs: Any) -> RunOutcome:
+def run_playbook(
+    playbook: Playbook, options: RunOptions, *, publish: Callable[[Path], Any] | None = None, **kwargs: Any
+) -> RunOutcome:
     """Run the playbook; `publish` (the report renderer, passed in by the command) runs on the finished archive."""
     outcome = TuningRun(playbook, options, **kwargs).execute()
     if publish is not None:

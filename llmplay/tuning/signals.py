@@ -1,4 +1,5 @@
 """How a tuning run stops: SIGINT/SIGTERM handling, and the exceptions that carry a run or a trial out early."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """One workload against an already running endpoint: discover the model, build requests, run load, summarize."""
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,15 @@ class BenchResult:
 
     def to_json(self) -> dict[str, Any]:
         out = self.summary.to_json()
-        out.update({"url": self.url, "model": self.model, "mode": self.load.mode,
-                    "schedule_lag_p99_s": self.load.schedule_lag_p99_s,
-                    "warmup_duration_s": self.load.warmup_duration_s})
+        out.update(
+            {
+                "url": self.url,
+                "model": self.model,
+                "mode": self.load.mode,
+                "schedule_lag_p99_s": self.load.schedule_lag_p99_s,
+                "warmup_duration_s": self.load.warmup_duration_s,
+            }
+        )
         return out
 
 
@@ -43,13 +50,22 @@ def discover_model(url: str, timeout_s: float = 10.0) -> str:
         resp.raise_for_status()
         return str(resp.json()["data"][0]["id"])
     except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as exc:
-        raise InfrastructureError(f"cannot list models at {url}/v1/models ({exc}); "
-                                  "expected an OpenAI-compatible server, or pass the model name") from exc
+        raise InfrastructureError(
+            f"cannot list models at {url}/v1/models ({exc}); "
+            "expected an OpenAI-compatible server, or pass the model name"
+        ) from exc
 
 
-def run_bench(url: str, workload: Workload, *, model: str | None = None, json_path: str | os.PathLike | None = None,
-              slo_s: Mapping[str, float] | None = None, progress: bool = True,
-              tokenizer: Tokenizer | str = "auto") -> BenchResult:
+def run_bench(
+    url: str,
+    workload: Workload,
+    *,
+    model: str | None = None,
+    json_path: str | os.PathLike | None = None,
+    slo_s: Mapping[str, float] | None = None,
+    progress: bool = True,
+    tokenizer: Tokenizer | str = "auto",
+) -> BenchResult:
     """Run one workload against `url` and summarize it; writes the summary JSON to json_path if given."""
     model = model or discover_model(url)
     tok = make_tokenizer(tokenizer, url) if isinstance(tokenizer, str) else tokenizer

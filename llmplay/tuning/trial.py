@@ -1,4 +1,5 @@
 """One trial: a fresh engine start, warm-up, measured load and telemetry, reduced to a record and a sample."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -49,13 +50,19 @@ def price_per_hour(playbook: Playbook, config: Config) -> float:
     return playbook.cost.gpu_usd_per_hour * n_gpus + playbook.cost.host_usd_per_hour
 
 
-def trial_sample(playbook: Playbook, config: Config, trial: TrialRecord,
-                 records: pd.DataFrame | None) -> TrialSample | None:
+def trial_sample(
+    playbook: Playbook, config: Config, trial: TrialRecord, records: pd.DataFrame | None
+) -> TrialSample | None:
     """The sample decisions use, from an ok trial's request records (fresh, or read back from the archive)."""
     if trial.status != TRIAL_OK or records is None or not len(records):
         return None
-    return sample_from_records(records, trial.summary.get("duration_s", 0.0), trial.summary,
-                               playbook.goals.slo_s, price_per_hour(playbook, config))
+    return sample_from_records(
+        records,
+        trial.summary.get("duration_s", 0.0),
+        trial.summary,
+        playbook.goals.slo_s,
+        price_per_hour(playbook, config),
+    )
 
 
 def telemetry_sources(runtime: Any, endpoint: Any, engine: Engine, spec: EngineSpec) -> list[Source]:
@@ -74,8 +81,11 @@ def telemetry_sources(runtime: Any, endpoint: Any, engine: Engine, spec: EngineS
     return sources
 
 
-_MEMORY_CAUSE = re.compile(r"out of memory|insufficient memory|failed to allocate|cannot allocate|bad_alloc|"
-                           r"\bOOM\b|OutOfMemory", re.I)
+_MEMORY_CAUSE = re.compile(
+    r"out of memory|insufficient memory|failed to allocate|cannot allocate|bad_alloc|"
+    r"\bOOM\b|OutOfMemory",
+    re.I,
+)
 _ERROR_LINE = re.compile(r"(^|\s)(E|ERROR|FATAL|CRITICAL)\s|error|exception|fatal", re.I)
 _LOG_STAMP = re.compile(r"^[\d.:T\-Z\[\]]+\s+")
 
@@ -91,9 +101,19 @@ def start_failure_cause(exc: EngineStartError) -> str:
     return f"{head}: {_LOG_STAMP.sub('', cause)[:300]}" if cause else head
 
 
-def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factory: Callable[..., Any], *,
-              trial_id: str, step: str | None, role: str, repeat: int, run_id: str, progress: bool = False
-              ) -> TrialResult:
+def run_trial(
+    playbook: Playbook,
+    config: Config,
+    engine: Engine,
+    runtime_factory: Callable[..., Any],
+    *,
+    trial_id: str,
+    step: str | None,
+    role: str,
+    repeat: int,
+    run_id: str,
+    progress: bool = False,
+) -> TrialResult:
     """One fresh engine start, warm-up, measured load, telemetry; failures become a failed TrialRecord.
 
     A signal mid-load raises TrialInterrupted carrying what finished, after the engine has stopped."""
@@ -101,8 +121,14 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
     labels = {"llmplay.run": run_id, "llmplay.trial": trial_id, "llmplay.config": config.label}
     runtime = runtime_factory(playbook.runtime)
     spec = replace(config.engine, env=resolve_env(config.engine.env))
-    base: dict[str, Any] = dict(trial_id=trial_id, config_id=config.label, step=step, role=role, repeat=repeat,
-                                started_utc=started)
+    base: dict[str, Any] = {
+        "trial_id": trial_id,
+        "config_id": config.label,
+        "step": step,
+        "role": role,
+        "repeat": repeat,
+        "started_utc": started,
+    }
     log = ""
     try:
         with runtime.start(spec, engine, labels) as endpoint:
@@ -115,8 +141,9 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
                         requests: Any = iter_requests(config.workload, tokenizer, endpoint.model)
                         if config.workload.num_requests is not None:
                             requests = tuple(requests)  # bounded: every prompt built before the clock starts
-                        load = run_load_sync(endpoint.base_url, config.workload, requests, progress=progress,
-                                             tokenizer=tokenizer)
+                        load = run_load_sync(
+                            endpoint.base_url, config.workload, requests, progress=progress, tokenizer=tokenizer
+                        )
                     finally:
                         getattr(tokenizer, "close", lambda: None)()
             except LoadInterrupted as exc:
@@ -124,27 +151,44 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
                 # then let the interrupt go on unwinding; --resume runs this trial again.
                 partial = exc.partial
                 measured = partial.measured()
-                partial_summary: dict[str, Any] = summarize(partial.records, partial.duration_s,
-                                                            playbook.goals.slo_s).as_dict()
-                trial = TrialRecord(**base, status=TRIAL_INTERRUPTED, wall_s=time.perf_counter() - t0,
-                                    summary=partial_summary, engine_describe=dict(runtime.describe()),
-                                    error=f"interrupted by a signal; {sum(r.ok for r in measured)} finished "
-                                          "request(s) kept, requests in flight were not recorded")
+                partial_summary: dict[str, Any] = summarize(
+                    partial.records, partial.duration_s, playbook.goals.slo_s
+                ).as_dict()
+                trial = TrialRecord(
+                    **base,
+                    status=TRIAL_INTERRUPTED,
+                    wall_s=time.perf_counter() - t0,
+                    summary=partial_summary,
+                    engine_describe=dict(runtime.describe()),
+                    error=f"interrupted by a signal; {sum(r.ok for r in measured)} finished "
+                    "request(s) kept, requests in flight were not recorded",
+                )
                 raise TrialInterrupted(trial, per_request_frame(partial.records), runtime.logs()) from None
             except InfrastructureError as exc:
                 # The engine was healthy, then failed us (e.g. froze while its tokenizer was asked): this
                 # trial failed, the run goes on. Not EngineStartError's path: the container is still ours here.
-                failed = TrialRecord(**base, status=TRIAL_FAILED, wall_s=time.perf_counter() - t0, summary={},
-                                     error=f"the engine failed during the trial: {str(exc).splitlines()[0]}",
-                                     engine_describe=dict(runtime.describe()))
+                failed = TrialRecord(
+                    **base,
+                    status=TRIAL_FAILED,
+                    wall_s=time.perf_counter() - t0,
+                    summary={},
+                    error=f"the engine failed during the trial: {str(exc).splitlines()[0]}",
+                    engine_describe=dict(runtime.describe()),
+                )
                 return TrialResult(failed, engine_log=runtime.logs())
             telemetry = sampler.result()
             describe = dict(runtime.describe())
             alive = getattr(runtime, "alive", lambda: True)()
             log = runtime.logs()
     except EngineStartError as exc:
-        never_started = TrialRecord(**base, status=TRIAL_FAILED, wall_s=time.perf_counter() - t0, summary={},
-                                    error=start_failure_cause(exc), engine_describe={})
+        never_started = TrialRecord(
+            **base,
+            status=TRIAL_FAILED,
+            wall_s=time.perf_counter() - t0,
+            summary={},
+            error=start_failure_cause(exc),
+            engine_describe={},
+        )
         return TrialResult(never_started, engine_log=exc.log_tail or log)
     records = per_request_frame(load.records)
     summary: dict[str, Any] = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
@@ -161,8 +205,15 @@ def run_trial(playbook: Playbook, config: Config, engine: Engine, runtime_factor
         status, error = TRIAL_FAILED, "the engine exited during the load"
     elif summary.get("requests.completed", 0) == 0:
         status, error = TRIAL_FAILED, f"no request completed ({summary.get('errors.count', 0):.0f} errors)"
-    trial = TrialRecord(**base, status=status, wall_s=time.perf_counter() - t0, summary=summary,
-                        engine_describe=describe, error=error, notes=notes)
+    trial = TrialRecord(
+        **base,
+        status=status,
+        wall_s=time.perf_counter() - t0,
+        summary=summary,
+        engine_describe=describe,
+        error=error,
+        notes=notes,
+    )
     return TrialResult(trial, records, telemetry.to_frame(), log, trial_sample(playbook, config, trial, records))
 
 
@@ -172,6 +223,8 @@ def describe_trial(trial: TrialRecord) -> str:
     if trial.status != TRIAL_OK:
         return f"  trial {trial.trial_id} {role}: FAILED: {trial.error}"
     s: Mapping[str, float] = trial.summary
-    return (f"  trial {trial.trial_id} {role}: {s.get('throughput.output_tok_s', 0):.1f} output tok/s, "
-            f"TTFT p95 {s.get('ttft.p95', float('nan')) * 1000:.1f} ms, TPOT p95 "
-            f"{s.get('tpot.p95', float('nan')) * 1000:.2f} ms, errors {s.get('errors.rate', 0):.1%}")
+    return (
+        f"  trial {trial.trial_id} {role}: {s.get('throughput.output_tok_s', 0):.1f} output tok/s, "
+        f"TTFT p95 {s.get('ttft.p95', float('nan')) * 1000:.1f} ms, TPOT p95 "
+        f"{s.get('tpot.p95', float('nan')) * 1000:.2f} ms, errors {s.get('errors.rate', 0):.1%}"
+    )

@@ -4,6 +4,7 @@ Everything here is a pure function of plain inputs (numbers, dicts, frozen datac
 report can re-run a diagnosis on any archived run. Thresholds are CHECKLIST.md §4 and §6; each
 finding carries the numbers that triggered it and the next step from the §7 catalogue, cheapest first.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -61,14 +62,16 @@ def targets_from_gates(gates: Sequence[Any]) -> dict[str, float]:
     from playbook gates (spec.Gate), the yardsticks for "latency high" and "tokens/s low"."""
     out: dict[str, float] = {}
     for g in gates:
-        if g.metric.startswith(_LATENCY_PREFIXES) and g.op in ("<", "<="):
-            out[g.metric] = g.value
-        elif g.metric.startswith("throughput.") and g.op in (">", ">="):
+        if (g.metric.startswith(_LATENCY_PREFIXES) and g.op in ("<", "<=")) or (
+            g.metric.startswith("throughput.") and g.op in (">", ">=")
+        ):
             out[g.metric] = g.value
     return out
 
 
-def _latency_high(summary: Mapping[str, float], targets: Mapping[str, float], th: Thresholds) -> tuple[bool | None, str]:
+def _latency_high(
+    summary: Mapping[str, float], targets: Mapping[str, float], th: Thresholds
+) -> tuple[bool | None, str]:
     over: list[str] = []
     under: list[str] = []
     for k, limit in targets.items():
@@ -87,20 +90,24 @@ def _latency_high(summary: Mapping[str, float], targets: Mapping[str, float], th
         r = p95 / p50
         return r >= th.ttft_tail_ratio, (
             f"no latency gate; TTFT P95/P50 = {_ms(p95)}/{_ms(p50)} = {r:.1f}× "
-            f"({'≥' if r >= th.ttft_tail_ratio else '<'} {th.ttft_tail_ratio:g}×)")
+            f"({'≥' if r >= th.ttft_tail_ratio else '<'} {th.ttft_tail_ratio:g}×)"
+        )
     return None, "latency not measured"
 
 
-def _throughput_ok(summary: Mapping[str, float], targets: Mapping[str, float], roofline: Roofline | None,
-                   th: Thresholds) -> tuple[bool | None, str]:
+def _throughput_ok(
+    summary: Mapping[str, float], targets: Mapping[str, float], roofline: Roofline | None, th: Thresholds
+) -> tuple[bool | None, str]:
     for k, floor in targets.items():
         if k.startswith("throughput.") and summary.get(k) is not None:
             v = summary[k]
             return v >= floor, f"{k} {v:.4g} {'≥' if v >= floor else '<'} target {floor:.4g}"
     if roofline is not None and roofline.bandwidth_util is not None:
         ok = roofline.bandwidth_util >= th.throughput_ok_bandwidth_util
-        return ok, (f"no throughput gate; decode uses {_pct(roofline.bandwidth_util)} of the bandwidth roofline "
-                    f"({'≥' if ok else '<'} {_pct(th.throughput_ok_bandwidth_util)})")
+        return ok, (
+            f"no throughput gate; decode uses {_pct(roofline.bandwidth_util)} of the bandwidth roofline "
+            f"({'≥' if ok else '<'} {_pct(th.throughput_ok_bandwidth_util)})"
+        )
     return None, "no throughput gate and no roofline"
 
 
@@ -139,13 +146,21 @@ def diagnose(
 
     # -- §4 memory -------------------------------------------------------------------------
     if breakdown is None:
-        add("memory.not_evaluated", "info", "Memory breakdown not evaluated",
-            "no model facts (config.json or GGUF) or no memory measurement", "", "§4")
+        add(
+            "memory.not_evaluated",
+            "info",
+            "Memory breakdown not evaluated",
+            "no model facts (config.json or GGUF) or no memory measurement",
+            "",
+            "§4",
+        )
     else:
         b = breakdown
         where = "GPU memory" if b.device == "gpu" else "host memory (RSS)"
-        parts = [f"weights {format_gib(b.weights_bytes)}",
-                 f"KV {format_gib(b.kv_bytes)} ({b.kv_bytes_per_token / 1024:.1f} KiB/token × {b.tokens_in_flight:.0f} tokens)"]
+        parts = [
+            f"weights {format_gib(b.weights_bytes)}",
+            f"KV {format_gib(b.kv_bytes)} ({b.kv_bytes_per_token / 1024:.1f} KiB/token × {b.tokens_in_flight:.0f} tokens)",
+        ]
         if b.other_bytes is not None:
             parts.append(f"activations/runtime {format_gib(b.other_bytes)}")
         if b.peak_bytes is not None:
@@ -158,21 +173,43 @@ def diagnose(
             pre = sched.get("kv_preallocated_frac")
             ev = f"peak {format_gib(b.peak_bytes or 0)} of {format_gib(b.capacity_bytes or 0)} = {_pct(b.peak_frac)} > {_pct(th.peak_frac)}"
             if pre is not None and b.peak_frac <= float(pre) + 0.02:
-                add("memory.peak_high", "info", "Memory full by design (engine preallocates the KV cache)",
-                    ev + f"; the engine reserves {_pct(float(pre))} up front, so watch KV-cache usage and preemptions instead",
-                    "", "§4")
+                add(
+                    "memory.peak_high",
+                    "info",
+                    "Memory full by design (engine preallocates the KV cache)",
+                    ev
+                    + f"; the engine reserves {_pct(float(pre))} up front, so watch KV-cache usage and preemptions instead",
+                    "",
+                    "§4",
+                )
             else:
-                add("memory.peak_high", "critical", "Memory-bound: fix memory first", ev,
-                    _steps(S_WEIGHT_QUANT, S_KV_QUANT, S_SEQ, S_SCALE), "§4")
+                add(
+                    "memory.peak_high",
+                    "critical",
+                    "Memory-bound: fix memory first",
+                    ev,
+                    _steps(S_WEIGHT_QUANT, S_KV_QUANT, S_SEQ, S_SCALE),
+                    "§4",
+                )
         if b.kv_share is not None and b.kv_share > th.kv_share:
-            add("memory.kv_share_high", "warn", "KV cache dominates memory: concurrency / context length limited",
+            add(
+                "memory.kv_share_high",
+                "warn",
+                "KV cache dominates memory: concurrency / context length limited",
                 f"KV {format_gib(b.kv_bytes)} of peak {format_gib(b.peak_bytes or 0)} = {_pct(b.kv_share)} > {_pct(th.kv_share)}",
-                _steps(S_MAX_TOKENS, S_KV_QUANT, S_SEQ), "§4")
+                _steps(S_MAX_TOKENS, S_KV_QUANT, S_SEQ),
+                "§4",
+            )
         errors = summary.get("errors.rate")
         if errors and b.peak_frac is not None and b.peak_frac > th.peak_frac:
-            add("memory.errors_at_full_memory", "critical", "Requests failed while memory was full (possible OOM)",
+            add(
+                "memory.errors_at_full_memory",
+                "critical",
+                "Requests failed while memory was full (possible OOM)",
                 f"error rate {_pct(errors)} with peak memory at {_pct(b.peak_frac)}",
-                _steps(S_LOWER_CONC, S_KV_QUANT, S_WEIGHT_QUANT), "§4")
+                _steps(S_LOWER_CONC, S_KV_QUANT, S_WEIGHT_QUANT),
+                "§4",
+            )
 
     pre_n = telemetry.get("engine.preemptions")
     if pre_n is not None and pre_n > 0:
@@ -180,19 +217,27 @@ def diagnose(
         ev = f"{pre_n:.0f} preemptions (swap/recompute) in the window"
         if usage is not None:
             ev += f"; peak KV-cache usage {_pct(usage)}"
-        add("memory.preemptions", "critical", "Preemptions: the KV cache ran out (latency disaster, fix now)", ev,
-            _steps(S_LOWER_CONC, S_GPU_MEM, S_KV_QUANT, S_MAX_TOKENS), "§4")
+        add(
+            "memory.preemptions",
+            "critical",
+            "Preemptions: the KV cache ran out (latency disaster, fix now)",
+            ev,
+            _steps(S_LOWER_CONC, S_GPU_MEM, S_KV_QUANT, S_MAX_TOKENS),
+            "§4",
+        )
 
     # -- §5 roofline -----------------------------------------------------------------------
     if roofline is not None:
         r = roofline
         src = f" ({r.bandwidth_source})" if r.bandwidth_source else ""
-        ev = (f"{format_gib(r.bytes_per_step)} per step ÷ {r.bandwidth_bytes_s / 1e12:.3g} TB/s{src} = floor {_ms(r.floor_s)}/token")
+        ev = f"{format_gib(r.bytes_per_step)} per step ÷ {r.bandwidth_bytes_s / 1e12:.3g} TB/s{src} = floor {_ms(r.floor_s)}/token"
         if r.achieved_over_floor is None:
             add("roofline.floor", "info", "Decode floor (no TPOT measured)", ev, "", "§5")
         else:
-            ev += (f"; achieved TPOT {_ms(r.achieved_tpot_s or 0)} = {r.achieved_over_floor:.2f}× floor, "
-                   f"{_pct(r.bandwidth_util or 0)} of bandwidth ({(r.achieved_bandwidth_bytes_s or 0) / 1e12:.3g} TB/s)")
+            ev += (
+                f"; achieved TPOT {_ms(r.achieved_tpot_s or 0)} = {r.achieved_over_floor:.2f}× floor, "
+                f"{_pct(r.bandwidth_util or 0)} of bandwidth ({(r.achieved_bandwidth_bytes_s or 0) / 1e12:.3g} TB/s)"
+            )
             gpu_act = telemetry.get("gpu.sm_activity_mean")
             dram = telemetry.get("gpu.dram_bw_util_mean", telemetry.get("gpu.mem_bw_util_mean"))
             if gpu_act is not None:
@@ -200,32 +245,72 @@ def diagnose(
             if dram is not None:
                 ev += f"; memory-bandwidth utilization {_pct(dram)}"
             if r.achieved_over_floor > th.decode_headroom:
-                add("roofline.headroom", "info", "Decode well above its bandwidth floor: headroom left",
-                    ev, _steps(S_BATCH, S_KERNELS), "§5")
+                add(
+                    "roofline.headroom",
+                    "info",
+                    "Decode well above its bandwidth floor: headroom left",
+                    ev,
+                    _steps(S_BATCH, S_KERNELS),
+                    "§5",
+                )
             else:
-                add("roofline.at_floor", "info", "Decode at its bandwidth floor: only fewer bytes per step help",
-                    ev, _steps(S_WEIGHT_QUANT, S_KV_QUANT), "§5")
+                add(
+                    "roofline.at_floor",
+                    "info",
+                    "Decode at its bandwidth floor: only fewer bytes per step help",
+                    ev,
+                    _steps(S_WEIGHT_QUANT, S_KV_QUANT),
+                    "§5",
+                )
     if prefill_mfu_frac is not None:
-        add("roofline.prefill_mfu", "info", "Prefill compute utilization",
-            f"prefill MFU {_pct(prefill_mfu_frac)} (2 × params FLOPs per prompt token ÷ peak dense FLOP/s)", "", "§5")
+        add(
+            "roofline.prefill_mfu",
+            "info",
+            "Prefill compute utilization",
+            f"prefill MFU {_pct(prefill_mfu_frac)} (2 × params FLOPs per prompt token ÷ peak dense FLOP/s)",
+            "",
+            "§5",
+        )
 
     # -- §6 scheduler and GPU rules ----------------------------------------------------------
     if sched.get("continuous_batching") is False:
-        add("sched.no_continuous_batching", "warn", "Continuous batching is off",
-            "engine runs static batches", S_CONT_BATCH, "§6")
+        add(
+            "sched.no_continuous_batching",
+            "warn",
+            "Continuous batching is off",
+            "engine runs static batches",
+            S_CONT_BATCH,
+            "§6",
+        )
     mb, conc = sched.get("max_batch"), sched.get("concurrency")
     if mb and conc and conc > mb:
-        add("sched.concurrency_over_batch", "info", "Load concurrency exceeds the engine's max batch",
+        add(
+            "sched.concurrency_over_batch",
+            "info",
+            "Load concurrency exceeds the engine's max batch",
             f"concurrency {conc} > max batch {mb}: {conc - mb} requests wait in the engine queue",
-            _steps(S_BATCH, S_SCALE), "§6")
+            _steps(S_BATCH, S_SCALE),
+            "§6",
+        )
     if sched.get("prefix_caching") is False and (sched.get("shared_prefix_tokens") or 0) > 0:
-        add("sched.prefix_cache_off", "info", "Prompts share a prefix but prefix caching is off",
-            f"{sched['shared_prefix_tokens']} shared prefix tokens per request", S_PREFIX, "§6")
+        add(
+            "sched.prefix_cache_off",
+            "info",
+            "Prompts share a prefix but prefix caching is off",
+            f"{sched['shared_prefix_tokens']} shared prefix tokens per request",
+            S_PREFIX,
+            "§6",
+        )
     hit = telemetry.get("engine.prefix_cache_hit_rate")
     if hit is not None and (sched.get("shared_prefix_tokens") or 0) > 0 and hit < 0.1:
-        add("sched.prefix_cache_misses", "info", "Shared prefixes are not being hit in the prefix cache",
+        add(
+            "sched.prefix_cache_misses",
+            "info",
+            "Shared prefixes are not being hit in the prefix cache",
             f"prefix-cache hit rate {_pct(hit)} with {sched['shared_prefix_tokens']} shared prefix tokens",
-            S_PREFIX, "§6")
+            S_PREFIX,
+            "§6",
+        )
 
     nz = telemetry.get("engine.waiting_nonzero_frac")
     wmean, wmax = telemetry.get("engine.waiting_mean"), telemetry.get("engine.waiting_max")
@@ -234,8 +319,14 @@ def diagnose(
         ev = f"waiting queue > 0 in {_pct(nz)} of samples" if nz is not None else ""
         if wmean is not None:
             ev += f"{'; ' if ev else ''}mean {wmean:.1f}, max {wmax:.0f} waiting"
-        add("queue.persistent", "warn", "Requests queue persistently in the engine",
-            ev, _steps(S_BATCH, S_PREFIX, S_WEIGHT_QUANT, S_SCALE), "§6")
+        add(
+            "queue.persistent",
+            "warn",
+            "Requests queue persistently in the engine",
+            ev,
+            _steps(S_BATCH, S_PREFIX, S_WEIGHT_QUANT, S_SCALE),
+            "§6",
+        )
 
     util = telemetry.get("gpu.sm_activity_mean")
     util_name = "SM activity (GPM)"
@@ -243,27 +334,57 @@ def diagnose(
         util, util_name = telemetry.get("gpu.util_mean"), "GPU utilization (NVML)"
     if util is None:
         why = next((n for n in notes if n.startswith("no NVML")), "no GPU utilization measured")
-        add("gpu.not_evaluated", "info", "GPU rules not evaluated",
-            f"{why}; the §6 GPU-utilization rules need a GPU", "", "§6")
+        add(
+            "gpu.not_evaluated",
+            "info",
+            "GPU rules not evaluated",
+            f"{why}; the §6 GPU-utilization rules need a GPU",
+            "",
+            "§6",
+        )
     else:
         lat_high, lat_ev = _latency_high(summary, tg, th)
         tp_ok, tp_ev = _throughput_ok(summary, tg, roofline, th)
         u_ev = f"{util_name} {_pct(util)}"
         if util >= th.util_high:
             if lat_high:
-                add("gpu.busy_and_slow", "warn", "GPU busy and latency high: queueing at the concurrency limit",
-                    f"{u_ev} ≥ {_pct(th.util_high)}; {lat_ev}", _steps(S_PREFIX, S_WEIGHT_QUANT, S_SCALE), "§6")
+                add(
+                    "gpu.busy_and_slow",
+                    "warn",
+                    "GPU busy and latency high: queueing at the concurrency limit",
+                    f"{u_ev} ≥ {_pct(th.util_high)}; {lat_ev}",
+                    _steps(S_PREFIX, S_WEIGHT_QUANT, S_SCALE),
+                    "§6",
+                )
         elif util < th.util_low:
             if tp_ok is False:
-                add("gpu.batch_too_small", "warn", "GPU idle and tokens/s low: batch too small",
-                    f"{u_ev} < {_pct(th.util_low)}; {tp_ev}", _steps(S_CONT_BATCH, S_BATCH), "§6")
+                add(
+                    "gpu.batch_too_small",
+                    "warn",
+                    "GPU idle and tokens/s low: batch too small",
+                    f"{u_ev} < {_pct(th.util_low)}; {tp_ev}",
+                    _steps(S_CONT_BATCH, S_BATCH),
+                    "§6",
+                )
             elif tp_ok is True:
-                add("gpu.bandwidth_bound", "info", "GPU compute idle but tokens/s fine: bandwidth-bound already",
-                    f"{u_ev} < {_pct(th.util_low)}; {tp_ev}", _steps(S_WEIGHT_QUANT, S_KV_QUANT), "§6")
+                add(
+                    "gpu.bandwidth_bound",
+                    "info",
+                    "GPU compute idle but tokens/s fine: bandwidth-bound already",
+                    f"{u_ev} < {_pct(th.util_low)}; {tp_ev}",
+                    _steps(S_WEIGHT_QUANT, S_KV_QUANT),
+                    "§6",
+                )
             else:
-                add("gpu.low_util_undecided", "info", "GPU utilization low; tokens/s not judged",
+                add(
+                    "gpu.low_util_undecided",
+                    "info",
+                    "GPU utilization low; tokens/s not judged",
                     f"{u_ev} < {_pct(th.util_low)}; {tp_ev}: set a throughput gate to decide batch-too-small vs "
-                    "bandwidth-bound", "", "§6")
+                    "bandwidth-bound",
+                    "",
+                    "§6",
+                )
 
     out.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
     return out

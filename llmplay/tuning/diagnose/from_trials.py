@@ -1,5 +1,6 @@
 """Diagnosing a run's final configuration from its trials: gathers model facts, memory, roofline and
 scheduler facts, then applies the checklist."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -60,22 +61,29 @@ def _tokens_in_flight(config: Config, samples: Sequence[TrialSample]) -> float:
     return users * per_request
 
 
-def diagnose_run(playbook: Playbook, config: Config, samples: Sequence[TrialSample],
-                 summary: Mapping[str, float]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def diagnose_run(
+    playbook: Playbook, config: Config, samples: Sequence[TrialSample], summary: Mapping[str, float]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Findings (plain dicts, most severe first) and the diagnosis (model, memory, roofline, scheduler, notes)."""
-    telemetry = {k: v for s in samples for k, v in s.scalars.items()
-                 if k.startswith(("gpu.", "engine.", "proc.", "memory."))}
+    telemetry = {
+        k: v for s in samples for k, v in s.scalars.items() if k.startswith(("gpu.", "engine.", "proc.", "memory."))
+    }
     diagnosis: dict[str, Any] = {"notes": []}
     facts: ModelFacts | None = None
     path = model_file(config)
     try:
         if path is not None:
-            facts = (model_facts_from_gguf(path) if path.suffix == ".gguf"
-                     else model_facts_from_hf_config(path, str(config.engine.args.get("quantization") or "") or None))
+            facts = (
+                model_facts_from_gguf(path)
+                if path.suffix == ".gguf"
+                else model_facts_from_hf_config(path, str(config.engine.args.get("quantization") or "") or None)
+            )
     except (ModelFactsError, OSError, ValueError) as exc:
         diagnosis["notes"].append(f"model facts unavailable: {exc}")
     if facts is None and path is None:
-        diagnosis["notes"].append("model facts unavailable: no config.json or GGUF found on the host (set engine.model_dir)")
+        diagnosis["notes"].append(
+            "model facts unavailable: no config.json or GGUF found on the host (set engine.model_dir)"
+        )
     gpu = gpu_inventory() if config.engine.gpus else None
     on_gpu = bool(config.engine.gpus) and gpu and gpu.get("name")
     if on_gpu:
@@ -94,21 +102,35 @@ def diagnose_run(playbook: Playbook, config: Config, samples: Sequence[TrialSamp
         spec = lookup_gpu(gpu["name"]) if on_gpu and gpu else None
         if spec is not None:
             kv_step = breakdown.kv_bytes / max(config.workload.concurrency or 1, 1)
-            roofline = decode_roofline(facts.weight_bytes, kv_step * (config.workload.concurrency or 1),
-                                       spec.memory_bandwidth_bytes_s, summary.get("tpot.p50"),
-                                       bandwidth_source=f"table: {spec.model}")
+            roofline = decode_roofline(
+                facts.weight_bytes,
+                kv_step * (config.workload.concurrency or 1),
+                spec.memory_bandwidth_bytes_s,
+                summary.get("tpot.p50"),
+                bandwidth_source=f"table: {spec.model}",
+            )
             diagnosis["roofline"] = to_plain(roofline)
-    scheduler = {"continuous_batching": bool(config.engine.args.get("cont_batching", True)),
-                 "max_batch": config.engine.args.get("max_num_seqs") or config.engine.args.get("parallel"),
-                 "concurrency": config.workload.concurrency, "rate": config.workload.rate,
-                 # Every adapted engine caches prefixes by default now (vLLM V1, SGLang radix, TGI 3, llama.cpp
-                 # cache_prompt); only an explicit `prefix_caching: false` turns it off.
-                 "prefix_caching": config.engine.args.get("prefix_caching") is not False,
-                 "shared_prefix_tokens": config.workload.prefix_tokens}
+    scheduler = {
+        "continuous_batching": bool(config.engine.args.get("cont_batching", True)),
+        "max_batch": config.engine.args.get("max_num_seqs") or config.engine.args.get("parallel"),
+        "concurrency": config.workload.concurrency,
+        "rate": config.workload.rate,
+        # Every adapted engine caches prefixes by default now (vLLM V1, SGLang radix, TGI 3, llama.cpp
+        # cache_prompt); only an explicit `prefix_caching: false` turns it off.
+        "prefix_caching": config.engine.args.get("prefix_caching") is not False,
+        "shared_prefix_tokens": config.workload.prefix_tokens,
+    }
     if config.engine.kind in ("vllm", "sglang", "trtllm"):
         # These engines reserve the KV pool up front, so a ~90% peak is by design, not pressure.
         scheduler["kv_preallocated_frac"] = float(config.engine.args.get("gpu_memory_utilization") or 0.9)
-    findings = diagnose(summary, telemetry, breakdown, roofline, scheduler,
-                        targets=targets_from_gates(playbook.goals.gates), notes=diagnosis["notes"])
+    findings = diagnose(
+        summary,
+        telemetry,
+        breakdown,
+        roofline,
+        scheduler,
+        targets=targets_from_gates(playbook.goals.gates),
+        notes=diagnosis["notes"],
+    )
     diagnosis["scheduler"] = scheduler
     return [to_plain(f) for f in findings], diagnosis

@@ -1,4 +1,5 @@
 """Datasheet figures of common GPUs, keyed by the name NVML reports: the roofline's denominators."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """What a model is made of, read from its GGUF metadata or Hugging Face config.json: layers, heads, bytes."""
+
 from __future__ import annotations
 
 import json
@@ -93,16 +94,33 @@ def model_facts_from_gguf(path: str | Path) -> ModelFacts:
             by_type[gguf.GGMLQuantizationType(int(t.tensor_type)).name] += int(t.n_bytes)
         quant = by_type.most_common(1)[0][0] if by_type else "unknown"
     name = _gguf_value(reader, "general.name") or p.stem
-    return ModelFacts(str(name), str(arch), layers, heads, kv_heads, head_dim, hidden, params, weight_bytes,
-                      quant, f"gguf:{p}")
+    return ModelFacts(
+        str(name), str(arch), layers, heads, kv_heads, head_dim, hidden, params, weight_bytes, quant, f"gguf:{p}"
+    )
 
 
 # bytes per weight; 4-bit group-quantized formats carry scales/zeros (~0.16 bit per weight at group 128)
 QUANT_BYTES: Mapping[str, float] = {
-    "fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "none": 2,
-    "fp8": 1, "int8": 1, "w8a8": 1, "fbgemm_fp8": 1, "compressed-tensors": 1,
-    "awq": 0.52, "gptq": 0.52, "int4": 0.5, "w4a16": 0.52, "marlin": 0.52, "bitsandbytes": 0.52,
-    "nvfp4": 0.5625, "mxfp4": 0.53125,
+    "fp32": 4,
+    "float32": 4,
+    "fp16": 2,
+    "float16": 2,
+    "bf16": 2,
+    "bfloat16": 2,
+    "none": 2,
+    "fp8": 1,
+    "int8": 1,
+    "w8a8": 1,
+    "fbgemm_fp8": 1,
+    "compressed-tensors": 1,
+    "awq": 0.52,
+    "gptq": 0.52,
+    "int4": 0.5,
+    "w4a16": 0.52,
+    "marlin": 0.52,
+    "bitsandbytes": 0.52,
+    "nvfp4": 0.5625,
+    "mxfp4": 0.53125,
 }
 
 
@@ -158,11 +176,21 @@ def model_facts_from_hf_config(config_path: str | Path, quantization: str | None
             q = q or (f"int{bits}" if bits else "int8")
     q = (q or dtype).lower()
     if q not in QUANT_BYTES:
-        raise ModelFactsError(
-            f"{p}: unknown quantization '{q}'; expected one of {', '.join(sorted(QUANT_BYTES))}")
+        raise ModelFactsError(f"{p}: unknown quantization '{q}'; expected one of {', '.join(sorted(QUANT_BYTES))}")
     body_bytes = QUANT_BYTES[q]
     weight_bytes = int(layers * per_layer * body_bytes + (embed + hidden) * base_bytes)
     name = top.get("_name_or_path") or p.parent.name
     arch = (top.get("architectures") or [top.get("model_type", "unknown")])[0]
-    return ModelFacts(str(name), str(arch), int(layers), int(heads), int(kv_heads), int(head_dim), int(hidden),
-                      int(params), weight_bytes, q, f"config.json:{p}")
+    return ModelFacts(
+        str(name),
+        str(arch),
+        int(layers),
+        int(heads),
+        int(kv_heads),
+        int(head_dim),
+        int(hidden),
+        int(params),
+        weight_bytes,
+        q,
+        f"config.json:{p}",
+    )

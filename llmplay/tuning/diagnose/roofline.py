@@ -1,4 +1,5 @@
 """The decode roofline (CHECKLIST §5): the best TPOT the memory bandwidth allows, and prefill MFU."""
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,16 @@ def decode_roofline(
     floor = moved / bandwidth_bytes_s
     if achieved_tpot_s is None or achieved_tpot_s <= 0 or not math.isfinite(achieved_tpot_s):
         return Roofline(moved, bandwidth_bytes_s, floor, None, None, None, None, bandwidth_source)
-    return Roofline(moved, bandwidth_bytes_s, floor, achieved_tpot_s, achieved_tpot_s / floor,
-                    floor / achieved_tpot_s, moved / achieved_tpot_s, bandwidth_source)
+    return Roofline(
+        moved,
+        bandwidth_bytes_s,
+        floor,
+        achieved_tpot_s,
+        achieved_tpot_s / floor,
+        floor / achieved_tpot_s,
+        moved / achieved_tpot_s,
+        bandwidth_source,
+    )
 
 
 def prefill_mfu(params: float, prompt_tokens_per_s: float, peak_flops: float) -> float:
