@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from llmplay import units
 
@@ -230,3 +232,51 @@ def fmt_bytes(value: float | None) -> str:
     if value is None:
         return "—"
     return f"{value / 2**30:.2f} GiB" if abs(value) >= 2**30 else f"{value / 2**20:.1f} MiB"
+
+
+# The fewest requests a percentile needs before it says anything about the tail: with fewer than ~1/(1-q)·2
+# values the P-q estimate is one of the largest two observations, i.e. an anecdote, not a percentile.
+MIN_SAMPLES: dict[str, int] = {"p90": 10, "p95": 20, "p99": 100}
+
+# Why a latency family has no values, in the words the console and the report use for "not measured".
+ABSENCE_REASONS: dict[str, str] = {
+    "ttft": "no streamed request completed",
+    "ttfo": "no streamed request carried content",
+    "tpot": "no streamed request produced more than one output token",
+    "itl": "no streamed request produced more than one chunk",
+    "e2el": "no request completed",
+    "ttft_nonstream": "no non-streamed request completed",
+    "queue_wait": "no request completed",
+}
+
+
+def sample_count_key(metric: str) -> str | None:
+    """The summary key holding how many requests `metric` rests on ("ttft.p95" -> "ttft.n"); None for non-latency."""
+    family = metric.partition(".")[0]
+    return f"{family}.n" if family in _LATENCY_LABELS or family == "ttfo" else None
+
+
+def thin_sample(metric: str, summary: Mapping[str, Any]) -> str | None:
+    """A warning when a percentile rests on too few requests to mean anything, e.g. "P95 TTFT from 2 requests
+    (needs at least 20)"; None when the sample is large enough, the metric is no percentile, or no count is known."""
+    stat = metric.partition(".")[2]
+    need = MIN_SAMPLES.get(stat)
+    key = sample_count_key(metric)
+    n = summary.get(key) if key else None
+    if need is None or n is None or n >= need:
+        return None
+    return f"{label_of(metric)} from {int(n)} request(s) (needs at least {need})"
+
+
+def absence_reason(metric: str) -> str:
+    """Why `metric` can be absent from a summary, for "not measured (reason)"."""
+    family = metric.partition(".")[0]
+    if family in ABSENCE_REASONS:
+        return ABSENCE_REASONS[family]
+    if family in ("throughput", "goodput"):
+        return "no request completed in the measured window"
+    if family == "cost":
+        return "no price in the playbook, or no output tokens"
+    if family in ("engine", "memory"):
+        return "the engine exposed no such telemetry"
+    return "no data"

@@ -178,6 +178,9 @@ def summarize(
     for name in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttfo"):
         for stat, v in _stats(arrays[name]).items():
             values[f"{name}.{stat}"] = v
+        # How many requests the percentiles rest on (ITL pools gaps, but its unit is still the request).
+        values[f"{name}.n"] = arrays[name].size
+    values["itl.n"] = sum(1 for r in ok if r.stream and len(r.chunk_ns) > 1)
     q = _stats(arrays["queue_wait"])
     values["queue_wait.mean"], values["queue_wait.p95"] = q["mean"], q["p95"]
     dur = duration_s if duration_s > 0 else None
