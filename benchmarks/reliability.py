@@ -1,6 +1,6 @@
-"""Runs the reliability suite (tests/test_reliability.py, the playbook fuzzers, the signal/kill tests of
-tests/test_run_cpu.py) and prints the README's reliability figures: faults injected by kind, inputs fuzzed,
-containers leaked, records lost.
+"""Runs the reliability suite (tests/test_reliability.py, the playbook fuzzers, the results-pipeline fuzzer, the
+signal/kill tests of tests/test_run_cpu.py) and prints the README's reliability figures: faults injected by kind,
+inputs fuzzed, results-pipeline examples, containers leaked, records lost.
 
     .venv/bin/python benchmarks/reliability.py            # all of it (needs dockerd and the CPU engine image)
     .venv/bin/python benchmarks/reliability.py --no-docker
@@ -27,7 +27,8 @@ from pathlib import Path
 from llmplay.runtime import dockerd
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITE = ["tests/test_reliability.py", "tests/test_fuzz_playbook.py", "tests/test_playbook.py"]
+PIPELINE_FUZZER = "tests/test_results_pipeline.py"
+SUITE = ["tests/test_reliability.py", "tests/test_fuzz_playbook.py", "tests/test_playbook.py", PIPELINE_FUZZER]
 RUN_CPU = "tests/test_run_cpu.py"
 # Faults injected by tests this script does not instrument: one per passing test, by name.
 FAULTS_BY_TEST = {
@@ -68,6 +69,21 @@ def orphans() -> list[str]:
         return out
     finally:
         client.close()
+
+
+def hypothesis_examples(stdout: str) -> tuple[int, int]:
+    """Examples hypothesis ran (passing + invalid, from --hypothesis-show-statistics): the playbook fuzzers', and the
+    results-pipeline fuzzer's, each test's statistics under its own `path::test:` heading."""
+    playbook = pipeline = 0
+    for heading, body in re.findall(r"^(\S+::\S+):\s*$(.*?)(?=^\S+::\S+:\s*$|\Z)", stdout, re.M | re.S):
+        # "150 passing, 0 failing, and 16 invalid test cases" (older hypothesis: "150 passing examples, ...")
+        passing = sum(int(x) for x in re.findall(r"(\d+) passing\b", body))
+        invalid = sum(int(x) for x in re.findall(r"(\d+) invalid\b", body))
+        if heading.startswith(PIPELINE_FUZZER):
+            pipeline += passing  # an invalid draw there never reached the pipeline
+        else:
+            playbook += passing + invalid  # how this figure has always been counted
+    return playbook, pipeline
 
 
 def main() -> int:
@@ -126,9 +142,7 @@ def main() -> int:
     for name, label in FAULTS_BY_TEST.items():
         if name in passed:
             faults[label] += 1
-    # "150 passing, 0 failing, and 16 invalid test cases" (older hypothesis: "150 passing examples, ...")
-    examples = sum(int(n) for n in re.findall(r"(\d+) passing\b", proc.stdout))
-    examples += sum(int(n) for n in re.findall(r"(\d+) invalid\b", proc.stdout))
+    examples, pipeline_examples = hypothesis_examples(proc.stdout)
     fixed_inputs = sum(
         1
         for name in passed
@@ -142,6 +156,7 @@ def main() -> int:
         "faults_injected_total": sum(faults.values()),
         "inputs_fuzzed": examples + fixed_inputs,
         "hypothesis_examples": examples,
+        "results_pipeline_examples": pipeline_examples,
         "adversarial_inputs": fixed_inputs,
         "requests_sent": sent,
         "records": records,
@@ -161,6 +176,10 @@ def main() -> int:
     print(
         f"| inputs fuzzed (hypothesis examples + adversarial playbooks) | {figures['inputs_fuzzed']:,} "
         f"({examples:,} + {fixed_inputs}) |"
+    )
+    print(
+        f"| results-pipeline examples (records → summary → decision → archive → report → compare) "
+        f"| {pipeline_examples:,} |"
     )
     print(f"| requests sent under faults / records | {sent:,} / {records:,} |")
     print(f"| records lost | {figures['records_lost']} |")

@@ -257,15 +257,49 @@ def sample_count_key(metric: str) -> str | None:
 
 
 def thin_sample(metric: str, summary: Mapping[str, Any]) -> str | None:
-    """A warning when a percentile rests on too few requests to mean anything, e.g. "P95 TTFT from 2 requests
-    (needs at least 20)"; None when the sample is large enough, the metric is no percentile, or no count is known."""
+    """A warning when a percentile rests on too few requests to mean anything, e.g. "P95 TTFT from 2 request(s)
+    (needs at least 20)"; None when the sample is large enough or empty, the metric is no percentile, or no count
+    is known."""
     stat = metric.partition(".")[2]
     need = MIN_SAMPLES.get(stat)
     key = sample_count_key(metric)
     n = summary.get(key) if key else None
-    if need is None or n is None or n >= need:
+    # A percentile from no request at all is absent, not thin: absence_reason says why.
+    if need is None or n is None or n <= 0 or n >= need:
         return None
     return f"{label_of(metric)} from {int(n)} request(s) (needs at least {need})"
+
+
+# Which requests each latency family is measured on: TTFT, TPOT, ITL and TTFO exist only for streamed requests,
+# TTFT (non-streamed) only for non-streamed ones; E2E latency and queue wait for every completed request.
+STREAMED_ONLY: frozenset[str] = frozenset({"ttft", "tpot", "itl", "ttfo"})
+NONSTREAMED_ONLY: frozenset[str] = frozenset({"ttft_nonstream"})
+# The request counts a summary keeps beside its figures (metrics.summarize per trial, the pooled configuration
+# row of tuning.decide): what each percentile rests on, and how many requests were streamed or not.
+SAMPLE_COUNT_KEYS: tuple[str, ...] = (
+    *(f"{family}.n" for family in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttfo")),
+    "requests.total",
+    "requests.completed",
+    "requests.streamed",
+    "requests.nonstreamed",
+)
+
+
+def min_samples(metric: str) -> int | None:
+    """The fewest requests `metric` needs to mean anything (MIN_SAMPLES); None when it is no tail percentile."""
+    return MIN_SAMPLES.get(metric.partition(".")[2]) if sample_count_key(metric) else None
+
+
+def thin_comparison(metric: str, n_baseline: int | None, n_candidate: int | None) -> str | None:
+    """For a decision's sentence: "P95 TTFT rests on 12 requests per side (needs at least 20)", or "... on 12 vs
+    40 requests ..." when the sides differ; None when both sides are large enough or a count is unknown."""
+    need = min_samples(metric)
+    if need is None or n_baseline is None or n_candidate is None or min(n_baseline, n_candidate) >= need:
+        return None
+    counts = (
+        f"{n_baseline} requests per side" if n_baseline == n_candidate else f"{n_baseline} vs {n_candidate} requests"
+    )
+    return f"{label_of(metric)} rests on {counts} (needs at least {need})"
 
 
 def absence_reason(metric: str) -> str:
@@ -275,8 +309,12 @@ def absence_reason(metric: str) -> str:
         return ABSENCE_REASONS[family]
     if family in ("throughput", "goodput"):
         return "no request completed in the measured window"
+    if family == "errors":
+        return "no request was sent (every trial failed before its load)"
     if family == "cost":
         return "no price in the playbook, or no output tokens"
-    if family in ("engine", "memory"):
-        return "the engine exposed no such telemetry"
+    if family == "engine":
+        return "the engine exposed no such figure on /metrics"
+    if family == "memory":
+        return "no GPU memory telemetry (no NVML, or the engine exposed none)"
     return "no data"

@@ -94,8 +94,9 @@ def run(
 ) -> None:
     """Run a tuning playbook: baseline, then each step, with repeats, verdicts and gates.
 
-    Exit 0: the final configuration meets every gate; 3: a gate fails; 2: playbook error;
-    1: infrastructure failure; 130: interrupted (resume with --resume).
+    Exit 0: the final configuration meets every gate; 3: a gate fails or is not measured; 2: playbook error;
+    1: infrastructure failure or internal error; 130: interrupted. After 130, or an internal error, the
+    finished trials are archived: --resume RUN_DIR continues without measuring them again.
     """
     from llmplay.commands.run import run_command  # deferred: loaded only when this command runs
 

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from llmplay.archive.layout import RESOLVED_FILE
-from llmplay.archive.model import TRIAL_OK, GateResult, TrialRecord
+from llmplay.archive.model import TRIAL_OK, GateResult, MetricDelta, TrialRecord
 from llmplay.archive.reader import ArchivedRun, engine_label
 from llmplay.archive.writer import atomic_write_text
-from llmplay.catalog import COMPARED_METRICS, fmt_full, fmt_pct, label_of, metric_info
+from llmplay.catalog import COMPARED_METRICS, absence_reason, fmt_full, fmt_pct, label_of, metric_info, thin_comparison
 from llmplay.errors import LlmplayError
 from llmplay.metrics import usd_per_hour_from_cost
 from llmplay.playbook.load import load_playbook
@@ -45,6 +45,7 @@ class MetricComparison:
     tolerance: float | None  # guard tolerance or objective min_effect (relative)
     regression: bool
     why: str = ""  # one line when regression
+    note: str = ""  # not measured on a side (and why), or a percentile from too few requests
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,11 @@ class Comparison:
     @property
     def has_regression(self) -> bool:
         return bool(self.regressions)
+
+    @property
+    def unmeasured(self) -> list[str]:
+        """The objective and guards that could not be judged: a side did not measure them."""
+        return [f"{m.role} {m.label} ({m.note})" for m in self.metrics if m.role and (m.a is None or m.b is None)]
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -171,10 +177,8 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
         lower_better = info.lower_is_better if info else True
         if samples_a and samples_b:
             d = compare_metric(samples_a, samples_b, metric, n_boot=n_boot, seed=seed + i)
-        else:
-            d = None
-        if d is None or (d.baseline is None and d.candidate is None):
-            continue
+        else:  # a side without a successful trial measured nothing: its goals' rows still say so
+            d = MetricDelta(metric, None, None, None, None, None, None, None)
         role, tolerance = "", None
         if objective is not None and metric == objective.metric:
             role, tolerance = "objective", objective.min_effect
@@ -182,7 +186,9 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
         elif metric in guards:
             role, tolerance = "guard", guards[metric].tolerance
             lower_better = guards[metric].direction == "minimize"
-        regression, why = False, ""
+        if d.baseline is None and d.candidate is None and not role and metric not in gate_metrics:
+            continue  # a figure neither run measured and no goal asks about: nothing to show
+        regression, why = False, ""  # regressed_beyond never claims a regression from an absent side
         if tolerance is not None:
             regression = regressed_beyond(d, lower_better, tolerance)
             if regression:
@@ -195,6 +201,12 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
         clear = d.ci_low is not None and d.ci_high is not None and (d.ci_low > 0 or d.ci_high < 0)
         if d.rel_change not in (None, 0) and clear:
             better = (d.rel_change < 0) if lower_better else (d.rel_change > 0)
+        missing = [side for side, v in (("A", d.baseline), ("B", d.candidate)) if v is None]
+        if missing:
+            note = f"not measured on {' or '.join(missing) if len(missing) == 1 else 'either run'}: "
+            note += absence_reason(metric)
+        else:
+            note = thin_comparison(metric, d.n_baseline, d.n_candidate) or ""
         rows.append(
             MetricComparison(
                 metric,
@@ -210,6 +222,7 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
                 tolerance,
                 regression,
                 why,
+                note,
             )
         )
     gates_a = {g.gate: g for g in archive_a.gates()}
@@ -272,9 +285,10 @@ def format_comparison_table(comparison: Comparison) -> str:
                 f"[{fmt_pct(m.ci_low)}, {fmt_pct(m.ci_high)}]" if m.ci_low is not None else "",
                 f"{m.tolerance:.0%}" if m.tolerance is not None else "",
                 flag,
+                m.note,
             ]
         )
-    out += _table(["metric", "role", "A", "B", "change", "95% CI", "tolerance", ""], rows, {2, 3, 4, 5, 6})
+    out += _table(["metric", "role", "A", "B", "change", "95% CI", "tolerance", "", "note"], rows, {2, 3, 4, 5, 6})
     if comparison.gates:
         out.append("")
         grows = []
@@ -290,6 +304,8 @@ def format_comparison_table(comparison: Comparison) -> str:
     out.append("")
     if comparison.has_regression:
         out.append("REGRESSION: " + "; ".join(comparison.regressions))
+    elif comparison.unmeasured:  # "every guard holds" would be a claim built on nothing
+        out.append("no regression in what both runs measured; not judged: " + "; ".join(comparison.unmeasured))
     else:
         out.append("no regression: every guard, the objective and every gate hold within run A's tolerances")
     return "\n".join(out)
@@ -310,6 +326,7 @@ def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
             if m.regression
             else ("worse" if m.better is False else ("better" if m.better else "")),
             "why": m.why,
+            "note": m.note,
         }
         for m in comparison.metrics
     ]
@@ -329,6 +346,7 @@ def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
         "gates": gates,
         "regressions": comparison.regressions,
         "notes": list(comparison.notes),
+        "unmeasured": comparison.unmeasured,
         "cdf": charts.latency_cdfs(panels) if panels else "",
     }
     html = render_html("compare.html.j2", context)

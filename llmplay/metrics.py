@@ -199,7 +199,9 @@ def summarize(
         values[f"errors.{kind}"] = sum(1 for r in errors if r.error_kind == kind)
     values["requests.total"] = len(recs)
     values["requests.completed"] = len(ok)
-    values["requests.streamed"] = sum(1 for r in ok if r.stream)
+    streamed = sum(1 for r in ok if r.stream)
+    values["requests.streamed"] = streamed
+    values["requests.nonstreamed"] = len(ok) - streamed
     values["tokens.input_total"] = in_tokens
     values["tokens.output_total"] = out_tokens
     values["tokens.output_mean"] = out_tokens / len(ok) if ok else None

@@ -109,8 +109,11 @@ def fake_records(
     errors: int = 0,
     concurrency: int = 4,
     output_tokens: int = 32,
+    streamed: bool = True,
 ) -> tuple[list[RequestRecord], float]:
-    """Closed-loop requests with lognormal TTFT and jittered inter-token gaps; returns records and measured duration."""
+    """Closed-loop requests with lognormal TTFT and jittered inter-token gaps; returns records and measured duration.
+
+    streamed=False: every request non-streamed (one body, no chunks), so the trials have no streamed TTFT."""
     t0 = 10_000_000_000_000  # perf_counter_ns-like origin
     users = [t0] * concurrency
     records = []
@@ -150,12 +153,12 @@ def fake_records(
             rec = RequestRecord(
                 i,
                 i < warmup,
-                True,
+                streamed,
                 users[u],
                 sent,
-                first,
-                first,
-                tuple(int(c) for c in chunks),
+                first if streamed else end,
+                first if streamed else end,
+                tuple(int(c) for c in chunks) if streamed else (end,),
                 end,
                 in_tok,
                 output_tokens,
@@ -216,9 +219,11 @@ LOG_TAIL = (
 )
 
 
-def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffix: str = "") -> Path:
+def make_archive(
+    root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffix: str = "", streamed: bool = True
+) -> Path:
     """Build a finished archive under root and return its run directory. slowdown > 1 makes every config slower
-    (a planted regression for compare)."""
+    (a planted regression for compare); streamed=False sends every request non-streamed (no streamed TTFT)."""
     root = Path(root)
     pb_path = root / f"synthetic{name_suffix}.yaml"
     root.mkdir(parents=True, exist_ok=True)
@@ -282,7 +287,7 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
             return tid
         sp = SPEEDS[cid]
         sp = Speed(sp.ttft_s * slowdown, sp.itl_s * slowdown)
-        records, duration = fake_records(rng, sp, errors=errors)
+        records, duration = fake_records(rng, sp, errors=errors, streamed=streamed)
         nvml = counter[0] % 3 != 0
         tele = fake_telemetry(rng, duration, nvml=nvml, busy=0.9 if cid != "baseline" else 0.35)
         summary = _summary(records, duration, tele)
@@ -354,7 +359,11 @@ def make_archive(root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffi
             tc.append(trial(step, step, "candidate", rep, fail=fail, errors=1 if step == "flash-attention" else 0))
         a, b = mean(best, "throughput.output_tok_s"), mean(step, "throughput.output_tok_s")
         objective = delta("throughput.output_tok_s", a, b, 0.04 if verdict_kind != "inconclusive" else 0.06, False)
-        guard_t = delta("ttft.p95", mean(best, "ttft.p95"), mean(step, "ttft.p95"), 0.1, True)
+        guard_t = (
+            delta("ttft.p95", mean(best, "ttft.p95"), mean(step, "ttft.p95"), 0.1, True)
+            if streamed
+            else MetricDelta("ttft.p95", None, None, None, None, None, None, None)
+        )
         guard_e = MetricDelta(
             "errors.rate", mean(best, "errors.rate"), mean(step, "errors.rate"), None, None, None, None, None
         )

@@ -101,3 +101,18 @@ def test_html_renders_to_the_given_path(runs, tmp_path):
     a, again, _ = runs
     path = render_comparison_html(compare_runs(a, again, n_boot=BOOT), tmp_path / "sub" / "c.html")
     assert path.is_file() and "no regression" in path.read_text()
+
+
+def test_a_metric_absent_on_one_side_is_not_measured_never_a_regression(runs, tmp_path_factory):
+    a, _, _ = runs
+    unstreamed = shared_archive(tmp_path_factory, streamed=False)  # no streamed request: no TTFT at all
+    for first, second, side in ((a, unstreamed, "B"), (unstreamed, a, "A")):
+        comparison = compare_runs(first, second, n_boot=BOOT)
+        ttft = next(m for m in comparison.metrics if m.metric == "ttft.p95")
+        assert ttft.role == "guard" and not ttft.regression and ttft.better is None
+        assert ttft.note == f"not measured on {side}: no streamed request completed"
+        assert not any(m.regression for m in comparison.metrics if m.a is None or m.b is None)
+        table = format_comparison_table(comparison)
+        assert "not measured" in table and "nan" not in table.lower()
+        assert "every guard" not in table  # nothing was judged on the absent guard
+        assert "not judged: guard P95 TTFT (not measured on " in table.splitlines()[-1]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from llmplay.errors import PlaybookError
 from llmplay.playbook.load import load_playbook
+from llmplay.playbook.source import display_path
 
 VALID = {
     "apiVersion": "llmplay/v1",
@@ -54,9 +55,9 @@ FILE_PROBLEMS = ("not UTF-8 text (byte ", "nesting is too deep; ", "YAML error: 
 
 def assert_message_format(message: str, path) -> None:
     """Every line is `FILE:LINE: YAML.PATH: problem`, or one of the closed list of YAML-level problems that have
-    no path yet (`FILE:LINE: problem`, `FILE: problem`); FILE is the playbook as given."""
+    no path yet (`FILE:LINE: problem`, `FILE: problem`); FILE is the playbook as the loader shows it."""
     assert message and "Traceback" not in message
-    file = re.escape(str(path))
+    file = re.escape(display_path(str(path)))
     for line in message.splitlines():
         if m := re.fullmatch(rf"{file}:([1-9]\d*): {YAML_PATH}: (\S.*)", line):
             continue
@@ -131,14 +132,15 @@ def test_billion_laughs_is_refused_quickly(tmp_path):
 
 def test_the_message_format_check_refuses_what_it_should(tmp_path):
     f = tmp_path / "p.yaml"
-    assert_message_format(f"{f}:3: workload.input['a b'][0]: found 1; expected a mapping", f)
-    assert_message_format(f"{f}:1: YAML syntax error: mapping values are not allowed here", f)
+    shown = display_path(str(f))
+    assert_message_format(f"{shown}:3: workload.input['a b'][0]: found 1; expected a mapping", f)
+    assert_message_format(f"{shown}:1: YAML syntax error: mapping values are not allowed here", f)
     for bad in (
         "elsewhere.yaml:3: workload: found 1",
-        f"{f}: workload: found 1",
-        f"{f}:0: workload: found 1",
-        f"{f}:3: something else",
-        f"prefix {f}:3: workload: found 1",
+        f"{shown}: workload: found 1",
+        f"{shown}:0: workload: found 1",
+        f"{shown}:3: something else",
+        f"prefix {shown}:3: workload: found 1",
         "p.yaml",
     ):
         with pytest.raises(AssertionError):

@@ -71,6 +71,9 @@ def test_definitions_match_design():
     assert s["e2el.p95"] == pytest.approx(np.percentile(e2el, 95))
     assert s["ttft_nonstream.p50"] == pytest.approx(0.400) and s["ttft_nonstream.std"] == 0.0
     assert s["requests.total"] == 7 and s["requests.completed"] == 5 and s["requests.streamed"] == 4
+    assert s["requests.nonstreamed"] == 1
+    # what each family's percentiles rest on: ITL counts requests, not the gaps it pools
+    assert (s["ttft.n"], s["tpot.n"], s["itl.n"], s["e2el.n"], s["ttft_nonstream.n"]) == (4, 3, 3, 5, 1)
     assert s["errors.count"] == 2 and s["errors.rate"] == pytest.approx(2 / 7)
     assert s["errors.http_5xx"] == 1 and s["errors.timeout"] == 1 and s["errors.connect"] == 0
     out_tokens = 4 + 3 + 1 + 5 + 8

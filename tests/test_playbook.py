@@ -13,6 +13,7 @@ from llmplay.cli import cli
 from llmplay.errors import PlaybookError
 from llmplay.playbook.extends import deep_merge
 from llmplay.playbook.load import load_playbook, load_workload
+from llmplay.playbook.source import display_path
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOKS = sorted((ROOT / "playbooks").glob("*.yaml"))
@@ -255,7 +256,7 @@ def run_cli(*args: str) -> tuple[int, str]:
 def test_bad_knob_value_is_refused_by_validate_and_plan_alike(tmp_path, kind, args, step, lines):
     f = tmp_path / "p.yaml"
     f.write_text(KNOB_PLAYBOOK.format(kind=kind, args=args, step=step))
-    expected = [f"{f}:{line}" for line in lines]
+    expected = [f"{display_path(str(f))}:{line}" for line in lines]
     code, output = run_cli("validate", str(f))
     assert (code, output.splitlines()) == (2, expected)
     code, output = run_cli("plan", str(f))  # once a BadKnobValue escaped here as "internal error"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -137,6 +138,47 @@ def test_interrupted_run_without_record_still_renders(tmp_path_factory, tmp_path
     assert_self_contained(html)
     assert "did not complete (interrupted" in html and "rebuilt from trial summaries" in html
     assert "trials without a verdict" in html and "No gates were declared" in html
+
+
+def test_trials_without_streamed_ttft_say_not_measured_with_the_reason(tmp_path_factory):
+    run_dir = shared_archive(tmp_path_factory, streamed=False)
+    assert verify(run_dir) == []
+    html = (run_dir / "report.html").read_text()
+    assert_self_contained(html)
+    record = html[html.index('id="record"') : html.index('id="steps"')]
+    cells = re.findall(r'<td class="num">([^<]*)</td>', record)
+    assert cells.count("not measured") >= 3 * 3  # TTFT P50/P95/P99 of every configuration, never "0" or "—"
+    assert "P50 TTFT, P95 TTFT, P99 TTFT not measured: no streamed request completed" in record
+    glance = html[html.index('id="glance"') : html.index('id="record"')]
+    assert "not measured" in glance and "no streamed request completed" in glance  # the ttft.p95 gate
+    steps = html[html.index('id="steps"') : html.index('id="diagnosis"')]
+    assert "baseline not measured: no streamed request completed" in steps  # the ttft.p95 guard's row
+    assert "TTFT CDF" in steps and "not measured: no streamed request" in steps  # the empty charts say so
+    for absent in ("nan", "None"):
+        assert f">{absent}<" not in html
+
+
+def test_thin_percentiles_are_marked_in_the_record_and_the_step_sections(tmp_path_factory, tmp_path):
+    src = shared_archive(tmp_path_factory)
+    html = (src / "report.html").read_text()
+    record = html[html.index('id="record"') : html.index('id="steps"')]
+    # each configuration's TTFT P99 pools 2 trials x 48 requests: fewer than the 100 a P99 needs
+    assert re.search(r'<td class="num">[\d.]+ †</td>', record)
+    assert "† P99 TTFT from 96 request(s) (needs at least 100): too few to mean much" in record
+    run_dir = tmp_path / src.name
+    shutil.copytree(src, run_dir)
+    archive = RunArchive.open(run_dir)
+    manifest = archive.manifest()
+    manifest["verdicts"][0]["guards"][0].update(n_baseline=5, n_candidate=40)
+    manifest["gates"][0]["note"] = "P95 TTFT from 5 request(s) (needs at least 20)"
+    archive._manifest.update(verdicts=manifest["verdicts"], gates=manifest["gates"])
+    archive._save()
+    html = render_report(run_dir).read_text()
+    step = html[html.index('id="step-1"') : html.index('id="step-2"')]
+    assert "† baseline: P95 TTFT from 5 request(s) (needs at least 20)" in step
+    assert re.search(r'<td class="num">[\d.]+ ms †</td>', step)
+    glance = html[html.index('id="glance"') : html.index('id="record"')]
+    assert "P95 TTFT from 5 request(s) (needs at least 20)" in glance
 
 
 def test_trial_requests_tolerate_missing_and_extra_columns():

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from llmplay.archive.model import TRIAL_OK, TrialRecord
 from llmplay.archive.verify import verify
 from llmplay.playbook.load import load_playbook
 from llmplay.tuning.decide import TrialSample
 from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.trial import TrialResult
+from llmplay_testing.synthetic import scripted_trial
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,15 +56,12 @@ class SyntheticTrials:
             "errors.rate": 0.0,
             "duration_s": 10.0,
         }
-        trial = TrialRecord(
+        trial = scripted_trial(
+            config,
             trial_id=trial_id,
-            config_id=config.label,
             step=step,
             role=role,
             repeat=repeat,
-            status=TRIAL_OK,
-            started_utc="2026-12-02T00:00:00Z",
-            wall_s=0.0,
             summary=summary,
         )
         return TrialResult(trial, sample=sample)

@@ -52,6 +52,9 @@ class MetricDelta:
     ci_high: float | None
     p_value: float | None  # Mann-Whitney U, two-sided
     better: bool | None  # direction-aware: is the candidate better?
+    # How many requests each side's figure rests on, pooled over its trials (None: no per-request metric, or unknown).
+    n_baseline: int | None = None
+    n_candidate: int | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ class GateResult:
     observed: float | None
     met: bool | None  # None: not measured
     margin: float | None  # relative headroom: positive = met with room
+    # Why it is not measured (catalog.absence_reason), or that its percentile rests on too few requests.
+    note: str | None = None
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,12 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from llmplay.catalog import absence_reason
 from llmplay.errors import ExitCode
 from llmplay.metrics import Summary
 from llmplay.playbook.load import load_workload
 from llmplay.tuning.sweep import run_sweep
+from llmplay.tuning.trial import thin_warning
 
 
 def bench_command(url: str, workload_file: Path, *, model: str | None, json_path: str | None) -> int:
@@ -38,22 +40,26 @@ def _num(value: float | int | None) -> str:
 def format_summary_table(summary: Summary) -> Table:
     """A rich Table of the headline metrics: latencies in ms, then counts and rates."""
     v = summary.values
-    table = Table(
-        title="llmplay bench (latencies in ms)",
-        box=box.SIMPLE_HEAD,
-        caption=f"tokenizer: {summary.tokenizer}; output tokens from {summary.output_tokens_source}",
-    )
-    table.add_column("metric", no_wrap=True)
-    stats = ("mean", "std", "p50", "p90", "p95", "p99")
-    for col in stats:
-        table.add_column(col, justify="right", no_wrap=True)
-    for name, label in (
+    families = (
         ("ttft", "TTFT"),
         ("tpot", "TPOT"),
         ("itl", "ITL"),
         ("e2el", "E2EL"),
         ("ttft_nonstream", "TTFT non-stream"),
-    ):
+    )
+    stats = ("mean", "std", "p50", "p90", "p95", "p99")
+    caption = [f"tokenizer: {summary.tokenizer}; output tokens from {summary.output_tokens_source}"]
+    absent = [f"{label} ({absence_reason(name + '.p50')})" for name, label in families if v.get(f"{name}.p50") is None]
+    if absent:
+        caption.append("not measured: " + ", ".join(absent))
+    thin = [w for name, _ in families for s in stats if (w := thin_warning(f"{name}.{s}", v)) is not None]
+    if thin:
+        caption.append("too few requests: " + "; ".join(thin))
+    table = Table(title="llmplay bench (latencies in ms)", box=box.SIMPLE_HEAD, caption="\n".join(caption))
+    table.add_column("metric", no_wrap=True)
+    for col in stats:
+        table.add_column(col, justify="right", no_wrap=True)
+    for name, label in families:
         if v.get(f"{name}.p50") is not None:
             table.add_row(label, *(_ms(v.get(f"{name}.{s}")) for s in stats))
     table.add_section()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from llmplay.archive.listing import archive_root, list_runs
-from llmplay.errors import ExitCode
+from llmplay.archive.reader import read_manifest
+from llmplay.errors import ArchiveError, ExitCode
 
 
 def ls_command(archive_dir: str | None) -> int:
@@ -24,6 +28,19 @@ def ls_command(archive_dir: str | None) -> int:
         table.add_column(column, overflow="fold", no_wrap=column in ("path", "date"))
     for r in rows:
         name = f"{r['playbook']} {r['version']}".strip() + (" (overridden)" if r.get("overridden") else "")
-        table.add_row(name, r["date"], r["status"], r["engine"], r["gpu"], r["gates"], r["path"])
+        table.add_row(name, r["date"], r["status"], r["engine"], r["gpu"], gates_cell(r), r["path"])
     Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None).print(table)
     return ExitCode.OK
+
+
+def gates_cell(row: Mapping[str, Any]) -> str:
+    """ "met/total", and how many of the unmet gates were not measured at all (an absent figure is no failure
+    of the engine, but it is no pass either)."""
+    if row.get("status") == "unreadable":
+        return str(row.get("gates", ""))
+    try:
+        gates = read_manifest(Path(row["path"])).get("gates") or []
+    except ArchiveError:
+        return str(row.get("gates", ""))
+    unmeasured = sum(1 for g in gates if isinstance(g, Mapping) and g.get("met") is None)
+    return str(row.get("gates", "")) + (f" ({unmeasured} not measured)" if unmeasured else "")

@@ -1,4 +1,5 @@
-"""`llmplay plan`: the human-readable text of a plan (also what `llmplay run --dry-run` prints); starts nothing."""
+"""`llmplay plan`: the human-readable text of a plan (also what `llmplay run --dry-run` prints), with a warning for
+each goal percentile the workload as written measures on too few requests; starts nothing."""
 
 from __future__ import annotations
 
@@ -6,14 +7,16 @@ from pathlib import Path
 
 import click
 
+from llmplay.catalog import label_of
 from llmplay.errors import ExitCode
-from llmplay.plan import Config, Plan, build_plan, docker_run_argv, format_argv
+from llmplay.plan import Config, Plan, SampleShortfall, build_plan, docker_run_argv, format_argv, sample_shortfalls
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import LengthDist, Workload
 
 
 def plan_command(file: Path, *, allow_outside_extends: bool = False) -> int:
-    """Print the playbook's plan: baseline, each step's configuration and command line, the gates."""
+    """Print the playbook's plan: baseline, each step's configuration and command line, the gates, and the
+    sample-size warnings."""
     click.echo(render_plan(build_plan(load_playbook(file, allow_outside_extends=allow_outside_extends))))
     return ExitCode.OK
 
@@ -55,6 +58,45 @@ def _config_lines(config: Config, plan: Plan) -> list[str]:
     return [f"  engine args: {args}", f"  $ {format_argv(docker_run_argv(spec, plan.engine))}"]
 
 
+def describe_shortfall(short: SampleShortfall) -> str:
+    """One warning line: the metric, the requests it will rest on (and how that was worked out), the minimum."""
+    label, roles = label_of(short.metric), ", ".join(short.roles)
+    kind = f"{short.kind} " if short.kind else ""
+    share = f" × {short.share:.0%} {short.kind}" if short.kind and short.share < 1 else ""
+    head = f"warning: {label} ({roles})"
+    if short.share <= 0:
+        fraction = 1.0 - short.share if short.kind == "non-streamed" else short.share
+        return f"{head} will not be measured: the workload sends no {kind}requests (streaming_fraction {fraction:g})"
+    per_trial, pooled, bound = short.per_trial, short.pooled, short.expected.bound
+    if per_trial is not None and pooled is not None:
+        return (
+            f"{head} rests on {bound} {per_trial:.3g} {kind}requests per trial ({short.expected.basis}{share}), "
+            f"{bound} {pooled:.3g} over the {short.trials} trial(s) pooled per configuration; "
+            f"it needs at least {short.need}"
+        )
+    return (
+        f"{head}: how many {kind}requests it rests on depends on the latency ({short.expected.basis}{share} "
+        f"per trial); {short.trials} trial(s) pooled per configuration reach the {short.need} it needs only if "
+        f"requests average under {short.latency_s:.3g} s"
+    )
+
+
+def sample_size_lines(plan: Plan) -> list[str]:
+    """Warnings for the percentiles the goals use that the workload, as written, measures on too few requests:
+    the baseline's workload, and each step's where the step changes the workload."""
+    pb = plan.playbook
+    lines = [describe_shortfall(s) for s in sample_shortfalls(pb.workload, pb.goals, pb.trials)]
+    seen = [pb.workload]
+    for planned in plan.steps:
+        workload = planned.cumulative.workload
+        if workload in seen:
+            continue
+        seen.append(workload)
+        for short in sample_shortfalls(workload, pb.goals, pb.trials):
+            lines.append(f"{describe_shortfall(short)} (with step {planned.index} {planned.step.name}'s workload)")
+    return lines
+
+
 def render_plan(plan: Plan) -> str:
     pb = plan.playbook
     goals = pb.goals
@@ -70,6 +112,7 @@ def render_plan(plan: Plan) -> str:
         "Gates:" if goals.gates else "Gates: none",
     ]
     lines += [f"  {gate.text}" for gate in goals.gates]
+    lines += sample_size_lines(plan)
     lines += ["", "Baseline", *_config_lines(plan.baseline, plan)]
     for planned in plan.steps:
         step = planned.step

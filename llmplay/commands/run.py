@@ -13,13 +13,14 @@ from rich.table import Table
 
 from llmplay.archive.listing import archive_root
 from llmplay.archive.model import GateResult
-from llmplay.catalog import TUNING_RECORD_METRICS, metric_info
+from llmplay.catalog import TUNING_RECORD_METRICS, absence_reason, fmt_bytes, fmt_full, label_of
 from llmplay.commands.plan import render_plan
 from llmplay.errors import ArchiveError, ExitCode, PlaybookError
 from llmplay.plan import build_plan
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
+from llmplay.tuning.trial import figure, measured, thin_warning
 from llmplay.units import UnitError, parse_duration_s
 
 
@@ -89,28 +90,41 @@ def run_command(
     outcome = run_playbook(
         playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False)
     )
-    print_outcome(console, outcome)
+    print_summary_guarded(console, outcome)
     return outcome.exit_code
 
 
-def _fmt(metric: str, value: float | None) -> str:
-    info = metric_info(metric)
-    return info.format(value) if info else f"{value}"
+def print_summary_guarded(console: Console, outcome: RunOutcome) -> None:
+    """print_outcome, for a finished archive: a bug in printing costs the summary, never the run's exit code."""
+    try:
+        print_outcome(console, outcome)
+    except Exception as exc:
+        sys.stderr.write(
+            f"warning: the run's summary could not be printed ({type(exc).__name__}: {exc}); the archive is "
+            f"finished, see `llmplay report {outcome.run_dir}`\n"
+        )
 
 
 def print_outcome(console: Console, outcome: RunOutcome) -> None:
+    """The tuning record, each step's verdict, the gates and the diagnosis, as the run's last lines."""
     table = Table(title="Tuning record", show_lines=False)
     table.add_column("configuration")
     table.add_column("verdict")
     for metric in TUNING_RECORD_METRICS:
-        info = metric_info(metric)
-        table.add_column(info.label if info else metric, justify="right")
+        table.add_column(label_of(metric), justify="right")
+    notes: list[str] = []
     for row in outcome.tuning_record:
-        metrics = row.get("metrics", {})
-        table.add_row(
-            row["config_id"], row.get("verdict", "baseline"), *(_fmt(m, metrics.get(m)) for m in TUNING_RECORD_METRICS)
-        )
+        figures = record_figures(row)
+        cells = []
+        for metric in TUNING_RECORD_METRICS:
+            value = measured(figures.get(metric))
+            thin = thin_warning(metric, figures)
+            cells.append("not measured" if value is None else fmt_full(metric, value) + (" *" if thin else ""))
+        table.add_row(str(row.get("config_id", "?")), str(row.get("verdict", "baseline")), *cells)
+        notes.extend(record_notes(row, figures))
     console.print(table)
+    for note in notes:
+        console.print(note, markup=False)
     for verdict in outcome.verdicts:
         console.print(
             f"step {verdict.index} {verdict.step} [{', '.join(verdict.changes)}]: {verdict.verdict} — {verdict.reason}",
@@ -123,40 +137,98 @@ def print_outcome(console: Console, outcome: RunOutcome) -> None:
     console.print(f"report: {outcome.run_dir / 'report.html'}", markup=False)
 
 
-def _bytes(value: float | None) -> str:
-    if value is None:
-        return "not measured"
-    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
+def record_figures(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A tuning-record row's figures with the request counts its percentiles rest on."""
+    metrics, samples = row.get("metrics"), row.get("samples")
+    return {**(samples if isinstance(samples, Mapping) else {}), **(metrics if isinstance(metrics, Mapping) else {})}
+
+
+def record_notes(row: Mapping[str, Any], figures: Mapping[str, Any]) -> list[str]:
+    """The lines under the tuning record for one row: why its absent figures are absent, and which of its
+    percentiles (marked *) rest on too few requests."""
+    config = row.get("config_id", "?")
+    absent = [m for m in TUNING_RECORD_METRICS if measured(figures.get(m)) is None]
+    trials, failed = len(row.get("trials") or []), row.get("failed_trials") or 0
+    lines = []
+    if absent and len(absent) == len(TUNING_RECORD_METRICS) and trials and failed >= trials:
+        lines.append(f"  {config}: not measured (all {trials} trial(s) failed)")
+    elif absent:
+        by_reason: dict[str, list[str]] = {}
+        for metric in absent:
+            by_reason.setdefault(absence_reason(metric), []).append(label_of(metric))
+        lines.append(
+            f"  {config}: "
+            + "; ".join(f"{', '.join(labels)} not measured ({reason})" for reason, labels in by_reason.items())
+        )
+    thin = [warning for m in TUNING_RECORD_METRICS if (warning := thin_warning(m, figures)) is not None]
+    if thin:
+        lines.append(f"  {config}: * {'; '.join(thin)}")
+    return lines
+
+
+def _bytes(value: object) -> str:
+    number = measured(value)
+    return "not measured" if number is None else fmt_bytes(number)
+
+
+def _peak_absence(device: object) -> str:
+    return absence_reason("memory.peak_bytes") if device != "cpu" else "the engine's process memory was not sampled"
 
 
 def print_diagnosis(console: Console, diagnosis: Mapping[str, Any], findings: Sequence[Mapping[str, Any]]) -> None:
-    """The checklist's memory breakdown, decode roofline and findings for the final configuration."""
+    """The checklist's memory breakdown, decode roofline and findings for the final configuration; a figure the
+    diagnosis lacks is "not measured", never a crash."""
     memory = diagnosis.get("memory")
-    if memory:
-        share = f"{memory['kv_share']:.0%}" if memory.get("kv_share") is not None else "not measured"
+    if isinstance(memory, Mapping) and memory:
+        share = measured(memory.get("kv_share"))
+        tokens, per_token = measured(memory.get("tokens_in_flight")), measured(memory.get("kv_bytes_per_token"))
+        in_flight = (
+            f" ({tokens:.0f} tokens in flight x {per_token:.0f} B)"
+            if tokens is not None and per_token is not None
+            else ""
+        )
+        peak = measured(memory.get("peak_bytes"))
         console.print(
-            f"memory ({memory.get('device', 'gpu')}): weights {_bytes(memory['weights_bytes'])}, "
-            f"KV cache {_bytes(memory['kv_bytes'])} ({memory['tokens_in_flight']:.0f} tokens in flight x "
-            f"{memory['kv_bytes_per_token']:.0f} B), other {_bytes(memory.get('other_bytes'))}, "
-            f"peak {_bytes(memory.get('peak_bytes'))}, KV share {share}",
+            f"memory ({memory.get('device', 'gpu')}): weights {_bytes(memory.get('weights_bytes'))}, "
+            f"KV cache {_bytes(memory.get('kv_bytes'))}{in_flight}, other {_bytes(memory.get('other_bytes'))}, "
+            f"peak {_bytes(peak)}"
+            + (f" ({_peak_absence(memory.get('device'))})" if peak is None else "")
+            + f", KV share {'not measured' if share is None else f'{share:.0%}'}",
             markup=False,
         )
     roofline = diagnosis.get("roofline")
-    if roofline and roofline.get("achieved_over_floor") is not None:
+    if isinstance(roofline, Mapping) and measured(roofline.get("floor_s")) is not None:
+        achieved, ratio = measured(roofline.get("achieved_tpot_s")), measured(roofline.get("achieved_over_floor"))
+        result = (
+            f"achieved {achieved * 1000:.2f} ms = {ratio:.1f}x the floor"
+            if achieved is not None and ratio is not None
+            else f"achieved not measured ({absence_reason('tpot.p50')})"
+        )
         console.print(
-            f"decode roofline: floor {roofline['floor_s'] * 1000:.2f} ms/token ({roofline['bandwidth_source']}), "
-            f"achieved {roofline['achieved_tpot_s'] * 1000:.2f} ms = {roofline['achieved_over_floor']:.1f}x the floor",
+            f"decode roofline: floor {roofline['floor_s'] * 1000:.2f} ms/token "
+            f"({roofline.get('bandwidth_source') or 'bandwidth source unknown'}), {result}",
             markup=False,
         )
-    for note in diagnosis.get("notes", []):
+    for note in diagnosis.get("notes") or []:
         console.print(f"note: {note}", markup=False)
     for finding in findings:
         suggestion = f" -> {finding['suggestion']}" if finding.get("suggestion") else ""
         console.print(
-            f"finding [{finding['severity']}] {finding['checklist_ref']} {finding['title']}: "
-            f"{finding['evidence']}{suggestion}",
+            f"finding [{finding.get('severity', '?')}] {finding.get('checklist_ref', '')} "
+            f"{finding.get('title', '')}: {finding.get('evidence') or 'no evidence recorded'}{suggestion}",
             markup=False,
         )
+
+
+def gate_line(gate: GateResult) -> str:
+    """One gate: what was observed, met / FAILED / not met (not measured), and how thin its sample was."""
+    observed = measured(gate.observed)
+    if observed is None:
+        return f"gate {gate.gate}: observed {figure(gate.metric, {})} -> not met (not measured)"
+    margin = measured(gate.margin)
+    state = ("met" if gate.met else "FAILED") + (f" (margin {margin:+.0%})" if margin is not None else "")
+    note = f" — {gate.note}" if gate.note else ""
+    return f"gate {gate.gate}: observed {fmt_full(gate.metric, observed)} -> {state}{note}"
 
 
 def print_gates(console: Console, gates: Sequence[GateResult]) -> None:
@@ -164,6 +236,4 @@ def print_gates(console: Console, gates: Sequence[GateResult]) -> None:
         console.print("gates: none declared")
         return
     for gate in gates:
-        state = "not measured" if gate.met is None else ("met" if gate.met else "FAILED")
-        margin = f" (margin {gate.margin:+.0%})" if gate.margin is not None else ""
-        console.print(f"gate {gate.gate}: observed {_fmt(gate.metric, gate.observed)} -> {state}{margin}", markup=False)
+        console.print(gate_line(gate), markup=False)

@@ -176,17 +176,23 @@ def trial_points(
 def over_time(series: Sequence[tuple[str, str, np.ndarray, np.ndarray, np.ndarray]], width_in: float = 7.0) -> str:
     """Per trial (role, trial_id, t_s of each completion, output tokens, TTFT s): throughput and TTFT over time."""
     fig, (ax_tp, ax_lat) = _figure(width_in, 2.6, ncols=2)
-    ax_tp.set_title("output tokens/s over time (1 s bins)")
+    span_s = max((float(np.max(t)) for _, _, t, _, _ in series if len(t)), default=1.0)
+    # 1 s bins, wider for a window of hours: a bin per second of a week would be 600,000 points to draw
+    bin_s = max(1.0, float(np.ceil(span_s / MAX_POINTS)))
+    ax_tp.set_title(f"output tokens/s over time ({bin_s:g} s bins)")
     ax_lat.set_title("TTFT of each request over time")
     drawn = False
+    ttft_drawn = False  # non-streamed requests have no TTFT (NaN): all of them leave that panel empty
     for role, trial_id, t_s, tokens, ttft in series:
         if not len(t_s):
             continue
         drawn = True
+        ttft_drawn = ttft_drawn or bool(np.isfinite(np.asarray(ttft, dtype=float)).any())
         color = ROLE_COLORS.get(role)
-        edges = np.arange(0, max(float(np.max(t_s)), 1.0) + 1.0, 1.0)
+        edges = np.arange(0, max(float(np.max(t_s)), 1.0) + bin_s, bin_s)
         counts, _ = np.histogram(t_s, bins=edges, weights=tokens)
-        ax_tp.plot(edges[:-1] + 0.5, counts, color=color, linewidth=1.0, alpha=0.8, label=f"{trial_id} {role}")
+        counts = counts / bin_s
+        ax_tp.plot(edges[:-1] + bin_s / 2, counts, color=color, linewidth=1.0, alpha=0.8, label=f"{trial_id} {role}")
         x, y = _thin(np.asarray(t_s), np.asarray(ttft) * 1000)
         ax_lat.scatter(x, y, color=color, s=5, alpha=0.5, linewidths=0)
     if not drawn:
@@ -195,8 +201,11 @@ def over_time(series: Sequence[tuple[str, str, np.ndarray, np.ndarray, np.ndarra
         return to_svg(fig)
     ax_tp.set_xlabel("s since the measured window began")
     ax_tp.set_ylabel("tok/s")
-    ax_lat.set_xlabel("s since the measured window began")
-    _ms(ax_lat, "y")
+    if ttft_drawn:
+        ax_lat.set_xlabel("s since the measured window began")
+        _ms(ax_lat, "y")
+    else:
+        _not_measured(ax_lat, "not measured: no streamed request")
     _, labels = ax_tp.get_legend_handles_labels()
     if len(labels) <= 8:
         ax_tp.legend(loc="lower right", ncols=2)

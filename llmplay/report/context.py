@@ -21,6 +21,8 @@ from llmplay.catalog import (
     METRIC_DEFINITIONS,
     PEAK_MEMORY_COLUMN,
     REPORT_RECORD_COLUMNS,
+    SAMPLE_COUNT_KEYS,
+    absence_reason,
     fmt_bytes,
     fmt_ci,
     fmt_full,
@@ -28,6 +30,8 @@ from llmplay.catalog import (
     fmt_value,
     label_of,
     metric_info,
+    sample_count_key,
+    thin_sample,
 )
 from llmplay.metrics import per_request_arrays, request_timeline
 from llmplay.report import charts
@@ -36,8 +40,56 @@ LOG_TAIL_LINES = 60
 _URL = re.compile(r"https?://[^\s,;]+")
 
 
+NOT_MEASURED = "not measured"
+THIN_MARK = "†"  # beside a percentile from too few requests; the warning itself is printed under its table
+
+
 def arrow(change: str) -> str:
     return change.replace(" -> ", " → ")
+
+
+@dataclass
+class Remarks:
+    """What a table's figures cannot say by themselves, as visible text: which figures are not measured and why,
+    and which percentiles rest on too few requests (catalog.absence_reason, catalog.thin_sample)."""
+
+    absent: dict[str, list[str]]  # reason -> labels of the figures it explains
+    thin: list[str]
+
+    @classmethod
+    def new(cls) -> Remarks:
+        return cls({}, [])
+
+    def cell(self, metric: str, value: float | None, samples: Mapping[str, Any]) -> str:
+        """The cell text of one figure: its value ("†" when its sample is thin), or "not measured"."""
+        if value is None:
+            labels = self.absent.setdefault(absence_reason(metric), [])
+            if label_of(metric) not in labels:
+                labels.append(label_of(metric))
+            return NOT_MEASURED
+        shown = fmt_value(metric, value)
+        warning = thin_sample(metric, samples)
+        if warning is None:
+            return shown
+        if warning not in self.thin:
+            self.thin.append(warning)
+        return f"{shown} {THIN_MARK}"
+
+    def lines(self) -> list[str]:
+        out = [f"{', '.join(labels)} not measured: {reason}" for reason, labels in self.absent.items()]
+        out += [f"{THIN_MARK} {warning}: too few to mean much" for warning in self.thin]
+        return out
+
+
+def pooled_samples(trials: Iterable[TrialRecord]) -> dict[str, int]:
+    """How many requests a configuration's pooled figures rest on: each count summed over its ok trials; a count
+    some trial does not carry (an archive from before counts were kept) is left out, so nothing is marked."""
+    ok = [t for t in trials if t.status == TRIAL_OK]
+    return {
+        key: int(sum(t.summary[key] for t in ok))
+        for key in SAMPLE_COUNT_KEYS
+        if ok and all(key in t.summary for t in ok)
+    }
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -164,9 +216,12 @@ def _glance(run: _ArchivedRunData) -> dict[str, Any]:
     gates = []
     for g in run.archive.gates():
         state = "not measured" if g.met is None else ("met" if g.met else "failed")
+        # The runner's own note (why not measured, or a thin sample) when it wrote one; else the catalog's reason.
+        note = g.note or (absence_reason(g.metric) if g.observed is None else "")
         gates.append(
             {
                 "gate": g.gate,
+                "note": note,
                 "observed": fmt_full(g.metric, g.observed),
                 "state": state,
                 "margin": fmt_pct(g.margin) if g.margin is not None else "—",
@@ -199,7 +254,7 @@ def _peak_memory(run: _ArchivedRunData, config_id: str, metrics: Mapping[str, An
     rss = max((t.summary["proc.rss_peak_bytes"] for t in trials if "proc.rss_peak_bytes" in t.summary), default=None)
     if rss is not None:
         return fmt_bytes(rss) + " RSS"
-    return fmt_value("memory.peak_frac", frac)
+    return fmt_value("memory.peak_frac", frac) if frac is not None else NOT_MEASURED
 
 
 def _record_rows(run: _ArchivedRunData) -> list[dict[str, Any]]:
@@ -219,13 +274,18 @@ def _record_rows(run: _ArchivedRunData) -> list[dict[str, Any]]:
     out = []
     for row in rows:
         metrics = row.get("metrics") or {}
+        samples = row.get("samples") or pooled_samples(
+            run.trials[t] for t in row.get("trials") or [] if t in run.trials
+        )
+        remarks = Remarks.new()
         cells = []
         for metric, _ in REPORT_RECORD_COLUMNS:
-            text = (
-                _peak_memory(run, row["config_id"], metrics)
-                if metric == PEAK_MEMORY_COLUMN
-                else fmt_value(metric, metrics.get(metric))
-            )
+            if metric == PEAK_MEMORY_COLUMN:
+                text = _peak_memory(run, row["config_id"], metrics)
+                if text == NOT_MEASURED:
+                    remarks.cell("memory.peak_bytes", None, samples)
+            else:
+                text = remarks.cell(metric, metrics.get(metric), samples)
             cells.append(text)
         verdict = verdicts.get(row.get("step") or "")
         entry: dict[str, Any] = {
@@ -240,6 +300,7 @@ def _record_rows(run: _ArchivedRunData) -> list[dict[str, Any]]:
             "objective": None,
             "rebuilt": bool(row.get("rebuilt")),
             "final": row["config_id"] == run.manifest.get("final_config_id"),
+            "remarks": remarks.lines(),
         }
         if verdict is not None and verdict.objective is not None:
             o = verdict.objective
@@ -337,6 +398,13 @@ def _trial_rows(run: _ArchivedRunData, trial_ids: Sequence[str], objective: str 
         t = run.trials.get(tid)
         if t is None:
             continue
+        remarks = Remarks.new()
+
+        def cell(metric: str, t: TrialRecord = t, remarks: Remarks = remarks) -> str:
+            if t.status != TRIAL_OK:  # a failed trial measured nothing; its error says why
+                return "—"
+            return remarks.cell(metric, t.summary.get(metric), t.summary)
+
         rows.append(
             {
                 "id": t.trial_id,
@@ -346,11 +414,12 @@ def _trial_rows(run: _ArchivedRunData, trial_ids: Sequence[str], objective: str 
                 "status": t.status,
                 "wall": f"{t.wall_s:.1f} s",
                 "error": t.error or "",
-                "objective": fmt_value(objective, t.summary.get(objective)) if objective else "",
-                "ttft": fmt_value("ttft.p95", t.summary.get("ttft.p95")),
-                "tok_s": fmt_value("throughput.output_tok_s", t.summary.get("throughput.output_tok_s")),
-                "errors": fmt_value("errors.rate", t.summary.get("errors.rate")),
+                "objective": cell(objective) if objective else "",
+                "ttft": cell("ttft.p95"),
+                "tok_s": cell("throughput.output_tok_s"),
+                "errors": cell("errors.rate"),
                 "log": _tail(run.archive.load_log(tid)) if t.status != TRIAL_OK else "",
+                "remarks": remarks.lines(),
             }
         )
     return rows
@@ -378,13 +447,24 @@ def _delta_rows(verdict: StepVerdict) -> list[dict[str, Any]]:
             if verdict.objective and d.metric == verdict.objective.metric
             else ("guard" if d.metric in guard_metrics else "")
         )
+        remarks: list[str] = []
+        shown: dict[str, str] = {}
+        key = sample_count_key(d.metric)
+        for side, value, n in (("baseline", d.baseline, d.n_baseline), ("candidate", d.candidate, d.n_candidate)):
+            shown[side] = fmt_full(d.metric, value)
+            if value is None:
+                remarks.append(f"{side} not measured: {absence_reason(d.metric)}")
+            elif key and n is not None and (warning := thin_sample(d.metric, {key: n})):
+                shown[side] += f" {THIN_MARK}"
+                remarks.append(f"{THIN_MARK} {side}: {warning}")
         rows.append(
             {
                 "metric": label_of(d.metric),
                 "path": d.metric,
                 "role": role,
-                "baseline": fmt_full(d.metric, d.baseline),
-                "candidate": fmt_full(d.metric, d.candidate),
+                "baseline": shown["baseline"],
+                "candidate": shown["candidate"],
+                "remarks": "; ".join(remarks),
                 "delta": fmt_pct(d.rel_change),
                 "ci": fmt_ci(d.ci_low, d.ci_high),
                 "p": "—" if d.p_value is None else f"{d.p_value:.3g}",
@@ -498,8 +578,11 @@ def _diagnosis(run: _ArchivedRunData) -> dict[str, Any]:
             ("bandwidth utilization", fmt_pct(roof.get("bandwidth_util"), signed=False)),
         ]
     model = d.get("model") or {}
-    out["model"] = [(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else str(v)) for k, v in model.items()]
-    out["scheduler"] = [(k.replace("_", " "), str(v)) for k, v in (d.get("scheduler") or {}).items()]
+    # A fact the engine or the model file did not give is left out, never printed as "None".
+    out["model"] = [
+        (k.replace("_", " "), f"{v:,}" if isinstance(v, int) else str(v)) for k, v in model.items() if v is not None
+    ]
+    out["scheduler"] = [(k.replace("_", " "), str(v)) for k, v in (d.get("scheduler") or {}).items() if v is not None]
     out["findings"] = [
         {
             "id": f.id,
@@ -515,6 +598,8 @@ def _diagnosis(run: _ArchivedRunData) -> dict[str, Any]:
 
 
 def _describe_length(dist: Any) -> str:
+    if dist is None:
+        return "not recorded"
     if not isinstance(dist, Mapping):
         return str(dist)
     kind = dist.get("kind")
@@ -572,7 +657,7 @@ def _method(run: _ArchivedRunData, playbook_doc: Mapping[str, Any]) -> dict[str,
         ("streaming share", fmt_pct(w.get("streaming_fraction"), signed=False)),
         (
             "sampling",
-            f"temperature {w.get('temperature', 0)}, ignore_eos {w.get('ignore_eos')}, "
+            f"temperature {w.get('temperature', 0)}, ignore_eos {w.get('ignore_eos', 'not recorded')}, "
             f"max_tokens {w.get('max_tokens') or 'from the output distribution'}",
         ),
         (
@@ -580,7 +665,12 @@ def _method(run: _ArchivedRunData, playbook_doc: Mapping[str, Any]) -> dict[str,
             f"{w.get('warmup_s') or 0:g} s"
             + (f" + {w['warmup_requests']} requests" if w.get("warmup_requests") else ""),
         ),
-        ("measured window", f"{w['duration_s']:g} s" if w.get("duration_s") else f"{w.get('num_requests')} requests"),
+        (
+            "measured window",
+            f"{w['duration_s']:g} s"
+            if w.get("duration_s")
+            else (f"{w['num_requests']} requests" if w.get("num_requests") else "not recorded"),
+        ),
         ("seed", str(w.get("seed", "—"))),
     ]
     trials: Mapping[str, Any] = playbook_doc["trials"] if isinstance(playbook_doc.get("trials"), Mapping) else {}

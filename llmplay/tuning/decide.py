@@ -16,7 +16,19 @@ import numpy as np
 from scipy import stats
 
 from llmplay.archive.model import FAILED, INCONCLUSIVE, KEPT, REJECTED, GateResult, MetricDelta
-from llmplay.catalog import METRICS, RECORD_METRICS, fmt_full, fmt_pct, label_of, metric_info
+from llmplay.catalog import (
+    METRICS,
+    RECORD_METRICS,
+    SAMPLE_COUNT_KEYS,
+    absence_reason,
+    fmt_full,
+    fmt_pct,
+    label_of,
+    metric_info,
+    sample_count_key,
+    thin_comparison,
+    thin_sample,
+)
 from llmplay.metrics import good_mask, per_request_arrays, usd_per_1m_tokens
 from llmplay.spec import Gate, Goals, Trials
 
@@ -141,6 +153,31 @@ def metric_value(samples: Sequence[TrialSample], metric: str) -> float | None:
     return _value(samples, metric, _as_is)
 
 
+# Families whose per-request arrays hold one value per request, so the pooled array's size is the count its
+# percentiles rest on; ITL pools chunk gaps, so its request count comes from the trials' summaries.
+_COUNTED_BY_ARRAY = frozenset({"ttft", "tpot", "e2el", "ttft_nonstream", "ttfo"})
+
+
+def pooled_counts(samples: Sequence[TrialSample]) -> dict[str, int]:
+    """How many requests the pooled figures rest on: per family and streamed / not, summed over the trials.
+    A count some trial cannot tell (a sample without that array or summary key) is left out, never guessed."""
+    if not samples:
+        return {}
+    out = {}
+    for key in SAMPLE_COUNT_KEYS:
+        family, _, stat = key.partition(".")
+        if stat == "n" and family in _COUNTED_BY_ARRAY and all(family in s.values for s in samples):
+            out[key] = int(sum(s.values[family].size for s in samples))
+        elif all(key in s.scalars for s in samples):
+            out[key] = int(sum(s.scalars[key] for s in samples))
+    return out
+
+
+def _count_for(samples: Sequence[TrialSample], metric: str) -> int | None:
+    key = sample_count_key(metric)
+    return pooled_counts(samples).get(key) if key else None
+
+
 def _bootstrap(
     a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str, n_boot: int, rng: np.random.Generator
 ) -> np.ndarray:
@@ -188,8 +225,9 @@ def compare_metric(
     info = metric_info(metric)
     lower_better = info.lower_is_better if info else True
     va, vb = metric_value(a, metric), metric_value(b, metric)
+    na, nb = _count_for(a, metric), _count_for(b, metric)
     if va is None or vb is None:
-        return MetricDelta(metric, va, vb, None, None, None, None, None)
+        return MetricDelta(metric, va, vb, None, None, None, None, None, n_baseline=na, n_candidate=nb)
     rel = (vb - va) / abs(va) if va != 0 else (0.0 if vb == 0 else math.inf)
     boots = _bootstrap(a, b, metric, n_boot, np.random.default_rng(seed))
     boots = boots[np.isfinite(boots)]
@@ -205,6 +243,8 @@ def compare_metric(
         hi,
         _mann_whitney(a, b, metric),
         better if rel != 0 else None,
+        n_baseline=na,
+        n_candidate=nb,
     )
 
 
@@ -250,6 +290,28 @@ class Decision:
     more_trials_needed: int | None
 
 
+def _unmeasured(delta: MetricDelta, what: str) -> str | None:
+    """The clause for a figure absent on a side, with why: guard P95 TPOT not measured on the candidate (no
+    streamed request produced more than one output token). None when both sides have it."""
+    missing = [side for side, value in (("baseline", delta.baseline), ("candidate", delta.candidate)) if value is None]
+    if not missing:
+        return None
+    where = "either side" if len(missing) == 2 else f"the {missing[0]}"
+    return f"{what}{label_of(delta.metric)} not measured on {where} ({absence_reason(delta.metric)})"
+
+
+def _thin_notes(deltas: Sequence[MetricDelta]) -> list[str]:
+    """What the decision's percentiles rest on where that is too few requests to mean much (measured ones only)."""
+    notes: list[str] = []
+    for delta in deltas:
+        if delta.baseline is None or delta.candidate is None:
+            continue
+        note = thin_comparison(delta.metric, delta.n_baseline, delta.n_candidate)
+        if note and note not in notes:
+            notes.append(note)
+    return notes
+
+
 def decide_step(
     a: Sequence[TrialSample],
     b: Sequence[TrialSample],
@@ -259,7 +321,12 @@ def decide_step(
     failed_candidate_trials: int = 0,
     seed: int = 0,
 ) -> Decision:
-    """kept / rejected / inconclusive / failed, with the one-sentence reason the report shows."""
+    """kept / rejected / inconclusive / failed, with the one-sentence reason the report shows.
+
+    The sentence says when the objective or a guard is not measured (and why), and when a percentile it rests
+    on comes from fewer requests than it needs (catalog.MIN_SAMPLES, counted per side over the pooled trials:
+    the bootstrap resamples that pool, so its size is what the estimate rests on). A thin sample does not
+    change the verdict; an unmeasured guard keeps a step from being kept, since nobody saw it not regress."""
     objective = goals.objective
     if not b:
         return Decision(
@@ -276,25 +343,27 @@ def decide_step(
     record = tuple(
         compare_metric(a, b, m, n_boot=200, confidence=trials.confidence, seed=seed + 99) for m in RECORD_METRICS
     )
+    unmeasured_guards = [note for d in guard_deltas if (note := _unmeasured(d, "guard "))]
+    thin = "".join(f"; {note}" for note in _thin_notes((obj, *guard_deltas)))
+
+    def decision(verdict: str, reason: str, more: int | None = None) -> Decision:
+        return Decision(verdict, reason + thin, obj, guard_deltas, record, more)
+
     if obj.rel_change is None or obj.ci_low is None:
-        return Decision(
-            INCONCLUSIVE,
-            f"{describe_delta(obj)}: the objective was not measured on both sides",
-            obj,
-            guard_deltas,
-            record,
-            None,
+        missing = _unmeasured(obj, "the objective ")
+        why = missing or (
+            f"{describe_delta(obj)}: the objective has no relative change or interval (a zero baseline, or too few "
+            "values)"
         )
+        return decision(INCONCLUSIVE, why)
     lower_better = objective.direction == "minimize"
     point, lo, hi = _improvement(obj, lower_better)
     if min(len(a), len(b)) < MIN_TRIALS_TO_DECIDE:
-        return Decision(
+        return decision(
             INCONCLUSIVE,
             f"{describe_delta(obj)} from {len(a)} vs {len(b)} trial(s); a single run "
-            f"misleads, so at least {MIN_TRIALS_TO_DECIDE} per side are needed to decide",
-            obj,
-            guard_deltas,
-            record,
+            f"misleads, so at least {MIN_TRIALS_TO_DECIDE} per side are needed to decide"
+            + "".join(f"; {note}" for note in unmeasured_guards),
             MIN_TRIALS_TO_DECIDE - min(len(a), len(b)),
         )
 
@@ -307,33 +376,21 @@ def decide_step(
                 else f"{label_of(delta.metric)} from 0 to {fmt_full(delta.metric, delta.candidate)},"
             )
             regressed.append(f"{change} beyond its {guard.tolerance:.0%} tolerance")
-    guard_text = "; ".join(regressed) if regressed else "no guard regressed"
+    guard_text = "; ".join(regressed + unmeasured_guards) or "no guard regressed"
     head = f"{describe_delta(obj)}, {guard_text}"
 
     if regressed:
-        return Decision(REJECTED, f"{head}; rejected", obj, guard_deltas, record, None)
+        return decision(REJECTED, f"{head}; rejected")
     if lo > 0 and point >= objective.min_effect:
-        return Decision(KEPT, f"{head}; kept", obj, guard_deltas, record, None)
+        if unmeasured_guards:
+            return decision(INCONCLUSIVE, f"{head}; not kept while a guard is not measured")
+        return decision(KEPT, f"{head}; kept")
     if hi < 0:
-        return Decision(REJECTED, f"{head}; worse, rejected", obj, guard_deltas, record, None)
+        return decision(REJECTED, f"{head}; worse, rejected")
     if hi < objective.min_effect:
-        return Decision(
-            REJECTED,
-            f"{head}; any gain is below the {objective.min_effect:.0%} minimum effect, rejected",
-            obj,
-            guard_deltas,
-            record,
-            None,
-        )
+        return decision(REJECTED, f"{head}; any gain is below the {objective.min_effect:.0%} minimum effect, rejected")
     more = _more_trials(len(b), point, lo, hi, objective.min_effect)
-    return Decision(
-        INCONCLUSIVE,
-        f"{head}; within noise, about {more} more trial(s) per side would decide it",
-        obj,
-        guard_deltas,
-        record,
-        more,
-    )
+    return decision(INCONCLUSIVE, f"{head}; within noise, about {more} more trial(s) per side would decide it", more)
 
 
 def _more_trials(n: int, point: float, lo: float, hi: float, min_effect: float) -> int:
@@ -345,21 +402,28 @@ def _more_trials(n: int, point: float, lo: float, hi: float, min_effect: float) 
 
 
 def evaluate_gates(gates: Sequence[Gate], summary: Mapping[str, float]) -> list[GateResult]:
+    """Each gate against the summary (a configuration's pooled_summary, whose counts say what each percentile
+    rests on). An absent (or non-finite) figure is not met, "not measured", with the reason as its note; a
+    percentile from too few requests is judged all the same, and its note says how few."""
     results = []
     for gate in gates:
         observed = summary.get(gate.metric)
+        if observed is not None and not math.isfinite(observed):
+            observed = None
         met = gate.holds(observed)
         margin = None
         if observed is not None and gate.value != 0:
             headroom = (gate.value - observed) if gate.op in ("<", "<=") else (observed - gate.value)
             margin = headroom / abs(gate.value)
-        results.append(GateResult(gate.text, gate.metric, gate.op, gate.value, observed, met, margin))
+        note = absence_reason(gate.metric) if observed is None else thin_sample(gate.metric, summary)
+        results.append(GateResult(gate.text, gate.metric, gate.op, gate.value, observed, met, margin, note))
     return results
 
 
 def pooled_summary(samples: Sequence[TrialSample]) -> dict[str, float]:
-    """Every known metric over the pooled trials: the tuning-record row of a configuration."""
-    out = {}
+    """Every known metric over the pooled trials: the tuning-record row of a configuration, with the request
+    counts (pooled_counts) its percentiles rest on."""
+    out: dict[str, float] = dict(pooled_counts(samples))
     for metric in METRICS:
         value = metric_value(samples, metric)
         if value is not None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +23,7 @@ from llmplay.archive.model import (
     to_plain,
 )
 from llmplay.archive.writer import RunArchive
-from llmplay.catalog import RECORD_METRICS
+from llmplay.catalog import RECORD_METRICS, SAMPLE_COUNT_KEYS
 from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
 from llmplay.errors import ExitCode, LlmplayError, PlaybookError
@@ -31,7 +32,7 @@ from llmplay.redaction import redact, redact_text, referenced_values, resolve_en
 from llmplay.runtime import make_runtime, stop_all
 from llmplay.runtime.docker import gc as remove_containers
 from llmplay.spec import Config, Playbook, Step, apply_step
-from llmplay.tuning.decide import TrialSample, decide_step, evaluate_gates, pooled_summary
+from llmplay.tuning.decide import Decision, TrialSample, decide_step, evaluate_gates, pooled_summary
 from llmplay.tuning.diagnose.from_trials import diagnose_run
 from llmplay.tuning.environment import describe_environment
 from llmplay.tuning.signals import SignalGuard, StopRun, TrialInterrupted
@@ -77,6 +78,7 @@ class RunOutcome:
     tuning_record: tuple[Mapping[str, Any], ...]
     findings: tuple[Mapping[str, Any], ...] = ()
     diagnosis: Mapping[str, Any] = field(default_factory=dict)
+    final_summary: Mapping[str, Any] = field(default_factory=dict)  # the final configuration's pooled figures
 
 
 @dataclass
@@ -90,6 +92,10 @@ class ConfigTrials:
 
 
 Reporter = Callable[[str], None]
+
+
+def _stderr_line(line: str) -> None:
+    sys.stderr.write(line + "\n")
 
 
 class MeasureTrial(Protocol):
@@ -125,6 +131,10 @@ def apply_overrides(playbook: Playbook, options: RunOptions) -> Playbook:
 class TuningRun:
     """One execution of a playbook. Trials are keyed by (step, role, repeat) so --resume can skip finished ones.
 
+    Each trial is archived before anything else reads it. A console line that fails to render is skipped (one
+    warning on stderr, a note in the diagnosis) and the run goes on; any other bug stops the run as
+    "interrupted", which --resume continues without measuring an archived trial again.
+
     `measure_trial` replaces the measuring of one trial (tests hand in trials with known effects); everything
     around it (schedule, decisions, archive) stays the real one."""
 
@@ -136,6 +146,7 @@ class TuningRun:
         runtime_factory: Callable[..., Any] | None = None,
         report: Reporter = print,
         measure_trial: MeasureTrial | None = None,
+        warn: Reporter = _stderr_line,
     ):
         self.playbook = apply_overrides(playbook, options)
         self.options = options
@@ -149,6 +160,9 @@ class TuningRun:
         )
         # Console lines carry engine errors (a log line may echo an env value): redacted like the archive.
         self.report: Reporter = lambda line: report(redact_text(line, self.secrets))
+        self.warn: Reporter = lambda line: warn(redact_text(line, self.secrets))
+        # Console lines a bug kept from being shown: the run went on without them, and the diagnosis lists them.
+        self.unshown: list[str] = []
         self.runtime_factory = runtime_factory or make_runtime
         self.measure_trial: MeasureTrial = measure_trial or self._fresh_engine_trial
         self._archive: RunArchive | None = None
@@ -194,6 +208,21 @@ class TuningRun:
             docker_command=format_argv(docker_run_argv(spec, self.engine)),
         )
 
+    # ---------------------------------------------------------------- console
+    def _say(self, what: str, render: Callable[..., str], *args: Any) -> None:
+        """Show one console line. What it tells is archived before it is shown, so a bug in rendering it costs
+        only the line: a warning on stderr (the first time), a note in the diagnosis, and the run goes on."""
+        try:
+            self.report(render(*args))
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if not self.unshown:
+                self.warn(
+                    f"warning: {what} could not be shown ({error}); the run goes on and archives every trial "
+                    "(console lines lost later are listed in the diagnosis notes)"
+                )
+            self.unshown.append(f"{what} ({error})")
+
     # ---------------------------------------------------------------- trials
     def _fresh_engine_trial(
         self, config: Config, *, trial_id: str, step: str | None, role: str, repeat: int
@@ -228,8 +257,14 @@ class TuningRun:
         except TrialInterrupted as stopped:
             self.archive.write_trial(stopped.trial, stopped.records, None, stopped.log)
             raise KeyboardInterrupt("interrupted mid-trial") from None
+        except (LlmplayError, StopRun):
+            raise
+        except Exception as exc:  # inside the measurement: nothing of this trial is on disk to resume from
+            raise _MeasurementCrashed(exc) from exc
+        # Archived first: whatever fails from here on (a console line, a decision, the diagnosis), --resume
+        # finds this trial on disk and does not measure it again.
         self.archive.write_trial(result.trial, result.records, result.telemetry, result.engine_log)
-        self.report(describe_trial(result.trial))
+        self._say(f"the progress line of trial {trial_id}", describe_trial, result.trial)
         if self.playbook.trials.cooldown_s:
             time.sleep(self.playbook.trials.cooldown_s)
         return result.trial, result.sample
@@ -303,8 +338,11 @@ class TuningRun:
                     archive.write_config(self._config_record(cand_config))
                     cand = ConfigTrials(cand_config)
                     reference = ConfigTrials(best.config)
-                    self.report(
-                        f"step {index}/{len(pb.steps)} {step.name}: " + "; ".join(e.describe() for e in effects)
+                    self._say(
+                        f"the header line of step {step.name}",
+                        _step_line,
+                        f"step {index}/{len(pb.steps)} {step.name}",
+                        effects,
                     )
                     self._measure_pair(reference, cand, step)
                     decision = decide_step(
@@ -337,7 +375,7 @@ class TuningRun:
                     )
                     archive.write_verdict(verdict)
                     self.verdicts.append(verdict)
-                    self.report(f"  -> {decision.verdict}: {decision.reason}")
+                    self._say(f"the verdict line of step {step.name}", _verdict_line, decision)
                     if index == 1:
                         record_rows.append(_record_row(reference, None))
                     record_rows.append(_record_row(cand, verdict))
@@ -352,15 +390,38 @@ class TuningRun:
         except LlmplayError as exc:
             status, exit_code = "failed", exc.exit_code
             self.report(f"error: {exc}")
-        except Exception as exc:  # a bug anywhere: engines are already stopped (their finally);
-            # the archive must still say "failed", then the CLI prints its one line (traceback with --debug).
-            status, exit_code, crash = "failed", ExitCode.INFRA, exc
-        final_summary = pooled_summary(final.samples)
-        findings, diagnosis = diagnose_run(pb, final.config, final.samples, final_summary)
-        kv_share = diagnosis.get("memory", {}).get("kv_share")
-        if kv_share is not None:
-            final_summary["memory.kv_share"] = kv_share
-        gates = evaluate_gates(pb.goals.gates, final_summary)
+        except _MeasurementCrashed as wrapped:
+            # A bug while measuring (e.g. a dataset row the load path cannot use): resuming would hit it again.
+            status, exit_code, crash = "failed", ExitCode.INFRA, wrapped.cause
+            self.report(
+                f"failed: the trial stopped on an internal error ({type(wrapped.cause).__name__}: "
+                f"{wrapped.cause}); engines stopped"
+            )
+        except Exception as exc:  # a bug: engines are already stopped (their finally), and every trial that
+            # finished is archived (before anything else looks at it), so the run stops resumably; the CLI then
+            # prints its one line (traceback with --debug).
+            status, exit_code, crash = "interrupted", ExitCode.INFRA, exc
+            self._say("the stop line", _stopped_by_bug, exc, archive.run_dir)
+        final_summary: dict[str, Any] = {}
+        findings: list[dict[str, Any]] = []
+        diagnosis: dict[str, Any] = {}
+        gates: list[GateResult] = []
+        try:
+            final_summary = pooled_summary(final.samples)
+            findings, diagnosis = self._diagnose(final, final_summary)
+            kv_share = diagnosis.get("memory", {}).get("kv_share")
+            if kv_share is not None:
+                final_summary["memory.kv_share"] = kv_share
+            gates = evaluate_gates(pb.goals.gates, final_summary)
+        except Exception as exc:  # a bug in the conclusion: the trials are archived, --resume concludes again
+            crash = crash or exc
+            if status == "complete":
+                status, exit_code = "interrupted", ExitCode.INFRA
+                self._say("the stop line", _stopped_by_bug, exc, archive.run_dir)
+        if self.unshown:
+            diagnosis.setdefault("notes", []).append(
+                "console lines not shown because of a bug (what they told is archived): " + "; ".join(self.unshown)
+            )
         if status == "complete":
             exit_code = ExitCode.OK if all(g.met for g in gates) else ExitCode.GATES
         archive.finish(
@@ -384,7 +445,40 @@ class TuningRun:
             tuple(record_rows),
             tuple(findings),
             diagnosis,
+            final_summary,
         )
+
+    def _diagnose(self, final: ConfigTrials, summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The diagnosis of the final configuration; a bug in it costs the diagnosis, never the run's verdicts."""
+        try:
+            return diagnose_run(self.playbook, final.config, final.samples, summary)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self.warn(f"warning: the diagnosis could not be made ({error}); the measurements and verdicts are archived")
+            return [], {"notes": [f"diagnosis not made because of a bug ({error})"]}
+
+
+def _step_line(head: str, effects: Sequence[Any]) -> str:
+    return f"{head}: " + "; ".join(e.describe() for e in effects)
+
+
+def _verdict_line(decision: Decision) -> str:
+    return f"  -> {decision.verdict}: {decision.reason}"
+
+
+class _MeasurementCrashed(Exception):
+    """An unexpected exception from inside one trial's measurement, told apart from a bug after it."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _stopped_by_bug(exc: Exception, run_dir: Path) -> str:
+    return (
+        f"stopped by an internal error ({type(exc).__name__}: {exc}); every finished trial is archived: "
+        f"continue with llmplay run --resume {run_dir}"
+    )
 
 
 def _try_resolve(env: Mapping[str, str]) -> dict[str, str]:
@@ -401,6 +495,7 @@ def _record_row(measured: ConfigTrials, verdict: StepVerdict | None) -> dict[str
         "trials": list(measured.trial_ids),
         "failed_trials": measured.failed,
         "metrics": {m: summary[m] for m in RECORD_METRICS if m in summary},
+        "samples": {k: int(summary[k]) for k in SAMPLE_COUNT_KEYS if k in summary},  # what the percentiles rest on
     }
     if verdict is not None:
         row.update(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -12,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from llmplay.archive.model import TRIAL_FAILED, TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
+from llmplay.catalog import absence_reason, fmt_full, label_of, sample_count_key, thin_sample
 from llmplay.engines.base import Engine
 from llmplay.errors import EngineStartError, InfrastructureError
 from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
@@ -194,11 +196,16 @@ def run_trial(
     summary: dict[str, Any] = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
     summary["duration_s"] = load.duration_s
     # Telemetry of the measured window only, like the load metrics: warm-up and engine start excluded.
-    summary.update(telemetry.summary(start_s=max(0.0, (load.start_ns - sampler_origin_ns) / 1e9)))
+    notes = [*telemetry.notes, f"tokenizer: {load.tokenizer}"]
+    telemetry_frame: pd.DataFrame | None = None
+    try:
+        summary.update(telemetry.summary(start_s=max(0.0, (load.start_ns - sampler_origin_ns) / 1e9)))
+        telemetry_frame = telemetry.to_frame()
+    except Exception as exc:  # a bug in telemetry must not cost the measured load: the trial keeps its requests
+        notes.append(f"telemetry not summarised ({type(exc).__name__}: {exc}); its figures are not measured")
     cost = usd_per_1m_tokens(price_per_hour(playbook, config), summary.get("throughput.output_tok_s"))
     if cost is not None:
         summary["cost.usd_per_1m_tokens"] = cost
-    notes = (*telemetry.notes, f"tokenizer: {load.tokenizer}")
     error = None
     status = TRIAL_OK
     if not alive:
@@ -212,19 +219,43 @@ def run_trial(
         summary=summary,
         engine_describe=describe,
         error=error,
-        notes=notes,
+        notes=tuple(notes),
     )
-    return TrialResult(trial, records, telemetry.to_frame(), log, trial_sample(playbook, config, trial, records))
+    return TrialResult(trial, records, telemetry_frame, log, trial_sample(playbook, config, trial, records))
+
+
+def measured(value: object) -> float | None:
+    """A summary value as a number, or None when it is absent (None, NaN, inf, or not a number at all)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def figure(metric: str, summary: Mapping[str, Any]) -> str:
+    """One figure as the console shows it: "12.0 ms", or "not measured (why)" when the summary lacks it."""
+    value = measured(summary.get(metric))
+    if value is None:
+        return f"not measured ({absence_reason(metric)})"
+    return fmt_full(metric, value)
+
+
+def thin_warning(metric: str, summary: Mapping[str, Any]) -> str | None:
+    """The catalog's warning when a measured percentile rests on too few requests; None otherwise."""
+    key = sample_count_key(metric)
+    count = measured(summary.get(key)) if key else None
+    if key is None or count is None or measured(summary.get(metric)) is None:
+        return None  # an absent figure already says why; an unknown count warns of nothing
+    return thin_sample(metric, {key: count})
 
 
 def describe_trial(trial: TrialRecord) -> str:
-    """The console line of a finished trial: its headline numbers, or why it failed."""
+    """The console line of a finished trial: its headline figures (an absent one says why), or why it failed;
+    percentiles resting on too few requests are named at the end of the line."""
     role = f"{trial.step or 'baseline'}/{trial.role} #{trial.repeat + 1}"
     if trial.status != TRIAL_OK:
-        return f"  trial {trial.trial_id} {role}: FAILED: {trial.error}"
-    s: Mapping[str, float] = trial.summary
-    return (
-        f"  trial {trial.trial_id} {role}: {s.get('throughput.output_tok_s', 0):.1f} output tok/s, "
-        f"TTFT p95 {s.get('ttft.p95', float('nan')) * 1000:.1f} ms, TPOT p95 "
-        f"{s.get('tpot.p95', float('nan')) * 1000:.2f} ms, errors {s.get('errors.rate', 0):.1%}"
-    )
+        return f"  trial {trial.trial_id} {role}: FAILED: {trial.error or 'no reason recorded'}"
+    s: Mapping[str, Any] = trial.summary
+    shown = ("ttft.p95", "tpot.p95", "errors.rate")
+    figures = [f"output {figure('throughput.output_tok_s', s)}", *(f"{label_of(m)} {figure(m, s)}" for m in shown)]
+    thin = [warning for m in shown if (warning := thin_warning(m, s)) is not None]
+    return f"  trial {trial.trial_id} {role}: {', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")

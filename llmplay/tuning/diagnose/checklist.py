@@ -7,6 +7,7 @@ finding carries the numbers that triggered it and the next step from the §7 cat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,16 @@ def _pct(x: float) -> str:
 
 def _ms(s: float) -> str:
     return f"{s * 1000:.1f} ms"
+
+
+def measured_only(values: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of a summary or telemetry mapping: a None, NaN or non-number is "not measured", which
+    every rule already reads as an absent key (so it skips, never crashes)."""
+    return {
+        k: float(v)
+        for k, v in values.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 _LATENCY_PREFIXES = ("ttft.", "tpot.", "itl.", "e2el.")
@@ -137,6 +148,7 @@ def diagnose(
     notes: telemetry notes, quoted when a rule could not be evaluated (e.g. "no NVML: ...").
     """
     th = thresholds
+    summary, telemetry = measured_only(summary), measured_only(telemetry)
     sched = dict(scheduler_info or {})
     tg = dict(targets or {})
     out: list[Finding] = []
@@ -318,7 +330,9 @@ def diagnose(
     if persistent:
         ev = f"waiting queue > 0 in {_pct(nz)} of samples" if nz is not None else ""
         if wmean is not None:
-            ev += f"{'; ' if ev else ''}mean {wmean:.1f}, max {wmax:.0f} waiting"
+            ev += (
+                f"{'; ' if ev else ''}mean {wmean:.1f}" + (f", max {wmax:.0f}" if wmax is not None else "") + " waiting"
+            )
         add(
             "queue.persistent",
             "warn",

@@ -15,7 +15,7 @@ from llmplay.runtime.cache import default_cache_dir
 from llmplay.runtime.cpu_image import model_path
 from llmplay.spec import Config, Playbook
 from llmplay.tuning.decide import TrialSample
-from llmplay.tuning.diagnose.checklist import diagnose, targets_from_gates
+from llmplay.tuning.diagnose.checklist import diagnose, measured_only, targets_from_gates
 from llmplay.tuning.diagnose.gpus import lookup_gpu
 from llmplay.tuning.diagnose.memory import KV_DTYPE_BYTES, MemoryBreakdown, memory_breakdown
 from llmplay.tuning.diagnose.model_facts import (
@@ -65,9 +65,15 @@ def diagnose_run(
     playbook: Playbook, config: Config, samples: Sequence[TrialSample], summary: Mapping[str, float]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Findings (plain dicts, most severe first) and the diagnosis (model, memory, roofline, scheduler, notes)."""
+    # Any figure may be absent (a trial without /metrics or NVML, an archive from an older llmplay): only
+    # finite numbers go in, so each rule sees a missing key and skips.
     telemetry = {
-        k: v for s in samples for k, v in s.scalars.items() if k.startswith(("gpu.", "engine.", "proc.", "memory."))
+        k: v
+        for s in samples
+        for k, v in measured_only(s.scalars).items()
+        if k.startswith(("gpu.", "engine.", "proc.", "memory."))
     }
+    summary = measured_only(summary)
     diagnosis: dict[str, Any] = {"notes": []}
     facts: ModelFacts | None = None
     path = model_file(config)
