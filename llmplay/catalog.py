@@ -157,7 +157,8 @@ METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
     ("ITL", "every gap between successive content chunks, pooled over requests."),
     (
         "Output tokens",
-        "the server's usage figures; counted from the stream where the server sent none (the trial notes say so).",
+        "the server's usage figures; where the server sent none, the generated text counted with the prompts' tokenizer "
+        "(an estimate when that tokenizer is approximate), never the number of chunks (the trial notes say which).",
     ),
     (
         "Throughput",

@@ -1,8 +1,7 @@
 """Two archived runs side by side: every metric of each run's final configuration, delta with bootstrap CI, regressions.
 
 Regressions are judged by run A's playbook with the rule a step's guards use (tuning.decide.regressed_beyond): a
-guard metric worse than its tolerance (with its CI clear of zero on the worse side, so noise alone never fails a
-re-test), the objective worse than its min_effect the same way, or a
+guard metric whose change is worse than its tolerance, the objective worse than its min_effect the same way, or a
 gate that A met and B fails. Other metrics are shown and marked worse/better but never fail the comparison.
 """
 
@@ -39,7 +38,6 @@ class MetricComparison:
     rel_change: float | None  # (b - a) / |a|
     ci_low: float | None  # 95% bootstrap CI of rel_change (trials and requests resampled)
     ci_high: float | None
-    p_value: float | None
     better: bool | None  # is B better, direction-aware
     role: str  # "objective" | "guard" | ""
     tolerance: float | None  # guard tolerance or objective min_effect (relative)
@@ -178,7 +176,7 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
         if samples_a and samples_b:
             d = compare_metric(samples_a, samples_b, metric, n_boot=n_boot, seed=seed + i)
         else:  # a side without a successful trial measured nothing: its goals' rows still say so
-            d = MetricDelta(metric, None, None, None, None, None, None, None)
+            d = MetricDelta(metric, None, None, None, None, None)
         role, tolerance = "", None
         if objective is not None and metric == objective.metric:
             role, tolerance = "objective", objective.min_effect
@@ -216,7 +214,6 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
                 d.rel_change,
                 d.ci_low,
                 d.ci_high,
-                d.p_value,
                 better,
                 role,
                 tolerance,

@@ -5,8 +5,11 @@
 - E2EL: sent → last text-bearing chunk (stream) or the full body (non-stream).
 - TPOT: (E2EL − TTFT) / (output_tokens − 1), streamed requests with more than one output token.
 - ITL: every gap between successive text-bearing chunks, pooled over requests.
+- Output tokens: the server's usage; without it, the text counted by the exact tokenizer or estimated
+  by the approximate one (output_tokens_source, tokens.output_estimated), never text chunks.
 - Throughput: completed requests, output tokens, input + output tokens ÷ benchmark duration
-  (warm-up excluded). Goodput: completed requests meeting every SLO in slo_s ÷ duration.
+  (warm-up excluded; it ends when the last measured request ended, failures included).
+  Goodput: completed requests meeting every SLO in slo_s ÷ duration.
 - Errors are counted over every measured request sent; errors.rate = errors / requests sent.
 Only completed (error-free), non-warm-up requests enter latency and throughput figures.
 """
@@ -136,7 +139,7 @@ class Summary:
     values: Mapping[str, float | int | None]
     duration_s: float
     tokenizer: str = "none"  # which tokenizer sized the prompts (exact or approximate)
-    output_tokens_source: str = "usage"  # usage | counted | mixed
+    output_tokens_source: str = "usage"  # usage | counted (exact tokenizer) | estimated (approximate) | mixed
     slo_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     def as_dict(self) -> dict[str, float | int | None]:
@@ -210,8 +213,10 @@ def summarize(
     values["schedule_lag.max"] = float(lag.max()) if lag.size else None
     values["duration_s"] = duration_s
     sources = {r.output_tokens_source for r in ok}
-    source = "mixed" if len(sources) > 1 else (sources.pop() if sources else "usage")
+    source = "mixed" if len(sources) > 1 else next(iter(sources), "usage")
     values["tokens.output_counted"] = int(source != "usage")
+    # Counted by an approximate tokenizer (no usage, no exact tokenizer): the token figures are estimates.
+    values["tokens.output_estimated"] = int("estimated" in sources)
     return Summary(
         values=MappingProxyType(values),
         duration_s=duration_s,

@@ -3,10 +3,13 @@
 Behaviour is chosen per request by a path prefix, so one server serves every scenario:
 ``{url}/c/ttft_ms=50+itl_ms=10+tokens=8+usage=0+fault=close+fault_after=3/v1/completions``.
 
-Keys: ttft_ms (20), itl_ms (5), tokens (default: the request's max_tokens), usage (1: send the
+Keys: ttft_ms (20), itl_ms (5: the gap between text chunks), tokens (default: the request's max_tokens),
+per_chunk (1: tokens per text chunk, as servers that batch their stream send), usage (1: send the
 usage chunk when asked), done (1: send [DONE]), role (1: chat streams start with a role-only chunk),
 fault: none | 500 | 400 | close (FIN mid-stream) | stall (stop sending) | reset (TCP RST) | garbage,
-fault_after (text chunks sent before the fault; 0 = before the response headers).
+fault_after (text chunks sent before the fault; 0 = before the response headers), fault_from (0: how
+many requests of this scenario, counted per path prefix since the last GET /_log, are served before
+the fault starts: one fast request and one that times out in the same run).
 
 Every text chunk's actual write time (time.perf_counter_ns, the same clock the client uses) is logged
 per request, keyed by the prompt (or the last user message); GET /_log returns and clears the log.
@@ -40,11 +43,13 @@ DEFAULTS: dict[str, Any] = {
     "ttft_ms": 20.0,
     "itl_ms": 5.0,
     "tokens": None,
+    "per_chunk": 1,
     "usage": 1,
     "done": 1,
     "role": 1,
     "fault": "none",
     "fault_after": 0,
+    "fault_from": 0,
 }
 
 
@@ -113,7 +118,8 @@ class InstrumentCore:
         self._vocab: dict[str, int] = {}
         self._words: list[str] = []
         self._seq = itertools.count()
-        self._chunks: dict[tuple[bool, int, bool], bytes] = {}
+        self._served: dict[str, int] = {}  # requests per scenario segment, for fault_from
+        self._chunks: dict[tuple[bool, int, bool, int], bytes] = {}
 
     # --- connection handling -------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -149,13 +155,14 @@ class InstrumentCore:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> bool:
-        cfg = dict(DEFAULTS)
+        cfg, segment = dict(DEFAULTS), ""
         if path.startswith("/c/"):
             segment, _, rest = path[3:].partition("/")
             cfg = parse_config(segment)
             path = "/" + rest
         if path == "/_log":
             entries, self.log = self.log, []
+            self._served.clear()
             writer.write(_response(200, json.dumps(entries).encode()))
             return True
         if path == "/health":
@@ -196,6 +203,10 @@ class InstrumentCore:
             "headers_ns": None,
         }
         self.log.append(log)
+        ordinal = self._served.get(segment, 0)
+        self._served[segment] = ordinal + 1
+        if ordinal < cfg["fault_from"]:
+            cfg["fault"] = log["fault"] = "none"
         fault = cfg["fault"]
         if fault in ("500", "400"):
             status = int(fault)
@@ -287,8 +298,9 @@ class InstrumentCore:
             st.finished.set_result("ok")
             return
         k = st.sent
-        last = k == st.n_tokens - 1
-        data = self._text_chunk(st.chat, k, last)
+        per_chunk = max(1, int(cfg["per_chunk"]))
+        last = (k + 1) * per_chunk >= st.n_tokens
+        data = self._text_chunk(st.chat, k * per_chunk, last, min(per_chunk, st.n_tokens - k * per_chunk))
         t = time.perf_counter_ns()
         st.writer.write(data)
         st.log["send_ns"].append(t)
@@ -318,21 +330,24 @@ class InstrumentCore:
         st.writer.write(tail + _LAST)
         st.finished.set_result("ok")
 
-    def _text_chunk(self, chat: bool, k: int, last: bool) -> bytes:
-        # Encoded once per (api, position): the instrument must cost little per chunk.
-        key = (chat, k, last)
+    def _text_chunk(self, chat: bool, first: int, last: bool, n_tokens: int = 1) -> bytes:
+        """The chunk carrying tokens first .. first + n_tokens - 1."""
+        # Encoded once per (api, position, size): the instrument must cost little per chunk.
+        key = (chat, first, last, n_tokens)
         data = self._chunks.get(key)
         if data is None:
             finish = "length" if last else None
+            # One word per token (the /tokenize stand-in splits on spaces): " t8 t9 t10 t11" is 4 tokens.
+            text = "".join(f" t{first + i}" for i in range(n_tokens))
             if chat:
-                data = _sse(self._chat_obj({"content": f" t{k}"}, finish))
+                data = _sse(self._chat_obj({"content": text}, finish))
             else:
                 data = _sse(
                     {
                         "id": "instrument",
                         "object": "text_completion",
                         "model": "instrument",
-                        "choices": [{"index": 0, "text": f" t{k}", "finish_reason": finish}],
+                        "choices": [{"index": 0, "text": text, "finish_reason": finish}],
                     }
                 )
             self._chunks[key] = data

@@ -116,3 +116,12 @@ def test_a_metric_absent_on_one_side_is_not_measured_never_a_regression(runs, tm
         assert "not measured" in table and "nan" not in table.lower()
         assert "every guard" not in table  # nothing was judged on the absent guard
         assert "not judged: guard P95 TTFT (not measured on " in table.splitlines()[-1]
+
+
+def test_no_p_value_in_the_comparison(runs, tmp_path):
+    a, again, _ = runs
+    comparison = compare_runs(a, again, n_boot=BOOT)
+    assert all(not hasattr(m, "p_value") for m in comparison.metrics)
+    html = render_comparison_html(comparison, tmp_path / "c.html").read_text()
+    for text in (format_comparison_table(comparison), html):
+        assert "Mann" not in text and "p-value" not in text and "p_value" not in text

@@ -9,11 +9,16 @@ from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED, MetricDelta
 from llmplay.loadgen.records import RequestRecord, records_to_dataframe
 from llmplay.metrics import summarize
 from llmplay.spec import Gate, Goals, Guard, Objective, Trials
+from llmplay.tuning import decide
 from llmplay.tuning.decide import (
+    BEYOND,
+    HOLDS,
+    UNSETTLED,
     TrialSample,
     compare_metric,
     decide_step,
     evaluate_gates,
+    guard_outcome,
     metric_value,
     regressed_beyond,
     sample_from_records,
@@ -192,20 +197,87 @@ def test_decision_goodput_follows_the_summary_definition():
     assert metric_value([sample], "goodput.req_s") == pytest.approx(summary["goodput.req_s"]) == pytest.approx(0.2)
 
 
-def test_guard_rule_tolerance_noise_and_a_zero_baseline():
-    """The one guard rule decide and compare share: beyond tolerance, CI clear of noise, any worsening from 0."""
+def test_guard_rule_is_non_inferiority_and_any_worsening_from_zero_fails():
+    """The one guard rule decide and compare share: a point beyond tolerance fails, the CI's worse bound within it
+    holds, anything between is unsettled; from a baseline of 0 any worsening fails."""
 
     def delta(a, b, rel, lo, hi):
-        return MetricDelta("ttft.p95", a, b, rel, lo, hi, None, None)
+        return MetricDelta("ttft.p95", a, b, rel, lo, hi)
 
-    assert regressed_beyond(delta(1.0, 1.3, 0.3, 0.2, 0.4), lower_is_better=True, tolerance=0.1)
-    assert not regressed_beyond(delta(1.0, 1.3, 0.3, -0.05, 0.6), lower_is_better=True, tolerance=0.1)  # noise
-    assert not regressed_beyond(delta(1.0, 1.05, 0.05, 0.04, 0.06), lower_is_better=True, tolerance=0.1)
-    assert regressed_beyond(delta(1.0, 0.7, -0.3, -0.4, -0.2), lower_is_better=False, tolerance=0.1)
+    assert guard_outcome(delta(1.0, 1.3, 0.3, 0.2, 0.4), True, 0.1) == BEYOND
+    assert guard_outcome(delta(1.0, 1.3, 0.3, -0.05, 0.6), True, 0.1) == BEYOND  # a wide CI does not excuse it
+    assert guard_outcome(delta(1.0, 1.05, 0.05, 0.04, 0.06), True, 0.1) == HOLDS
+    assert guard_outcome(delta(1.0, 1.05, 0.05, -0.1, 0.2), True, 0.1) == UNSETTLED  # worse bound +20% > 10%
+    assert guard_outcome(delta(1.0, 0.95, -0.05, -0.2, 0.1), False, 0.1) == UNSETTLED  # worse bound -20%
+    assert guard_outcome(delta(1.0, 1.05, 0.05, None, None), True, 0.1) == UNSETTLED  # no interval: not shown
+    assert guard_outcome(delta(1.0, 0.7, -0.3, -0.4, -0.2), False, 0.1) == BEYOND
+    assert guard_outcome(delta(None, 0.05, None, None, None), True, 0.5) is None
     assert regressed_beyond(delta(1.0, 1.3, 0.3, None, None), lower_is_better=True, tolerance=0.1)
+    assert not regressed_beyond(delta(1.0, 1.05, 0.05, -0.1, 0.2), lower_is_better=True, tolerance=0.1)
     assert regressed_beyond(delta(0.0, 0.05, None, None, None), lower_is_better=True, tolerance=0.5)
     assert not regressed_beyond(delta(0.0, 0.05, None, None, None), lower_is_better=False, tolerance=0.5)
     assert not regressed_beyond(delta(None, 0.05, None, None, None), lower_is_better=True, tolerance=0.5)
+
+
+def _fixed(objective: MetricDelta, guards: tuple[MetricDelta, ...] = ()):
+    """decide_step with its comparisons replaced by the given deltas (objective first, then guards in order)."""
+    by_metric = {objective.metric: objective, **{g.metric: g for g in guards}}
+
+    def compare(a, b, metric, **_):
+        return by_metric.get(metric, MetricDelta(metric, None, None, None, None, None))
+
+    return compare
+
+
+def test_the_cpu_tiny_guard_case_is_rejected_not_kept(monkeypatch):
+    """parallel-4 in a real cpu-tiny run: output tok/s -15.8% [-32.5%, +3.3%] against a 15% guard tolerance."""
+    obj = MetricDelta("ttft.p95", 1.0, 0.6, -0.4, -0.5, -0.3)
+    guard = MetricDelta("throughput.output_tok_s", 100.0, 84.2, -0.158, -0.325, 0.033)
+    monkeypatch.setattr(decide, "compare_metric", _fixed(obj, (guard,)))
+    rng = np.random.default_rng(1)
+    g = Goals(
+        objective=Objective("minimize", "ttft.p95", 0.02),
+        guards=(Guard("throughput.output_tok_s", 0.15, "maximize"),),
+    )
+    d = decide_step([trial(rng) for _ in range(3)], [trial(rng) for _ in range(3)], g, TRIALS)
+    assert d.verdict == REJECTED and "no guard regressed" not in d.reason
+    assert "output tokens/s -15.8% [-32.5%, +3.3%] beyond its 15% tolerance" in d.reason
+
+
+def test_a_guard_whose_worse_bound_passes_the_tolerance_leaves_the_step_inconclusive(monkeypatch):
+    obj = MetricDelta("ttft.p95", 1.0, 0.6, -0.4, -0.5, -0.3)
+    guard = MetricDelta("throughput.output_tok_s", 100.0, 95.0, -0.05, -0.25, 0.15)
+    monkeypatch.setattr(decide, "compare_metric", _fixed(obj, (guard,)))
+    rng = np.random.default_rng(1)
+    g = Goals(
+        objective=Objective("minimize", "ttft.p95", 0.02),
+        guards=(Guard("throughput.output_tok_s", 0.15, "maximize"),),
+    )
+    d = decide_step([trial(rng) for _ in range(3)], [trial(rng) for _ in range(3)], g, TRIALS)
+    assert d.verdict == INCONCLUSIVE, d.reason
+    # Worse-side half-width 20 points against 10 points of room: 3 * 2^2 = 12 trials, so 9 more.
+    assert (
+        "guard output tokens/s -5.0% [-25.0%, +15.0%] not shown within its 15% tolerance (its worse bound -25.0%), "
+        "about 9 more trial(s) per side would settle it" in d.reason
+    )
+    assert d.reason.endswith("not kept while a guard is unsettled") and d.more_trials_needed == 9
+
+
+def test_more_trials_use_the_threshold_that_decides(monkeypatch):
+    """Point +1.9%, CI [-3%, +7%], min_effect 2%: only the CI's top falling under 2% decides, 0.1 points away."""
+    rng = np.random.default_rng(1)
+    a, b = [trial(rng) for _ in range(3)], [trial(rng) for _ in range(3)]
+    near = MetricDelta("throughput.output_tok_s", 100.0, 101.9, 0.019, -0.03, 0.07)
+    monkeypatch.setattr(decide, "compare_metric", _fixed(near))
+    d = decide_step(a, b, goals(), TRIALS)
+    assert d.verdict == INCONCLUSIVE and "18 more" not in d.reason and d.more_trials_needed is None
+    assert d.reason.endswith("within noise, not decidable within 50 more trial(s) per side")
+    # Above min_effect, keeping needs the CI's bottom above zero: half-width 5 points against +4%: 3 * 1.25^2 = 4.7, so 2.
+    far = MetricDelta("throughput.output_tok_s", 100.0, 104.0, 0.04, -0.01, 0.08)
+    monkeypatch.setattr(decide, "compare_metric", _fixed(far))
+    d = decide_step(a, b, goals(), TRIALS)
+    assert d.verdict == INCONCLUSIVE and d.more_trials_needed == 2, d.reason
+    assert "about 2 more trial(s) per side would decide it" in d.reason
 
 
 def test_errors_from_zero_fail_the_errors_guard():

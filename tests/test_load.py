@@ -88,15 +88,78 @@ def test_timing_matches_scripted_truth(srv, api):
 
 def test_counted_tokens_when_server_sends_no_usage(srv):
     reqs, res, _ = run(srv, BASE, ttft_ms=5, itl_ms=1, usage=0, tokens=5)
-    assert all(r.output_tokens == 5 and r.output_tokens_source == "counted" for r in res.records)
+    # No tokenizer given: the word-ratio estimate counts the text, and the records say it is an estimate.
+    assert all(r.output_tokens == 5 and r.output_tokens_source == "estimated" for r in res.records)
     assert all(r.input_tokens == 6 for r in res.records)  # the planned count stands in for usage
     assert res.counted_tokens
-    assert summarize(res.records, res.duration_s, {}).output_tokens_source == "counted"
+    s = summarize(res.records, res.duration_s, {})
+    assert s.output_tokens_source == "estimated" and s["tokens.output_estimated"] == 1
     # With an exact tokenizer the generated text is counted after the run, not the chunks.
     tok = LlamaCppTokenizer(srv.url)
     res = run_load_sync(srv.url_for(ttft_ms=5, itl_ms=1, usage=0, tokens=5), BASE, reqs, tokenizer=tok)
     assert [r.output_tokens for r in res.records] == [5] * 8 and res.tokenizer.startswith("llama.cpp")
+    assert {r.output_tokens_source for r in res.records} == {"counted"}
+    assert summarize(res.records, res.duration_s, {})["tokens.output_estimated"] == 0
     tok.close()
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+@pytest.mark.parametrize("streaming_fraction", [1.0, 0.0])
+def test_tokens_per_chunk_are_counted_not_chunks_when_usage_is_missing(srv, api, streaming_fraction):
+    # 4 tokens per chunk, no usage, no exact tokenizer: counting chunks made TPOT 4x too long.
+    wl = replace(BASE, api=api, streaming_fraction=streaming_fraction)
+    _, res, _ = run(srv, wl, ttft_ms=5, itl_ms=20, usage=0, tokens=8, per_chunk=4)
+    assert all(r.ok for r in res.records)
+    if streaming_fraction:
+        assert all(len(r.chunk_ns) == 2 for r in res.records)
+    # The prompts' approximate tokenizer (the calibrated estimate's stand-in here) counts the 8 words.
+    res = run_load_sync(
+        srv.url_for(ttft_ms=5, itl_ms=20, usage=0, tokens=8, per_chunk=4),
+        wl,
+        build_requests(wl, TOK, "instrument"),
+        tokenizer=TOK,
+    )
+    assert all(r.output_tokens == 8 and r.output_tokens_source == "estimated" for r in res.records)
+    s = summarize(res.records, res.duration_s, {})
+    assert s.output_tokens_source == "estimated"
+    assert s["tokens.output_counted"] == 1 and s["tokens.output_estimated"] == 1
+    assert s["tokens.output_total"] == 64
+    if streaming_fraction:
+        # One 20 ms gap over 7 tokens after the first: ~2.9 ms, not the 20 ms of one token per chunk.
+        assert 0.0025 < s["tpot.p50"] < 0.0045
+
+
+def test_calibrated_estimate_counts_output_when_the_tokenizer_is_gone():
+    # An engine tokenizer that failed leaves the ratio calibrated against it, never chunks.
+    from llmplay.loadgen.runner import _estimator
+    from llmplay.loadgen.tokenizer import FallbackTokenizer
+
+    class Halves:
+        name, exact = "halves", True
+
+        def count(self, text):
+            return 2 * len(text.split())
+
+        def make_text(self, n_tokens, rng):
+            return ""
+
+    fb = FallbackTokenizer(Halves())
+    assert _estimator(fb).count("a b c") == 6 and _estimator(fb) is fb.estimate
+    assert _estimator(TOK) is TOK and _estimator(None).count("a b c") == 3
+
+
+def test_throughput_window_covers_a_request_that_timed_out(srv):
+    # One fast request, then one the server never answers: the window ends when the timeout is seen.
+    wl = replace(BASE, concurrency=1, num_requests=2, request_timeout_s=1.0)
+    _, res, _ = run(srv, wl, ttft_ms=5, itl_ms=5, fault="stall", fault_after=0, fault_from=1)
+    assert [r.error_kind for r in res.records] == [None, "timeout"]
+    assert res.records[1].first_chunk_ns is None and res.records[1].finished_ns is not None
+    # The 1 s timeout starts a little before sent_ns (stamped when the bytes were written).
+    assert res.end_ns >= res.records[1].finished_ns >= res.records[1].sent_ns + 0.95e9
+    assert 0.95 <= res.duration_s < 2.0  # a loaded 2-core machine may see the timeout late
+    s = summarize(res.records, res.duration_s, {})
+    assert 0.5 < s["throughput.req_s"] < 1.1  # about 1 req/s, not the 20+ of a window ending at 45 ms
+    assert s["throughput.output_tok_s"] == pytest.approx(6 / res.duration_s)
 
 
 def test_usage_tokens(srv):

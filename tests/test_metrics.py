@@ -126,6 +126,18 @@ def test_counted_tokens_are_reported():
     )
     assert s.output_tokens_source == "mixed" and s["tokens.output_counted"] == 1
     assert s.to_json()["tokenizer"] == "word-ratio"
+    assert s["tokens.output_estimated"] == 0  # the exact tokenizer counted: no estimate
+
+
+def test_estimated_tokens_are_marked():
+    # No usage and no exact tokenizer: the approximate count is marked, alone or beside exact counts.
+    alone = summarize([rec(1, chunks_ms=(1, 2), out=8, source="estimated")], 1.0, {})
+    assert alone.output_tokens_source == "estimated" and alone.to_json()["output_tokens_source"] == "estimated"
+    assert alone["tokens.output_counted"] == 1 and alone["tokens.output_estimated"] == 1
+    assert alone["tokens.output_total"] == 8 and alone["tpot.p50"] == pytest.approx(0.001 / 7)
+    mixed = summarize([rec(1, chunks_ms=(1, 2), source="estimated"), rec(2, chunks_ms=(1, 2))], 1.0, {})
+    assert mixed.output_tokens_source == "mixed" and mixed["tokens.output_estimated"] == 1
+    assert summarize([rec(1, chunks_ms=(1, 2))], 1.0, {})["tokens.output_estimated"] == 0
 
 
 def test_dataframe_and_parquet_round_trip(tmp_path):

@@ -229,3 +229,27 @@ def test_report_from_a_real_cpu_run(cpu_engine, tmp_path):
     assert not compare_runs(outcome.run_dir, outcome.run_dir, n_boot=100).has_regression
     (outcome.run_dir / "trials" / "t001" / "requests.parquet").write_bytes(b"tampered")
     assert verify(outcome.run_dir) == ["trials/t001/requests.parquet: changed (sha256 differs from manifest.json)"]
+
+
+def test_no_p_value_is_shown_and_an_archive_with_old_p_values_still_loads_and_verifies(tmp_path_factory, tmp_path):
+    """Mann-Whitney p-values ignored clustering within trials; runs archived with them still load, render and verify."""
+    src = shared_archive(tmp_path_factory)
+    run_dir = tmp_path / src.name
+    shutil.copytree(src, run_dir)
+    archive = RunArchive.open(run_dir)
+    verdicts = archive.manifest()["verdicts"]
+    assert verdicts and "p_value" not in json.dumps(verdicts)  # new runs do not write one
+    for verdict in verdicts:
+        for delta in [verdict.get("objective"), *verdict.get("guards", []), *verdict.get("deltas", [])]:
+            if delta is not None:
+                delta["p_value"] = 2.59e-66
+    archive._manifest["verdicts"] = verdicts  # as llmplay wrote runs before the p-value was dropped
+    archive._save()
+    assert "p_value" in (run_dir / MANIFEST).read_text()
+    assert verify(run_dir) == []
+    html = render_report(run_dir).read_text()
+    assert_self_contained(html)
+    for shown in ("Mann", "p-value", "2.59e-66", '<th class="num">p ('):
+        assert shown not in html, shown
+    steps = html[html.index('id="steps"') : html.index('id="diagnosis"')]
+    assert '<th class="num">95% CI</th><th>direction</th>' in steps

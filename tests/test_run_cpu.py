@@ -7,6 +7,7 @@ import signal
 import time
 
 import pytest
+import yaml
 
 from llmplay.archive.model import KEPT
 from llmplay.archive.verify import verify
@@ -23,23 +24,30 @@ def llmplay_containers(docker_client, *, pid: int | None = None, run_id: str | N
 
 
 def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tmp_path):
-    playbook = load_playbook(
-        tiny_playbook(
-            tmp_path,
-            duration="4s",
-            warmup="1s",
-            repeats=2,
-            bootstrap_samples=400,
-            steps=[
-                {"name": "parallel-4", "set": {"parallel": 4}},
-                {
-                    "name": "useless-env",
-                    "description": "changes nothing the engine reads",
-                    "set": {"env.LLMPLAY_NOOP": "1"},
-                },
-            ],
-        )
+    path = tiny_playbook(
+        tmp_path,
+        duration="4s",
+        warmup="1s",
+        repeats=2,
+        bootstrap_samples=400,
+        steps=[
+            {"name": "parallel-4", "set": {"parallel": 4}},
+            {
+                "name": "useless-env",
+                "description": "changes nothing the engine reads",
+                "set": {"env.LLMPLAY_NOOP": "1"},
+            },
+        ],
     )
+    # A guard holds only when its interval's worse bound is inside the tolerance (non-inferiority): two 4 s trials
+    # a side bound throughput to about +-20%, so this test's guard allows 35% where cpu-tiny's allows 15%.
+    doc = yaml.safe_load(path.read_text())
+    doc["goals"]["guards"] = [
+        {"metric": "throughput.output_tok_s", "tolerance": "35%"},
+        {"metric": "errors.rate", "tolerance": "0%"},
+    ]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    playbook = load_playbook(path)
     lines: list[str] = []
     outcome = run_playbook(
         playbook, RunOptions(archive_root=tmp_path / "reports"), publish=publish_report, report=lines.append

@@ -7,7 +7,7 @@ JSON in manifest.json); the report reads them back from the archive only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 from typing import Any
 
 TRIAL_OK, TRIAL_FAILED, TRIAL_INTERRUPTED = "ok", "failed", "interrupted"
@@ -50,11 +50,16 @@ class MetricDelta:
     rel_change: float | None  # (candidate - baseline) / baseline
     ci_low: float | None  # 95% CI of rel_change
     ci_high: float | None
-    p_value: float | None  # Mann-Whitney U, two-sided
-    better: bool | None  # direction-aware: is the candidate better?
+    # Runs archived before it was dropped carry a Mann-Whitney p-value here: it ignored that requests cluster within
+    # trials and tested whole distributions, not the percentile decided on. Accepted so they load, never kept.
+    p_value: InitVar[float | None] = None
+    better: bool | None = None  # direction-aware: is the candidate better?
     # How many requests each side's figure rests on, pooled over its trials (None: no per-request metric, or unknown).
     n_baseline: int | None = None
     n_candidate: int | None = None
+
+    def __post_init__(self, p_value: float | None) -> None:
+        del p_value  # read from old archives, ignored (see above)
 
 
 @dataclass(frozen=True)

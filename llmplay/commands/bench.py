@@ -48,7 +48,9 @@ def format_summary_table(summary: Summary) -> Table:
         ("ttft_nonstream", "TTFT non-stream"),
     )
     stats = ("mean", "std", "p50", "p90", "p95", "p99")
-    caption = [f"tokenizer: {summary.tokenizer}; output tokens from {summary.output_tokens_source}"]
+    tokens_from = {"usage": "the server's usage", "counted": "the text, counted", "estimated": "the text, estimated"}
+    source = tokens_from.get(summary.output_tokens_source, summary.output_tokens_source)
+    caption = [f"tokenizer: {summary.tokenizer}; output tokens from {source}"]
     absent = [f"{label} ({absence_reason(name + '.p50')})" for name, label in families if v.get(f"{name}.p50") is None]
     if absent:
         caption.append("not measured: " + ", ".join(absent))

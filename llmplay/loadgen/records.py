@@ -24,8 +24,9 @@ class RequestRecord:
     chunk_ns: tuple[int, ...]  # arrival of every text-bearing chunk
     end_ns: int | None  # last text-bearing chunk (stream) or full body (non-stream); not usage/[DONE]
     input_tokens: int  # usage.prompt_tokens, else the planned count
-    output_tokens: int  # usage.completion_tokens, else counted (see output_tokens_source)
-    output_tokens_source: str  # "usage" | "counted"
+    output_tokens: int  # usage.completion_tokens, else counted from the text (see output_tokens_source)
+    # "usage" | "counted" (the exact tokenizer counted the text) | "estimated" (an approximate tokenizer did)
+    output_tokens_source: str
     finish_reason: str | None
     http_status: int | None
     error_kind: str | None  # None | connect | timeout | http_4xx | http_5xx | truncated | protocol
@@ -34,6 +35,9 @@ class RequestRecord:
     bytes_received: int = 0
     conversation_id: int = 0
     turn: int = 0
+    # When the client saw the request end, however it ended (last byte, error or timeout): a failed
+    # request that never sent text still occupied the measured window until then.
+    finished_ns: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -45,21 +49,21 @@ class LoadResult:
     records: tuple[RequestRecord, ...]
     mode: str  # "closed" | "open"
     start_ns: int  # measured window start (after warm-up)
-    end_ns: int  # last measured request finished
+    end_ns: int  # last measured request finished: its last text chunk (ok) or when its failure was seen
     duration_s: float  # benchmark duration: measured window, warm-up excluded
     warmup_duration_s: float
     schedule_lag_p50_s: float | None  # open loop: how late requests left vs the arrival schedule
     schedule_lag_p99_s: float | None
     schedule_lag_max_s: float | None
     tokenizer: str
-    counted_tokens: bool  # some output_tokens were counted because the server sent no usage
+    counted_tokens: bool  # some output_tokens were counted (or estimated) because the server sent no usage
 
     def measured(self) -> tuple[RequestRecord, ...]:
         return tuple(r for r in self.records if not r.is_warmup)
 
 
 RECORD_COLUMNS = tuple(f.name for f in fields(RequestRecord))
-_NULLABLE_INT_COLUMNS = ("first_chunk_ns", "first_content_ns", "end_ns", "http_status")
+_NULLABLE_INT_COLUMNS = ("first_chunk_ns", "first_content_ns", "end_ns", "http_status", "finished_ns")
 
 
 def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:

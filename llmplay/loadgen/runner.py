@@ -14,7 +14,7 @@ import numpy as np
 from llmplay.loadgen.arrivals import RequestFeed, closed_loop, open_loop
 from llmplay.loadgen.records import LoadResult, RequestRecord
 from llmplay.loadgen.send import LoadSender
-from llmplay.loadgen.tokenizer import Tokenizer, WordRatioTokenizer
+from llmplay.loadgen.tokenizer import FallbackTokenizer, Tokenizer, WordRatioTokenizer
 from llmplay.loadgen.transport import StreamingTransport
 from llmplay.loadgen.workload import PlannedRequest
 from llmplay.spec import Workload
@@ -107,9 +107,9 @@ async def run_load(
         except asyncio.CancelledError:
             interrupted = True
     # Interrupted: no more calls to the engine (its tokenizer may be the reason we stop); keep what finished.
-    records = list(sender.records) if interrupted else _count_missing_tokens(sender.records, sender.texts, tokenizer)
+    records = _count_missing_tokens(sender.records, sender.texts, tokenizer, use_exact=not interrupted)
     measured = [r for r in records if not r.is_warmup]
-    ends = [r.end_ns for r in measured if r.end_ns is not None]
+    ends = [e for e in map(_ended_ns, measured) if e is not None]
     end_ns = max(ends) if ends else end_wall
     lag = np.array([(r.sent_ns - r.scheduled_ns) / 1e9 for r in measured]) if mode == "open" else np.array([])
     result = LoadResult(
@@ -123,27 +123,50 @@ async def run_load(
         schedule_lag_p99_s=float(np.percentile(lag, 99)) if lag.size else None,
         schedule_lag_max_s=float(lag.max()) if lag.size else None,
         tokenizer=tokenizer.name if tokenizer is not None else "none",
-        counted_tokens=any(r.output_tokens_source == "counted" and r.ok for r in measured),
+        counted_tokens=any(r.output_tokens_source != "usage" and r.ok for r in measured),
     )
     if interrupted:
         raise LoadInterrupted(result)
     return result
 
 
+def _ended_ns(r: RequestRecord) -> int | None:
+    """When a request stopped occupying the measured window: its last text chunk when it succeeded (as vLLM
+    ends E2EL), else when its failure was seen, so a timeout that never sent text still lengthens the window."""
+    if r.ok or r.finished_ns is None:
+        return r.end_ns
+    return r.finished_ns
+
+
+def _estimator(tokenizer: Tokenizer | None) -> Tokenizer:
+    """The approximate counter that needs no engine: the prompts' own approximate tokenizer, the ratio calibrated
+    against the engine's, or the plain word ratio."""
+    if isinstance(tokenizer, FallbackTokenizer):
+        return tokenizer if not tokenizer.exact else tokenizer.estimate
+    if tokenizer is not None and not tokenizer.exact:
+        return tokenizer
+    return WordRatioTokenizer()
+
+
 def _count_missing_tokens(
-    records: list[RequestRecord], texts: dict[int, str], tokenizer: Tokenizer | None
+    records: list[RequestRecord], texts: dict[int, str], tokenizer: Tokenizer | None, *, use_exact: bool
 ) -> list[RequestRecord]:
-    """Server sent no usage: count the generated text with the tokenizer (after the timed run), or
-    fall back to one token per text chunk (streams) / the word ratio (non-streamed)."""
+    """Server sent no usage: count the generated text (after the timed run) with the tokenizer that sized the
+    prompts when it is exact ("counted"), else estimate it with the approximate one ("estimated"). Never text
+    chunks: a server may pack several tokens into one, and TPOT would grow by that factor."""
     out = []
-    fallback = WordRatioTokenizer()
+    estimator = _estimator(tokenizer)
     for r in records:
         if r.output_tokens_source == "counted" and r.index in texts:
             text = texts[r.index]
-            if tokenizer is not None and tokenizer.exact and text:
-                r = replace(r, output_tokens=tokenizer.count(text))
-            elif not r.stream:
-                r = replace(r, output_tokens=fallback.count(text))
+            # No text (a failed request) costs no call to the engine.
+            if use_exact and tokenizer is not None and tokenizer.exact and text:
+                n = tokenizer.count(text)
+                # A FallbackTokenizer whose engine stopped answering mid-count estimated instead.
+                source = "counted" if tokenizer.exact else "estimated"
+            else:
+                n, source = estimator.count(text), "estimated"
+            r = replace(r, output_tokens=n, output_tokens_source=source)
         out.append(r)
     return out
 

@@ -29,6 +29,7 @@ class _Exchange:
     body: bytes = b""  # the whole body of a non-streamed or failed response
     end_ns: int | None = None  # non-streamed: when the last body byte so far arrived
     body_done_ns: int | None = None  # non-streamed: when the whole body had arrived
+    finished_ns: int | None = None  # when the exchange ended, however it ended (a timeout included)
 
     def fail(self, kind: str, message: str) -> None:
         self.error_kind, self.error_message = kind, message
@@ -100,6 +101,7 @@ class LoadSender:
         try:
             await self._exchange(request, planned.stream, state, exchange)
         finally:
+            exchange.finished_ns = _now()
             self.inflight -= 1
         reply = _stream_reply(state, exchange) if planned.stream else _body_reply(exchange)
         if exchange.error_kind is None and reply.first_ns is None:
@@ -169,6 +171,7 @@ class LoadSender:
         if usage and isinstance(usage.get("completion_tokens"), int):
             out_tokens, source = int(usage["completion_tokens"]), "usage"
         else:
+            # Chunks stand in only for the live progress counter: the runner counts the text after the run.
             out_tokens, source = len(state.chunk_ns) if planned.stream else 0, "counted"
             self.texts[planned.index] = reply.text
         in_tokens = (
@@ -203,6 +206,7 @@ class LoadSender:
             bytes_received=received,
             conversation_id=planned.conversation_id,
             turn=planned.turn,
+            finished_ns=exchange.finished_ns,
         )
 
 

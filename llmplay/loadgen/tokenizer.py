@@ -225,6 +225,11 @@ class FallbackTokenizer:
             self._ratio = WordRatioTokenizer()
 
     @property
+    def estimate(self) -> WordRatioTokenizer:
+        """The word ratio calibrated against the engine's tokenizer: counts that need no engine."""
+        return self._ratio
+
+    @property
     def exact(self) -> bool:
         return self.fallback is None and self.primary.exact
 

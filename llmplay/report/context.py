@@ -467,7 +467,6 @@ def _delta_rows(verdict: StepVerdict) -> list[dict[str, Any]]:
                 "remarks": "; ".join(remarks),
                 "delta": fmt_pct(d.rel_change),
                 "ci": fmt_ci(d.ci_low, d.ci_high),
-                "p": "—" if d.p_value is None else f"{d.p_value:.3g}",
                 "better": _direction(d),
             }
         )

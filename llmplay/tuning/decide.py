@@ -3,6 +3,7 @@
 Effects are relative changes of the candidate against the configuration it is compared with. Their
 intervals come from a two-level bootstrap: trials are resampled (machine drift, engine restarts), and
 requests are resampled inside each trial (load noise), so both sources of spread widen the interval.
+A guard is a non-inferiority claim (guard_outcome), the one rule steps and `compare` share.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from llmplay.archive.model import FAILED, INCONCLUSIVE, KEPT, REJECTED, GateResult, MetricDelta
 from llmplay.catalog import (
@@ -200,19 +200,6 @@ def _bootstrap(
     return out
 
 
-def _mann_whitney(a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str) -> float | None:
-    head = metric.split(".")[0]
-    if head in PER_REQUEST:
-        xa = np.concatenate([_as_is(s, head) for s in a]) if a else np.array([])
-        xb = np.concatenate([_as_is(s, head) for s in b]) if b else np.array([])
-    else:
-        xa = np.array([v for s in a if (v := metric_value([s], metric)) is not None])
-        xb = np.array([v for s in b if (v := metric_value([s], metric)) is not None])
-    if xa.size < 2 or xb.size < 2 or (np.ptp(np.concatenate([xa, xb])) == 0):
-        return None
-    return float(stats.mannwhitneyu(xa, xb, alternative="two-sided").pvalue)
-
-
 def compare_metric(
     a: Sequence[TrialSample],
     b: Sequence[TrialSample],
@@ -227,7 +214,7 @@ def compare_metric(
     va, vb = metric_value(a, metric), metric_value(b, metric)
     na, nb = _count_for(a, metric), _count_for(b, metric)
     if va is None or vb is None:
-        return MetricDelta(metric, va, vb, None, None, None, None, None, n_baseline=na, n_candidate=nb)
+        return MetricDelta(metric, va, vb, None, None, None, better=None, n_baseline=na, n_candidate=nb)
     rel = (vb - va) / abs(va) if va != 0 else (0.0 if vb == 0 else math.inf)
     boots = _bootstrap(a, b, metric, n_boot, np.random.default_rng(seed))
     boots = boots[np.isfinite(boots)]
@@ -241,8 +228,7 @@ def compare_metric(
         rel if math.isfinite(rel) else None,
         lo,
         hi,
-        _mann_whitney(a, b, metric),
-        better if rel != 0 else None,
+        better=better if rel != 0 else None,
         n_baseline=na,
         n_candidate=nb,
     )
@@ -263,21 +249,57 @@ def describe_delta(delta: MetricDelta) -> str:
     return f"{label} {fmt_pct(delta.rel_change)}{ci}"
 
 
-def regressed_beyond(delta: MetricDelta, lower_is_better: bool, tolerance: float) -> bool:
-    """The guard rule: worse than `tolerance` (relative), with the CI's best case still worse, so noise alone never
-    fails a guard. From a baseline of exactly 0 a relative tolerance cannot apply: any worsening counts."""
+# What a guard's comparison shows: the candidate is within its tolerance (the CI's worse bound is), beyond it (the
+# point estimate is), or neither yet.
+HOLDS, BEYOND, UNSETTLED = "holds", "beyond", "unsettled"
+# Past this many more trials per side an estimate is no advice: the sentence says the step is not decidable.
+MORE_TRIALS_CAP = 50
+
+
+def _worse_by(delta: MetricDelta, lower_is_better: bool) -> tuple[float, float | None]:
+    """(point, worse bound) of the change in the bad direction: positive = worse. Needs a relative change."""
+    sign = 1.0 if lower_is_better else -1.0
+    point = sign * delta.rel_change  # type: ignore[operator]
+    if delta.ci_low is None or delta.ci_high is None:
+        return point, None
+    return point, max(sign * delta.ci_low, sign * delta.ci_high)
+
+
+def guard_outcome(delta: MetricDelta, lower_is_better: bool, tolerance: float) -> str | None:
+    """The guard rule, a non-inferiority claim: it holds only when the CI's worse bound is within `tolerance`
+    (relative); a point estimate beyond it fails; anything between is unsettled. From a baseline of exactly 0 a
+    relative tolerance cannot apply: any worsening fails. None when a side is not measured."""
     a, b = delta.baseline, delta.candidate
     if a is None or b is None:
-        return False
+        return None
     if delta.rel_change is None:
-        return (b > a) if lower_is_better else (b < a)
-    worse_by = delta.rel_change if lower_is_better else -delta.rel_change
-    if worse_by <= tolerance:
-        return False
-    if delta.ci_low is None or delta.ci_high is None:
-        return True
-    best_case = min(delta.ci_low, delta.ci_high) if lower_is_better else -max(delta.ci_low, delta.ci_high)
-    return best_case > 0
+        return BEYOND if ((b > a) if lower_is_better else (b < a)) else HOLDS
+    point, worst = _worse_by(delta, lower_is_better)
+    if point > tolerance:
+        return BEYOND
+    return HOLDS if worst is not None and worst <= tolerance else UNSETTLED
+
+
+def regressed_beyond(delta: MetricDelta, lower_is_better: bool, tolerance: float) -> bool:
+    """A regression by the guard rule (guard_outcome): the point estimate is worse than `tolerance`."""
+    return guard_outcome(delta, lower_is_better, tolerance) == BEYOND
+
+
+def _more_trials(n: int, half: float, distance: float, cap: int) -> int | None:
+    """More trials per side until the CI's half-width `half` (shrinking like 1/sqrt(n)) falls within `distance`,
+    the gap from the point estimate to the threshold that decides; None when that is more than `cap`."""
+    if distance <= 0:
+        return None
+    total = n * (half / distance) ** 2
+    if not math.isfinite(total) or total > n + cap:
+        return None
+    return max(1, math.ceil(total - 1e-9) - n)  # the tolerance absorbs float noise: 12.000000001 is 12
+
+
+def _settle_text(more: int | None, cap: int, what: str) -> str:
+    if more is None:
+        return f"not decidable within {cap} more trial(s) per side"
+    return f"about {more} more trial(s) per side would {what} it"
 
 
 @dataclass(frozen=True)
@@ -367,38 +389,54 @@ def decide_step(
             MIN_TRIALS_TO_DECIDE - min(len(a), len(b)),
         )
 
-    regressed = []
+    n, cap = len(b), max(MORE_TRIALS_CAP, trials.max_repeats)
+    regressed: list[str] = []
+    unsettled: list[str] = []
+    pending: list[int | None] = []  # more trials per side each unsettled part needs (None: not decidable)
     for guard, delta in zip(goals.guards, guard_deltas, strict=True):
-        if regressed_beyond(delta, guard.direction == "minimize", guard.tolerance):
+        lower = guard.direction == "minimize"
+        outcome = guard_outcome(delta, lower, guard.tolerance)
+        if outcome == BEYOND:
             change = (
                 describe_delta(delta)
                 if delta.rel_change is not None
                 else f"{label_of(delta.metric)} from 0 to {fmt_full(delta.metric, delta.candidate)},"
             )
             regressed.append(f"{change} beyond its {guard.tolerance:.0%} tolerance")
-    guard_text = "; ".join(regressed + unmeasured_guards) or "no guard regressed"
+        elif outcome == UNSETTLED:
+            worse, worst = _worse_by(delta, lower)
+            more = None if worst is None else _more_trials(n, worst - worse, guard.tolerance - worse, cap)
+            pending.append(more)
+            bound = "no interval" if worst is None else f"its worse bound {fmt_pct(worst if lower else -worst)}"
+            unsettled.append(
+                f"guard {describe_delta(delta)} not shown within its {guard.tolerance:.0%} tolerance ({bound}), "
+                + _settle_text(more, cap, "settle")
+            )
+    guard_text = "; ".join(regressed + unsettled + unmeasured_guards) or "no guard regressed"
     head = f"{describe_delta(obj)}, {guard_text}"
+
+    def most(needs: Sequence[int | None]) -> int | None:
+        return None if not needs or None in needs else max(k for k in needs if k is not None)
 
     if regressed:
         return decision(REJECTED, f"{head}; rejected")
     if lo > 0 and point >= objective.min_effect:
         if unmeasured_guards:
             return decision(INCONCLUSIVE, f"{head}; not kept while a guard is not measured")
+        if unsettled:
+            return decision(INCONCLUSIVE, f"{head}; not kept while a guard is unsettled", most(pending))
         return decision(KEPT, f"{head}; kept")
     if hi < 0:
         return decision(REJECTED, f"{head}; worse, rejected")
     if hi < objective.min_effect:
         return decision(REJECTED, f"{head}; any gain is below the {objective.min_effect:.0%} minimum effect, rejected")
-    more = _more_trials(len(b), point, lo, hi, objective.min_effect)
-    return decision(INCONCLUSIVE, f"{head}; within noise, about {more} more trial(s) per side would decide it", more)
-
-
-def _more_trials(n: int, point: float, lo: float, hi: float, min_effect: float) -> int:
-    """Half-width shrinks like 1/sqrt(n): how many trials until it separates the estimate from the threshold."""
-    half = max((hi - lo) / 2, 1e-12)
-    distance = max(abs(point - min_effect), abs(point), 1e-3)
-    needed = math.ceil(n * (half / distance) ** 2)
-    return max(1, min(needed - n, 99))
+    # The threshold that decides: below min_effect the step is rejected once the CI's top falls under it; at or
+    # above, it is kept once the CI's bottom clears zero.
+    if point < objective.min_effect:
+        more = _more_trials(n, hi - point, objective.min_effect - point, cap)
+    else:
+        more = _more_trials(n, point - lo, point, cap)
+    return decision(INCONCLUSIVE, f"{head}; within noise, " + _settle_text(more, cap, "decide"), most([more, *pending]))
 
 
 def evaluate_gates(gates: Sequence[Gate], summary: Mapping[str, float]) -> list[GateResult]:
