@@ -161,7 +161,8 @@ def test_every_request_failed(tmp_path, capsys):
 
 
 def test_every_candidate_request_failed(tmp_path):
-    outcome, lines, _ = run(tmp_path, lambda tid: "failed" if tid in ("t002", "t004") else "streamed")
+    # Pairs alternate which side starts (A B B A): the candidate trials are t002 and t003.
+    outcome, lines, _ = run(tmp_path, lambda tid: "failed" if tid in ("t002", "t003") else "streamed")
     assert outcome.status == "complete", lines
     (verdict,) = outcome.verdicts
     assert verdict.verdict == "failed"

@@ -677,7 +677,12 @@ def _method(run: _ArchivedRunData, playbook_doc: Mapping[str, Any]) -> dict[str,
     repeats = overrides.get("repeats") or trials.get("repeats", 3)
     trial_rows = [
         ("repeats per side", str(repeats) + (" (overridden)" if "repeats" in overrides else "")),
-        ("order", "interleaved A B A B … (drift cancels)" if trials.get("interleave", True) else "blocked A A … B B …"),
+        (
+            "order",
+            "interleaved A B B A … (each pair alternates which side starts: drift and order cancel)"
+            if trials.get("interleave", True)
+            else "blocked A A … B B …",
+        ),
         ("each trial", "a fresh engine start; warm-up discarded"),
         ("sequential", str(trials.get("sequential", False))),
         ("confidence", str(trials.get("confidence", 0.95))),

@@ -280,11 +280,19 @@ class TuningRun:
             raise StopRun(f"trial {trial.trial_id} failed and on_failure is stop: {trial.error}")
 
     def _measure_pair(self, reference: ConfigTrials, cand: ConfigTrials, step: Step) -> None:
-        """A B A B ... (or A A B B); in sequential mode, more pairs until the verdict is no longer inconclusive."""
+        """A B B A A B ... (or A A B B); in sequential mode, more pairs until the verdict is no longer inconclusive.
+
+        Interleaved pairs alternate which side goes first: with A B A B the candidate always follows the reference,
+        so anything that favours the second start of a pair (warm page cache, a cooling CPU) reads as its effect.
+        """
         trials = self.playbook.trials
         pairs = [(reference, "baseline"), (cand, "candidate")]
+
+        def pair_in_order(rep: int) -> list[tuple[ConfigTrials, str]]:
+            return pairs if rep % 2 == 0 else pairs[::-1]
+
         if trials.interleave:
-            schedule = [(m, role, r) for r in range(trials.repeats) for m, role in pairs]
+            schedule = [(m, role, r) for r in range(trials.repeats) for m, role in pair_in_order(r)]
         else:
             schedule = [(m, role, r) for m, role in pairs for r in range(trials.repeats)]
         for measured, role, rep in schedule:
@@ -296,7 +304,7 @@ class TuningRun:
             )
             if decision.verdict != "inconclusive":
                 break
-            for measured, role in pairs:
+            for measured, role in pair_in_order(rep) if trials.interleave else pairs:
                 self._run_into(measured, step.name, role, rep)
             rep += 1
 
