@@ -229,17 +229,22 @@ def _fixed(objective: MetricDelta, guards: tuple[MetricDelta, ...] = ()):
     return compare
 
 
-def test_the_cpu_tiny_guard_case_is_rejected_not_kept(monkeypatch):
-    """parallel-4 in a real cpu-tiny run: output tok/s -15.8% [-32.5%, +3.3%] against a 15% guard tolerance."""
-    obj = MetricDelta("ttft.p95", 1.0, 0.6, -0.4, -0.5, -0.3)
-    guard = MetricDelta("throughput.output_tok_s", 100.0, 84.2, -0.158, -0.325, 0.033)
-    monkeypatch.setattr(decide, "compare_metric", _fixed(obj, (guard,)))
+def _decide_with_throughput_guard(monkeypatch, objective: MetricDelta, guard: MetricDelta):
+    """decide_step on 3 trials a side whose objective and 15% throughput guard compare as given."""
+    monkeypatch.setattr(decide, "compare_metric", _fixed(objective, (guard,)))
     rng = np.random.default_rng(1)
     g = Goals(
         objective=Objective("minimize", "ttft.p95", 0.02),
         guards=(Guard("throughput.output_tok_s", 0.15, "maximize"),),
     )
-    d = decide_step([trial(rng) for _ in range(3)], [trial(rng) for _ in range(3)], g, TRIALS)
+    return decide_step([trial(rng) for _ in range(3)], [trial(rng) for _ in range(3)], g, TRIALS)
+
+
+def test_the_cpu_tiny_guard_case_is_rejected_not_kept(monkeypatch):
+    """parallel-4 in a real cpu-tiny run: output tok/s -15.8% [-32.5%, +3.3%] against a 15% guard tolerance."""
+    obj = MetricDelta("ttft.p95", 1.0, 0.6, -0.4, -0.5, -0.3)
+    guard = MetricDelta("throughput.output_tok_s", 100.0, 84.2, -0.158, -0.325, 0.033)
+    d = _decide_with_throughput_guard(monkeypatch, obj, guard)
     assert d.verdict == REJECTED and "no guard regressed" not in d.reason
     assert "output tokens/s -15.8% [-32.5%, +3.3%] beyond its 15% tolerance" in d.reason
 
@@ -247,13 +252,7 @@ def test_the_cpu_tiny_guard_case_is_rejected_not_kept(monkeypatch):
 def test_a_guard_whose_worse_bound_passes_the_tolerance_leaves_the_step_inconclusive(monkeypatch):
     obj = MetricDelta("ttft.p95", 1.0, 0.6, -0.4, -0.5, -0.3)
     guard = MetricDelta("throughput.output_tok_s", 100.0, 95.0, -0.05, -0.25, 0.15)
-    monkeypatch.setattr(decide, "compare_metric", _fixed(obj, (guard,)))
-    rng = np.random.default_rng(1)
-    g = Goals(
-        objective=Objective("minimize", "ttft.p95", 0.02),
-        guards=(Guard("throughput.output_tok_s", 0.15, "maximize"),),
-    )
-    d = decide_step([trial(rng) for _ in range(3)], [trial(rng) for _ in range(3)], g, TRIALS)
+    d = _decide_with_throughput_guard(monkeypatch, obj, guard)
     assert d.verdict == INCONCLUSIVE, d.reason
     # Worse-side half-width 20 points against 10 points of room: 3 * 2^2 = 12 trials, so 9 more.
     assert (
