@@ -68,6 +68,9 @@ for _info in (
     MetricInfo("engine.preemptions", "count", True, "preemptions"),
     MetricInfo("engine.kv_cache_usage_max", "fraction", True, "peak KV-cache usage"),
     MetricInfo("engine.waiting_mean", "count", True, "mean waiting requests"),
+    MetricInfo("quality.exact_match", "fraction", False, "probes answered exactly as the baseline"),
+    MetricInfo("quality.token_agreement", "fraction", False, "baseline tokens reproduced before divergence"),
+    MetricInfo("quality.logprob_shift", "nats", True, "mean |change| of the baseline tokens' log-probabilities"),
 ):
     METRICS[_info.path] = _info
 
@@ -77,6 +80,9 @@ def metric_info(path: str) -> MetricInfo | None:
 
 
 # ---------------------------------------------------------------------------------------------- metric lists
+# The greedy-probe figures (tuning.quality): measured per configuration against the baseline's answers, outside the
+# timed window; their tolerances are absolute in the metric's unit, not relative.
+QUALITY_METRICS: tuple[str, ...] = ("quality.exact_match", "quality.token_agreement", "quality.logprob_shift")
 # The metrics the archive keeps for the tuning record: each configuration's row and each step's deltas
 # (tuning.decide, tuning.run); the console and the HTML report show the subsets below.
 RECORD_METRICS: tuple[str, ...] = (
@@ -316,6 +322,8 @@ def absence_reason(metric: str) -> str:
         return "no price in the playbook, or no output tokens"
     if family == "engine":
         return "the engine exposed no such figure on /metrics"
+    if family == "quality":
+        return "the playbook declares no goals.quality, or no probe was answered on a side"
     if family == "memory":
         return "no GPU memory telemetry (no NVML, or the engine exposed none)"
     return "no data"

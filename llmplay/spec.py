@@ -67,12 +67,25 @@ class Guard:
 
 
 @dataclass(frozen=True)
+class QualitySpec:
+    """goals.quality: the greedy probes each configuration answers after its timed load, and the default guards a
+    step whose knob risks accuracy is judged by (tolerances absolute: 0.1 == ten points of exact match)."""
+
+    prompts: tuple[str, ...]
+    source: str  # where the prompts came from, for the report ("probes.jsonl", "workload prompts, seed 7")
+    max_tokens: int = 32
+    checks: tuple[str, ...] = ("quality.exact_match", "quality.token_agreement", "quality.logprob_shift")
+    default_guards: tuple[Guard, ...] = ()
+
+
+@dataclass(frozen=True)
 class Goals:
     gates: tuple[Gate, ...] = ()
     objective: Objective = Objective("minimize", "ttft.p95")
     guards: tuple[Guard, ...] = ()
     # per-request SLOs used for goodput, seconds: {"ttft": 0.5, "tpot": 0.03, "e2el": ...}
     slo_s: Mapping[str, float] = field(default_factory=frozen_map)
+    quality: QualitySpec | None = None
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,12 @@ class RunArchive(ArchivedRun):
         _upsert(self._manifest["trials"], "trial_id", self._redact(replace(trial, files=files)))
         self._save()
 
+    def write_probes(self, trial_id: str, probes: Sequence[Mapping[str, Any]]) -> None:
+        """A trial's goals.quality answers (prompt, text, tokens, log-probabilities), redacted, for later compares."""
+        relpath = f"trials/{safe_name(trial_id)}/probes.json"
+        self._write_text(relpath, json.dumps(self._redact(list(probes)), indent=1, ensure_ascii=False) + "\n")
+        self._save()
+
     def write_verdict(self, verdict: StepVerdict) -> None:
         _upsert(self._manifest["verdicts"], "step", self._redact(verdict))
         self._save()

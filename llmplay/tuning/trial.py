@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import httpx
 import pandas as pd
 
 from llmplay.archive.model import TRIAL_FAILED, TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
@@ -27,6 +28,7 @@ from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
 from llmplay.telemetry.prom import PrometheusSource
 from llmplay.telemetry.sampler import Source, TelemetrySampler
 from llmplay.tuning.decide import TrialSample, sample_from_records
+from llmplay.tuning.quality import ProbeResult, run_probes
 from llmplay.tuning.signals import TrialInterrupted
 
 
@@ -39,6 +41,7 @@ class TrialResult:
     telemetry: pd.DataFrame | None = None  # the sampler's readings; None when none were taken
     engine_log: str = ""
     sample: TrialSample | None = None  # None unless the trial is ok and measured at least one request
+    probes: tuple[ProbeResult, ...] | None = None  # goals.quality's greedy answers, taken after the timed load
 
 
 def utc_now() -> str:
@@ -148,6 +151,8 @@ def run_trial(
                         )
                     finally:
                         getattr(tokenizer, "close", lambda: None)()
+                # After the timed window, before the engine stops: the probes cost seconds and no latency figure.
+                probes = _answer_probes(playbook, config, endpoint)
             except LoadInterrupted as exc:
                 # A signal mid-load: keep what finished (and the engine's log, while the container exists),
                 # then let the interrupt go on unwinding; --resume runs this trial again.
@@ -221,7 +226,19 @@ def run_trial(
         error=error,
         notes=tuple(notes),
     )
-    return TrialResult(trial, records, telemetry_frame, log, trial_sample(playbook, config, trial, records))
+    return TrialResult(
+        trial, records, telemetry_frame, log, trial_sample(playbook, config, trial, records), probes=probes
+    )
+
+
+def _answer_probes(playbook: Playbook, config: Config, endpoint: Any) -> tuple[ProbeResult, ...] | None:
+    quality = playbook.goals.quality
+    if quality is None:
+        return None
+    api = "chat" if config.workload.api == "chat" else "completions"
+    timeout = httpx.Timeout(config.workload.request_timeout_s or 60.0)
+    with httpx.Client(base_url=endpoint.base_url, timeout=timeout) as client:
+        return tuple(run_probes(client, api, endpoint.model, quality.prompts, quality.max_tokens))
 
 
 def measured(value: object) -> float | None:
