@@ -278,9 +278,9 @@ def _probe_prompts(file: Path, problems: Problems, path: YamlPath) -> list[str]:
     return prompts
 
 
-def parse_quality(raw: Mapping[str, Any] | None, base_dir: Path, dataset: str | None, problems: Problems) -> (
-    QualitySpec | None
-):
+def parse_quality(
+    raw: Mapping[str, Any] | None, base_dir: Path, dataset: str | None, problems: Problems
+) -> QualitySpec | None:
     """goals.quality: the probe prompts (a JSONL file, or the workload's dataset drawn with a seed) and the default
     guards for steps whose knob risks accuracy."""
     if raw is None:
@@ -289,8 +289,12 @@ def parse_quality(raw: Mapping[str, Any] | None, base_dir: Path, dataset: str | 
     before = len(problems.lines)
     n = raw.get("num_prompts", 8)
     if ("probes" in raw) == ("from_workload" in raw):
-        problems.add(path, "found " + ("both probes and from_workload" if "probes" in raw else "neither probes nor "
-                     "from_workload") + "; expected exactly one source of probe prompts")
+        problems.add(
+            path,
+            "found "
+            + ("both probes and from_workload" if "probes" in raw else "neither probes nor from_workload")
+            + "; expected exactly one source of probe prompts",
+        )
         return None
     if "probes" in raw:
         file = base_dir / os.path.expanduser(raw["probes"])
@@ -298,12 +302,15 @@ def parse_quality(raw: Mapping[str, Any] | None, base_dir: Path, dataset: str | 
         source = display_path(str(file))
     else:
         if dataset is None:
-            problems.add((*path, "from_workload"), "found a workload without a dataset; expected workload.dataset, "
-                         "or goals.quality.probes with a probe file")
+            problems.add(
+                (*path, "from_workload"),
+                "found a workload without a dataset; expected workload.dataset, "
+                "or goals.quality.probes with a probe file",
+            )
             return None
         seed = raw["from_workload"].get("seed", 0)
         pool = _probe_prompts(Path(dataset), problems, (*path, "from_workload"))
-        order = np.random.default_rng(seed).permutation(len(pool)) if pool else []
+        order = [int(i) for i in np.random.default_rng(seed).permutation(len(pool))]
         prompts = [pool[i] for i in order[:n]]
         source = f"{display_path(dataset)}, {len(prompts)} drawn with seed {seed}"
     if not prompts and len(problems.lines) == before:

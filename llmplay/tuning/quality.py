@@ -224,7 +224,14 @@ def quality_delta(figure: QualityFigure) -> MetricDelta:
     change = figure.value - base
     better = None if change == 0 else change < 0 if figure.metric == "quality.logprob_shift" else change > 0
     return MetricDelta(
-        figure.metric, base, figure.value, change, lo, hi, better=better, n_baseline=figure.n_probes,
+        figure.metric,
+        base,
+        figure.value,
+        change,
+        lo,
+        hi,
+        better=better,
+        n_baseline=figure.n_probes,
         n_candidate=figure.n_probes,
     )
 
@@ -233,9 +240,9 @@ def risks_accuracy(knobs: Iterable[str]) -> bool:
     return any(k in ACCURACY_RISK_KNOBS for k in knobs)
 
 
-def quality_guards_for(spec: QualitySpec | None, declared: Sequence[Guard], step_knobs: Iterable[str]) -> tuple[
-    tuple[Guard, ...], bool
-]:
+def quality_guards_for(
+    spec: QualitySpec | None, declared: Sequence[Guard], step_knobs: Iterable[str]
+) -> tuple[tuple[Guard, ...], bool]:
     """The quality guards a step is judged by, and whether they were added by default (the report says so):
     the playbook's own quality.* guards, else, for a knob known to risk accuracy, the quality block's defaults."""
     own = tuple(g for g in declared if g.metric in QUALITY_METRICS)
@@ -247,9 +254,12 @@ def quality_guards_for(spec: QualitySpec | None, declared: Sequence[Guard], step
 
 
 def _describe(delta: MetricDelta) -> str:
-    """"token agreement 62.0% [48.1%, 75.9%]": the candidate's figure with its CI over probes."""
-    ci = f" [{fmt_full(delta.metric, delta.ci_low + delta.baseline)}, {fmt_full(delta.metric, delta.ci_high + delta.baseline)}]" if (delta.ci_low is not None and delta.ci_high is not None and delta.baseline is not None) else ""
-    return f"{label_of(delta.metric)} {fmt_full(delta.metric, delta.candidate)}{ci}"
+    """The candidate's figure with its CI over probes, e.g. "... 62.0% [48.1%, 75.9%]"."""
+    text = f"{label_of(delta.metric)} {fmt_full(delta.metric, delta.candidate)}"
+    if delta.ci_low is None or delta.ci_high is None or delta.baseline is None:
+        return text
+    low, high = (fmt_full(delta.metric, bound + delta.baseline) for bound in (delta.ci_low, delta.ci_high))
+    return f"{text} [{low}, {high}]"
 
 
 def apply_quality_guards(

@@ -1,0 +1,149 @@
+"""The quality guard: per-probe comparison, figures with CIs over probes, the verdict, bad probe input, and the real
+Gemma model in the real llama.cpp container (KV-cache quantization measured against f16)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED
+from llmplay.engines import get_engine
+from llmplay.runtime.docker import DockerRuntime
+from llmplay.runtime.models import ensure_gemma
+from llmplay.spec import EngineSpec, Guard, frozen_map
+from llmplay.tuning.decide import Decision
+from llmplay.tuning.quality import (
+    NO_LOGPROBS,
+    ProbeResult,
+    apply_quality_guards,
+    compare_probes,
+    quality_delta,
+    quality_figures,
+    run_probes,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ("What is the capital of France?", "Name three primary colors.", "What is 12 plus 30?")
+
+
+def probe(text: str, logprobs: bool = True) -> ProbeResult:
+    tokens = tuple(text.split(" "))
+    return ProbeResult("p", text, tokens, tuple(-0.1 * (i + 1) for i in range(len(tokens))) if logprobs else None)
+
+
+def kept() -> Decision:
+    return Decision(KEPT, "P95 TTFT -20.0% [-25.0%, -15.0%]", None, (), (), None)
+
+
+def test_same_answers_match_fully_with_no_shift():
+    a = [probe("the sea is blue"), probe("paris is the capital")]
+    figures = quality_figures(compare_probes(a, a))
+    assert figures["quality.exact_match"].value == 1.0
+    assert figures["quality.token_agreement"].value == 1.0
+    assert figures["quality.logprob_shift"].value == 0.0
+    assert figures["quality.exact_match"].ci_low < 1.0  # Wilson: two probes cannot prove 100%
+
+
+def test_divergence_is_located_and_a_regression_rejects_with_the_quality_reason():
+    a = [probe("the sea is blue"), probe("paris is the capital")]
+    b = [probe("the sky is grey"), probe("paris is the capital")]
+    comparisons = compare_probes(a, b)
+    assert comparisons[0].split_token == 1 and comparisons[0].agreement == 0.25
+    figures = quality_figures(comparisons)
+    deltas = {m: quality_delta(f) for m, f in figures.items()}
+    guard = Guard("quality.token_agreement", 0.05, "maximize")
+    judged = apply_quality_guards(kept(), deltas, [guard], by_default=True)
+    assert judged.verdict == REJECTED
+    assert judged.reason.startswith("quality regressed: baseline tokens reproduced before divergence 62.5%")
+    assert "added by default" in judged.reason
+
+
+def test_without_logprobs_the_other_two_still_work_and_the_reason_says_why():
+    a = [probe("the sea is blue", logprobs=False)] * 3
+    figures = quality_figures(compare_probes(a, a))
+    assert figures["quality.exact_match"].value == 1.0
+    assert figures["quality.token_agreement"].value == 1.0
+    assert figures["quality.logprob_shift"].value is None
+    assert figures["quality.logprob_shift"].absent == NO_LOGPROBS
+    deltas = {m: quality_delta(f) for m, f in figures.items()}
+    guard = Guard("quality.logprob_shift", 0.1, "minimize")
+    judged = apply_quality_guards(kept(), deltas, [guard], absent={"quality.logprob_shift": NO_LOGPROBS})
+    assert judged.verdict == INCONCLUSIVE
+    assert NO_LOGPROBS in judged.reason
+
+
+def _validate(tmp_path: Path, probes_text: str) -> subprocess.CompletedProcess:
+    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-gemma.yaml").read_text())
+    (tmp_path / "probes.jsonl").write_text(probes_text)
+    doc["goals"]["quality"]["probes"] = "probes.jsonl"
+    (tmp_path / "pb.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return subprocess.run(
+        [sys.executable, "-m", "llmplay", "validate", str(tmp_path / "pb.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_an_unparsable_probe_line_is_one_error_at_its_file_and_line(tmp_path):
+    done = _validate(tmp_path, '{"prompt": "ok"}\n{"prompt": oops}\n')
+    assert done.returncode == 2, done.stderr
+    assert "probes.jsonl:2: " in done.stderr and "expected one JSON object per line" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_empty_probe_set_is_an_error_naming_the_yaml_path_and_line(tmp_path):
+    done = _validate(tmp_path, "\n")
+    assert done.returncode == 2, done.stderr
+    assert "pb.yaml:" in done.stderr and "goals.quality" in done.stderr and "empty probe set" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------- the real model
+@pytest.fixture(scope="module")
+def gemma_answers(docker_client, cpu_engine):
+    """Greedy probe answers of Gemma 3 270M under each KV-cache dtype (f16 twice: the A/A pair)."""
+    model = ensure_gemma()
+    runtime = DockerRuntime(docker_client)
+    answers = {}
+    for label, dtype in (("f16", "f16"), ("f16-again", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")):
+        spec = EngineSpec(
+            kind="llamacpp",
+            model=f"/models/{model.name}",
+            image=cpu_engine.image,
+            model_dir=str(model.parent),
+            args=frozen_map({"threads": 2, "ctx_size": 512, "parallel": 1, "kv_cache_dtype": dtype}),
+            extra_args=("--chat-template-file", "/models/gemma-turns.jinja", "--jinja"),
+            health_timeout_s=90.0,
+        )
+        labels = {"llmplay.run": f"test-{uuid.uuid4().hex[:8]}", "llmplay.trial": label}
+        with runtime.start(spec, get_engine("llamacpp"), labels) as endpoint:
+            with httpx.Client(base_url=endpoint.base_url, timeout=60) as client:
+                answers[label] = run_probes(client, "chat", endpoint.model, PROMPTS, max_tokens=12)
+    return answers
+
+
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_real_gemma_aa_matches_and_kv_quantization_shifts_logprobs(gemma_answers):
+    assert all(p.error is None and p.text for p in gemma_answers["f16"]), gemma_answers["f16"]
+    aa = quality_figures(compare_probes(gemma_answers["f16"], gemma_answers["f16-again"]))
+    assert aa["quality.exact_match"].value == 1.0
+    assert aa["quality.logprob_shift"].value == pytest.approx(0.0, abs=1e-3)
+    q8 = quality_figures(compare_probes(gemma_answers["f16"], gemma_answers["q8_0"]))
+    q4 = quality_figures(compare_probes(gemma_answers["f16"], gemma_answers["q4_0"]))
+    assert q8["quality.logprob_shift"].value is not None and q4["quality.logprob_shift"].value is not None
+    assert q4["quality.logprob_shift"].value > q8["quality.logprob_shift"].value
+    deltas = {m: quality_delta(f) for m, f in q4.items()}
+    tight = Guard("quality.logprob_shift", 0.001, "minimize")
+    judged = apply_quality_guards(kept(), deltas, [tight])
+    assert judged.verdict == REJECTED and judged.reason.startswith("quality regressed: ")
