@@ -14,10 +14,13 @@ import yaml
 
 from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED
 from llmplay.engines import get_engine
+from llmplay.playbook.load import load_playbook
+from llmplay.report import publish_report
 from llmplay.runtime.docker import DockerRuntime
 from llmplay.runtime.models import ensure_gemma
 from llmplay.spec import EngineSpec, Guard, frozen_map
 from llmplay.tuning.decide import Decision
+from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay.tuning.quality import (
     NO_LOGPROBS,
     ProbeResult,
@@ -147,3 +150,27 @@ def test_real_gemma_aa_matches_and_kv_quantization_shifts_logprobs(gemma_answers
     tight = Guard("quality.logprob_shift", 0.001, "minimize")
     judged = apply_quality_guards(kept(), deltas, [tight])
     assert judged.verdict == REJECTED and judged.reason.startswith("quality regressed: ")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_run_of_cpu_gemma_judges_a_kv_step_on_quality_and_archives_the_probes(cpu_engine, tmp_path):
+    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-gemma.yaml").read_text())
+    ensure_gemma()
+    doc["goals"]["quality"].update({"probes": str(ROOT / "playbooks/probes/gemma-probes.jsonl"), "num_prompts": 3})
+    doc["goals"]["quality"].update({"max_tokens": 12, "tolerance": "0.1%"})
+    doc["workload"].update({"duration": "2s", "warmup": "0.5s"})
+    doc["trials"]["repeats"] = 1
+    doc["engine"]["image"] = cpu_engine.image
+    doc["steps"] = [doc["steps"][1]]  # kv-cache-q4
+    path = tmp_path / "cpu-gemma.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "reports"), publish=publish_report)
+    (verdict,) = outcome.verdicts
+    assert verdict.verdict == REJECTED and verdict.reason.startswith("quality regressed: "), verdict.reason
+    assert "added by default" in verdict.reason
+    assert {d.metric for d in verdict.deltas} >= {"quality.exact_match", "quality.logprob_shift"}
+    probes = sorted(outcome.run_dir.glob("trials/*/probes.json"))
+    assert len(probes) == 2 and '"tokens"' in probes[0].read_text()
+    report = (outcome.run_dir / "report.html").read_text()
+    assert "quality regressed" in report
