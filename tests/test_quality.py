@@ -3,6 +3,7 @@ Gemma model in the real llama.cpp container (KV-cache quantization measured agai
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -20,16 +21,17 @@ from llmplay.runtime.docker import DockerRuntime
 from llmplay.runtime.models import ensure_gemma
 from llmplay.spec import EngineSpec, Guard, frozen_map
 from llmplay.tuning.decide import Decision
-from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay.tuning.quality import (
     NO_LOGPROBS,
     ProbeResult,
     apply_quality_guards,
+    changed_outputs,
     compare_probes,
     quality_delta,
     quality_figures,
     run_probes,
 )
+from llmplay.tuning.run import RunOptions, run_playbook
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ("What is the capital of France?", "Name three primary colors.", "What is 12 plus 30?")
@@ -127,12 +129,12 @@ def gemma_answers(docker_client, cpu_engine):
             health_timeout_s=90.0,
         )
         labels = {"llmplay.run": f"test-{uuid.uuid4().hex[:8]}", "llmplay.trial": label}
-        with runtime.start(spec, get_engine("llamacpp"), labels) as endpoint:
-            with httpx.Client(base_url=endpoint.base_url, timeout=60) as client:
-                answers[label] = run_probes(client, "chat", endpoint.model, PROMPTS, max_tokens=12)
+        with (
+            runtime.start(spec, get_engine("llamacpp"), labels) as endpoint,
+            httpx.Client(base_url=endpoint.base_url, timeout=60) as client,
+        ):
+            answers[label] = run_probes(client, "chat", endpoint.model, PROMPTS, max_tokens=12)
     return answers
-
-
 
 
 @pytest.mark.docker
@@ -174,3 +176,21 @@ def test_a_run_of_cpu_gemma_judges_a_kv_step_on_quality_and_archives_the_probes(
     assert len(probes) == 2 and '"tokens"' in probes[0].read_text()
     report = (outcome.run_dir / "report.html").read_text()
     assert "quality regressed" in report
+
+
+def _archived(run_dir: Path, config_id: str, answers: list[ProbeResult]) -> Path:
+    (run_dir / "trials" / "t001").mkdir(parents=True)
+    trial = {"trial_id": "t001", "config_id": config_id, "status": "ok"}
+    (run_dir / "manifest.json").write_text(json.dumps({"trials": [trial]}))
+    (run_dir / "trials" / "t001" / "probes.json").write_text(json.dumps([a.as_dict() for a in answers]))
+    return run_dir
+
+
+def test_a_retest_flags_changed_greedy_outputs(tmp_path):
+    old = _archived(tmp_path / "old", "kv-cache-q8", [probe("the sea is blue"), probe("paris")])
+    same = _archived(tmp_path / "same", "baseline", [probe("the sea is blue"), probe("paris")])
+    new = _archived(tmp_path / "new", "baseline", [probe("the sea is grey"), probe("paris")])
+    assert changed_outputs(old, "kv-cache-q8", same, "baseline") is None
+    line = changed_outputs(old, "kv-cache-q8", new, "baseline")
+    assert line is not None and line.startswith("greedy outputs changed on 1/2 probe(s): ")
+    assert "first at probe 1, token 3: 'the sea is blue' -> 'the sea is grey'" in line

@@ -14,6 +14,7 @@ from llmplay.errors import ArchiveError, ExitCode
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.spec import Config, Playbook, apply_step
+from llmplay.tuning.quality import changed_outputs
 from llmplay.tuning.run import RunOptions, run_playbook
 
 
@@ -70,7 +71,11 @@ def retest_command(
     console.print(format_comparison_table(comparison), markup=False)
     if html is not None:
         render_comparison_html(comparison, html)
-    if comparison.has_regression:
+    # Latency can be fine while the engine says something else: changed greedy outputs are a regression too.
+    outputs = changed_outputs(run_dir, str(manifest.get("final_config_id")), outcome.run_dir, outcome.final_config_id)
+    if outputs is not None:
+        console.print(f"quality: {outputs}", markup=False)
+    if comparison.has_regression or outputs is not None:
         console.print(f"REGRESSION against {run_dir}; new run {outcome.run_dir}", markup=False)
         return ExitCode.REGRESSION
     console.print(f"no regression against {run_dir}; new run {outcome.run_dir}", markup=False)

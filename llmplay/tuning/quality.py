@@ -341,3 +341,33 @@ def load_probes(run_dir: Path, trial_id: str) -> tuple[ProbeResult, ...] | None:
     if not file.exists():
         return None
     return tuple(ProbeResult.from_dict(row) for row in json.loads(file.read_text(encoding="utf-8")))
+
+
+def archived_probes(run_dir: Path, config_id: str) -> tuple[ProbeResult, ...] | None:
+    """The probe answers of `config_id`'s first ok trial that took them in an archived run; None when there are none."""
+    manifest = json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
+    for trial in manifest.get("trials", []):
+        if trial.get("config_id") == config_id and trial.get("status") == "ok":
+            found = load_probes(Path(run_dir), str(trial["trial_id"]))
+            if found is not None:
+                return found
+    return None
+
+
+def changed_outputs(old_run: Path, old_config: str, new_run: Path, new_config: str) -> str | None:
+    """For retest: a line saying the greedy outputs changed between two archived runs ("exact match 2/3 ..."), or
+    None when they are the same or either run took no probes."""
+    old, new = archived_probes(old_run, old_config), archived_probes(new_run, new_config)
+    if old is None or new is None:
+        return None
+    comparisons = compare_probes(old, new)
+    figures = quality_figures(comparisons)
+    if all(c.exact for c in comparisons):
+        return None
+    parts = [_describe(quality_delta(f)) for f in figures.values() if f.value is not None]
+    first = next(c for c in comparisons if not c.exact)
+    return (
+        f"greedy outputs changed on {sum(not c.exact for c in comparisons)}/{len(comparisons)} probe(s): "
+        + "; ".join(parts)
+        + f"; first at probe {first.index + 1}, token {first.split_token}: {first.baseline!r} -> {first.candidate!r}"
+    )
