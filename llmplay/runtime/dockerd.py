@@ -14,6 +14,9 @@ from llmplay.errors import InfrastructureError
 from llmplay.runtime.cache import default_cache_dir
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+# Daemons this process started: holding the Popen keeps it from being collected (and warning) while dockerd,
+# deliberately, outlives us.
+_STARTED: list[subprocess.Popen[bytes]] = []
 START_HINT = "start it with `sudo dockerd &` (or `sudo systemctl start docker`), or install it: `sudo apt-get install -y docker.io`"
 
 
@@ -88,6 +91,7 @@ def ensure_dockerd(cache_dir: Path | str | None = None, timeout_s: float = 60.0)
         proc = subprocess.Popen(
             [dockerd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
+    _STARTED.append(proc)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if ping(2.0) is None:
