@@ -179,9 +179,11 @@ METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
         "they never vanish from the sample.",
     ),
     (
-        "95% CI",
-        "bootstrap over trials and requests of the candidate's relative change against the configuration "
-        "it was compared to; a step is kept only when the objective's CI clears zero and no guard regressed.",
+        "CI",
+        "of the candidate's relative change against the configuration it was compared to, with the trial as the "
+        "unit: a paired t interval on the log ratios of interleaved A/B pairs (Welch's t between archived runs), "
+        "at trials.confidence, or at the lower per-look level that keeps sequential mode's error rate. A step is "
+        "kept only when the objective's CI clears zero and every guard's worse bound is within its tolerance.",
     ),
 )
 

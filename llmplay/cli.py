@@ -174,20 +174,12 @@ def report(run_dir: Path) -> None:
 @click.option(
     "--html", "html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML."
 )
-@click.option(
-    "--bootstrap",
-    "n_boot",
-    type=click.IntRange(100, 100_000),
-    default=1000,
-    show_default=True,
-    help="Bootstrap resamples for the confidence intervals.",
-)
 @handles_errors
-def compare(run_a: Path, run_b: Path, html: Path | None, n_boot: int) -> None:
+def compare(run_a: Path, run_b: Path, html: Path | None) -> None:
     """Compare the final configurations of two runs; exit 4 when B regressed against A's playbook tolerances."""
     from llmplay.commands.compare import compare_command  # deferred: loaded only when this command runs
 
-    sys.exit(compare_command(run_a, run_b, html=html, n_boot=n_boot))
+    sys.exit(compare_command(run_a, run_b, html=html))
 
 
 @cli.command()

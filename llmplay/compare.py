@@ -1,4 +1,7 @@
-"""Two archived runs side by side: every metric of each run's final configuration, delta with bootstrap CI, regressions.
+"""Two archived runs side by side: every metric of each run's final configuration, its change with a CI, regressions.
+
+The two runs' trials are independent (different days, maybe different engines), so each interval is Welch's t over
+the trials of each side (tuning.intervals), the trial being the unit: requests cluster within a trial.
 
 Regressions are judged by run A's playbook with the rule a step's guards use (tuning.decide.regressed_beyond): a
 guard metric whose change is worse than its tolerance, the objective worse than its min_effect the same way, or a
@@ -26,7 +29,7 @@ from llmplay.report import charts
 from llmplay.report.html import render_html
 from llmplay.tuning.decide import TrialSample, compare_metric, regressed_beyond, sample_from_records
 
-DEFAULT_BOOTSTRAP = 1000
+DEFAULT_CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class MetricComparison:
     a: float | None
     b: float | None
     rel_change: float | None  # (b - a) / |a|
-    ci_low: float | None  # 95% bootstrap CI of rel_change (trials and requests resampled)
+    ci_low: float | None  # CI of rel_change at Comparison.confidence, Welch t over each run's trials
     ci_high: float | None
     better: bool | None  # is B better, direction-aware
     role: str  # "objective" | "guard" | ""
@@ -76,6 +79,11 @@ class Comparison:
     objective: MetricComparison | None
     notes: tuple[str, ...] = ()
     cdf: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # for the HTML: per metric, per side, values
+    confidence: float = DEFAULT_CONFIDENCE  # run A's trials.confidence: the level of every interval
+
+    @property
+    def ci_label(self) -> str:
+        return f"{self.confidence:.0%} CI"
 
     @property
     def regressions(self) -> list[str]:
@@ -94,8 +102,8 @@ class Comparison:
 
 
 # ---------------------------------------------------------------------------------------------- inputs
-def _goals_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
-    """Run A's goals from its archived playbook (resolved first, as written next, the original file last)."""
+def _playbook_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
+    """Run A's playbook from its archive (resolved first, as written next, the original file last)."""
     manifest = archive.manifest()
     candidates = [
         archive.run_dir / RESOLVED_FILE,
@@ -107,7 +115,7 @@ def _goals_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
         if not path.is_file():
             continue
         try:
-            return load_playbook(path).goals, None
+            return load_playbook(path), None
         except LlmplayError as exc:
             errors.append(str(exc).splitlines()[0])
     return None, (
@@ -150,10 +158,12 @@ def _side(archive: ArchivedRun, config_id: str, trials: Sequence[TrialRecord]) -
 
 
 # ---------------------------------------------------------------------------------------------- judging
-def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0) -> Comparison:
+def compare_runs(run_a: Path, run_b: Path) -> Comparison:
     """Compare the final configuration of run B against run A's, with A's playbook deciding regressions."""
     archive_a, archive_b = ArchivedRun.open(Path(run_a)), ArchivedRun.open(Path(run_b))
-    goals, note = _goals_of(archive_a)
+    playbook, note = _playbook_of(archive_a)
+    goals = playbook.goals if playbook is not None else None
+    confidence = playbook.trials.confidence if playbook is not None else DEFAULT_CONFIDENCE
     notes = [note] if note else []
     slo_s = dict(goals.slo_s) if goals is not None else {}
     config_a, trials_a = _final_trials(archive_a)
@@ -170,11 +180,11 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
         dict.fromkeys([*([objective.metric] if objective else []), *guards, *COMPARED_METRICS, *gate_metrics])
     )
     rows: list[MetricComparison] = []
-    for i, metric in enumerate(metrics):
+    for metric in metrics:
         info = metric_info(metric)
         lower_better = info.lower_is_better if info else True
         if samples_a and samples_b:
-            d = compare_metric(samples_a, samples_b, metric, n_boot=n_boot, seed=seed + i)
+            d = compare_metric(samples_a, samples_b, metric, level=confidence, paired=False)
         else:  # a side without a successful trial measured nothing: its goals' rows still say so
             d = MetricDelta(metric, None, None, None, None, None)
         role, tolerance = "", None
@@ -246,6 +256,7 @@ def compare_runs(run_a: Path, run_b: Path, *, n_boot: int = DEFAULT_BOOTSTRAP, s
         next((r for r in rows if r.role == "objective"), None),
         tuple(notes),
         cdf,
+        confidence,
     )
 
 
@@ -285,7 +296,9 @@ def format_comparison_table(comparison: Comparison) -> str:
                 m.note,
             ]
         )
-    out += _table(["metric", "role", "A", "B", "change", "95% CI", "tolerance", "", "note"], rows, {2, 3, 4, 5, 6})
+    out += _table(
+        ["metric", "role", "A", "B", "change", comparison.ci_label, "tolerance", "", "note"], rows, {2, 3, 4, 5, 6}
+    )
     if comparison.gates:
         out.append("")
         grows = []
@@ -344,6 +357,7 @@ def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
         "regressions": comparison.regressions,
         "notes": list(comparison.notes),
         "unmeasured": comparison.unmeasured,
+        "ci_label": f"{comparison.ci_label} (Welch t over trials)",
         "cdf": charts.latency_cdfs(panels) if panels else "",
     }
     html = render_html("compare.html.j2", context)

@@ -61,7 +61,7 @@ def _tpot_s(r: RequestRecord, ttft_s: float, e2el_s: float) -> float | None:
 
 
 def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
-    """Per-request values (seconds) of measured, completed requests, for bootstrapping over requests.
+    """Per-request values (seconds) of measured, completed requests: the pooled percentiles, and one trial's figure.
 
     ttft/tpot: streamed requests (tpot only with > 1 output token); e2el: every completed request;
     ttft_nonstream: non-streamed requests; itl: pooled chunk gaps; ttfo: first non-reasoning content.

@@ -180,7 +180,6 @@ class Trials:
     sequential: bool = False  # stop early once the CI decides
     max_repeats: int = 6
     confidence: float = 0.95
-    bootstrap_samples: int = 2000
     on_failure: str = "continue"  # continue | stop
     cooldown_s: float = 0.0
 

@@ -25,7 +25,6 @@ def tiny_playbook(
     warmup: str = "0.5s",
     repeats: int = 1,
     on_failure: str = "continue",
-    bootstrap_samples: int = 200,
     engine: dict | None = None,
     runtime: Any = None,
     gates: list[str] | None = None,
@@ -38,7 +37,6 @@ def tiny_playbook(
     doc["trials"] = {
         "repeats": repeats,
         "interleave": True,
-        "bootstrap_samples": bootstrap_samples,
         "on_failure": on_failure,
     }
     doc["workload"].update({"duration": duration, "warmup": warmup, **workload})

@@ -30,6 +30,7 @@ from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.telemetry.sampler import TelemetrySeries
 from llmplay.tuning.decide import evaluate_gates
+from llmplay.tuning.intervals import PAIRED_LOG
 
 SECRET = "hf_sEcReTvAlUe0123456789"
 URL_PASSWORD = "pa55w0rdXYZ"
@@ -318,7 +319,18 @@ def make_archive(
 
     def delta(metric: str, a: float, b: float, spread: float, lower_better: bool) -> MetricDelta:
         rel = (b - a) / a
-        return MetricDelta(metric, a, b, rel, rel - spread, rel + spread, 0.01, (rel < 0) == lower_better)
+        return MetricDelta(
+            metric,
+            a,
+            b,
+            rel,
+            rel - spread,
+            rel + spread,
+            better=(rel < 0) == lower_better,
+            units=2,
+            method=PAIRED_LOG,
+            confidence=0.95,
+        )
 
     def mean(cid: str, metric: str) -> float:
         vals = [s[metric] for s in by_config[cid] if metric in s]

@@ -90,7 +90,7 @@ class RecordedTrials:
 def playbook_file(tmp_path: Path, *, steps: list[dict] | None = None, gates: list[str] | None = None) -> Path:
     doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny.yaml").read_text())
     doc["runtime"] = "process"
-    doc["trials"] = {"repeats": 2, "bootstrap_samples": 200}
+    doc["trials"] = {"repeats": 2}
     doc["steps"] = [{"name": "parallel-4", "set": {"parallel": 4}}] if steps is None else steps
     if gates is not None:
         doc["goals"]["gates"] = gates

@@ -16,8 +16,6 @@ from llmplay.compare import compare_runs, format_comparison_table, render_compar
 from llmplay_testing.html_checks import assert_self_contained
 from llmplay_testing.make_archive import shared_archive
 
-BOOT = 200
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, Path, Path]:
@@ -31,7 +29,7 @@ def runs(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 def test_same_configuration_again_is_no_regression(runs):
     a, again, _ = runs
-    comparison = compare_runs(a, again, n_boot=BOOT)
+    comparison = compare_runs(a, again)
     assert not comparison.has_regression, comparison.regressions
     assert comparison.a.config_id == comparison.b.config_id == "parallel-4"
     assert len(comparison.a.trials) == 6  # every successful trial of the final configuration, in any role
@@ -43,7 +41,7 @@ def test_same_configuration_again_is_no_regression(runs):
 
 def test_planted_regression_is_flagged_by_objective_and_guard(runs):
     a, _, slow = runs
-    comparison = compare_runs(a, slow, n_boot=BOOT)
+    comparison = compare_runs(a, slow)
     assert comparison.has_regression
     flagged = {m.metric: m for m in comparison.metrics if m.regression}
     assert set(flagged) >= {"throughput.output_tok_s", "ttft.p95"}
@@ -63,17 +61,17 @@ def test_gate_met_in_a_and_failed_in_b_is_a_regression(runs, tmp_path):
     gates[1].update(met=False, margin=-0.2)
     archive._manifest["gates"] = gates
     archive._save()
-    comparison = compare_runs(a, b, n_boot=BOOT)
+    comparison = compare_runs(a, b)
     assert comparison.regressions == ["gate throughput.output_tok_s > 20: met in A, failed in B"]
 
 
 def test_compare_command_exit_codes_and_html(runs, tmp_path):
     a, again, slow = runs
     runner = CliRunner()
-    ok = runner.invoke(cli, ["compare", str(a), str(again), "--bootstrap", str(BOOT)])
+    ok = runner.invoke(cli, ["compare", str(a), str(again)])
     assert ok.exit_code == 0, ok.output
     out = tmp_path / "cmp.html"
-    bad = runner.invoke(cli, ["compare", str(a), str(slow), "--bootstrap", str(BOOT), "--html", str(out)])
+    bad = runner.invoke(cli, ["compare", str(a), str(slow), "--html", str(out)])
     assert bad.exit_code == 4, bad.output
     assert "REGRESSION" in bad.output and f"comparison: {out}" in bad.output
     html = out.read_text()
@@ -92,14 +90,14 @@ def test_unloadable_playbook_falls_back_to_gates(runs, tmp_path):
     manifest = json.loads((a2 / MANIFEST).read_text())
     manifest["playbook"]["path"] = str(tmp_path / "gone.yaml")
     (a2 / MANIFEST).write_text(json.dumps(manifest))
-    comparison = compare_runs(a2, slow, n_boot=BOOT)
+    comparison = compare_runs(a2, slow)
     assert any("could not be loaded" in n for n in comparison.notes)
     assert not comparison.has_regression  # no tolerances known, and the slow run still meets every gate
 
 
 def test_html_renders_to_the_given_path(runs, tmp_path):
     a, again, _ = runs
-    path = render_comparison_html(compare_runs(a, again, n_boot=BOOT), tmp_path / "sub" / "c.html")
+    path = render_comparison_html(compare_runs(a, again), tmp_path / "sub" / "c.html")
     assert path.is_file() and "no regression" in path.read_text()
 
 
@@ -107,7 +105,7 @@ def test_a_metric_absent_on_one_side_is_not_measured_never_a_regression(runs, tm
     a, _, _ = runs
     unstreamed = shared_archive(tmp_path_factory, streamed=False)  # no streamed request: no TTFT at all
     for first, second, side in ((a, unstreamed, "B"), (unstreamed, a, "A")):
-        comparison = compare_runs(first, second, n_boot=BOOT)
+        comparison = compare_runs(first, second)
         ttft = next(m for m in comparison.metrics if m.metric == "ttft.p95")
         assert ttft.role == "guard" and not ttft.regression and ttft.better is None
         assert ttft.note == f"not measured on {side}: no streamed request completed"
@@ -120,7 +118,7 @@ def test_a_metric_absent_on_one_side_is_not_measured_never_a_regression(runs, tm
 
 def test_no_p_value_in_the_comparison(runs, tmp_path):
     a, again, _ = runs
-    comparison = compare_runs(a, again, n_boot=BOOT)
+    comparison = compare_runs(a, again)
     assert all(not hasattr(m, "p_value") for m in comparison.metrics)
     html = render_comparison_html(comparison, tmp_path / "c.html").read_text()
     for text in (format_comparison_table(comparison), html):

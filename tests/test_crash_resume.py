@@ -74,7 +74,7 @@ class CountingTrials:
 def playbook(tmp_path: Path, steps: int = 2):
     doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny.yaml").read_text())
     doc["runtime"] = "process"
-    doc["trials"] = {"repeats": 2, "bootstrap_samples": 200}
+    doc["trials"] = {"repeats": 2}
     doc["steps"] = [{"name": "parallel-4", "set": {"parallel": 4}}, {"name": "noop", "set": {"env.NOOP": "1"}}][:steps]
     path = tmp_path / "crash.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from scipy import stats
 
 from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED, MetricDelta
 from llmplay.loadgen.records import RequestRecord, records_to_dataframe
@@ -23,12 +26,13 @@ from llmplay.tuning.decide import (
     regressed_beyond,
     sample_from_records,
 )
+from llmplay.tuning.intervals import PAIRED_LOG, Effect, paired_effect, sequential_level
 
-TRIALS = Trials(repeats=3, bootstrap_samples=400)
+TRIALS = Trials(repeats=3)
 
 
-def trial(rng, *, ttft_ms=100.0, tok_s=1000.0, n=200, duration=20.0, noise=0.03, errors=0):
-    scale = 1 + rng.normal(0, noise)  # trial-to-trial drift
+def trial(rng, *, ttft_ms=100.0, tok_s=1000.0, n=200, duration=20.0, noise=0.03, errors=0, repeat=None, scale=None):
+    scale = 1 + rng.normal(0, noise) if scale is None else scale  # trial-to-trial drift
     ttft = rng.lognormal(np.log(ttft_ms / 1000 * scale), 0.3, n)
     out_tokens = np.full(n, tok_s * duration * scale / n)
     return TrialSample(
@@ -45,6 +49,7 @@ def trial(rng, *, ttft_ms=100.0, tok_s=1000.0, n=200, duration=20.0, noise=0.03,
             "good": np.ones(n),
         },
         price_usd_per_hour=1.0,
+        repeat=repeat,
     )
 
 
@@ -76,7 +81,7 @@ def test_null_effect_is_mostly_not_kept():
         rng = np.random.default_rng(100 + seed)
         a = [trial(rng) for _ in range(3)]
         b = [trial(rng) for _ in range(3)]
-        d = decide_step(a, b, goals(), TRIALS, seed=seed)
+        d = decide_step(a, b, goals(), TRIALS)
         kept += d.verdict == KEPT
         assert d.verdict in (KEPT, REJECTED, INCONCLUSIVE)
     assert kept <= 2
@@ -139,28 +144,14 @@ def test_gates_with_margins():
 
 def test_compare_metric_zero_to_zero_is_no_change():
     rng = np.random.default_rng(8)
-    d = compare_metric([trial(rng)], [trial(rng)], "errors.rate", n_boot=100)
-    assert d.rel_change == 0.0 and d.better is None
-
-
-def test_time_windows_give_throughput_a_real_interval_even_with_fixed_lengths():
-    rng = np.random.default_rng(9)
-
-    def windowed(tok_s):
-        s = trial(rng, tok_s=tok_s, noise=0)
-        per_window = rng.normal(tok_s * 2, tok_s * 0.2, 10)  # 10 windows of 2 s
-        return TrialSample(20.0, {**s.values, "window_output_tokens": per_window}, s.n_requests, 0)
-
-    d = compare_metric(
-        [windowed(1000), windowed(1000)], [windowed(1000), windowed(1000)], "throughput.output_tok_s", n_boot=300
-    )
-    assert d.ci_low < 0 < d.ci_high and d.ci_high - d.ci_low > 0.02
+    d = compare_metric([trial(rng), trial(rng)], [trial(rng), trial(rng)], "errors.rate")
+    assert d.rel_change == 0.0 and d.better is None and (d.ci_low, d.ci_high) == (0.0, 0.0)
 
 
 def test_one_trial_per_side_never_decides():
     rng = np.random.default_rng(10)
     d = decide_step([trial(rng)], [trial(rng, tok_s=3000)], goals(), TRIALS)
-    assert d.verdict == INCONCLUSIVE and "a single run misleads" in d.reason
+    assert d.verdict == INCONCLUSIVE and "at least 2 are needed to decide" in d.reason
 
 
 def test_decision_goodput_follows_the_summary_definition():
@@ -219,19 +210,27 @@ def test_guard_rule_is_non_inferiority_and_any_worsening_from_zero_fails():
     assert not regressed_beyond(delta(None, 0.05, None, None, None), lower_is_better=True, tolerance=0.5)
 
 
+def _effect_of(delta: MetricDelta, units: int = 3, level: float = 0.95) -> Effect:
+    """The paired log-ratio interval a delta with this change and CI would come from (units pairs)."""
+    lo, hi = math.log1p(delta.ci_low), math.log1p(delta.ci_high)
+    se = (hi - lo) / 2 / stats.t.ppf(0.5 + level / 2, units - 1)
+    return Effect(delta.rel_change, delta.ci_low, delta.ci_high, units, PAIRED_LOG, level, se, units - 1)
+
+
 def _fixed(objective: MetricDelta, guards: tuple[MetricDelta, ...] = ()):
     """decide_step with its comparisons replaced by the given deltas (objective first, then guards in order)."""
     by_metric = {objective.metric: objective, **{g.metric: g for g in guards}}
 
-    def compare(a, b, metric, **_):
-        return by_metric.get(metric, MetricDelta(metric, None, None, None, None, None))
+    def compare(a, b, metric, *_):
+        delta = by_metric.get(metric, MetricDelta(metric, None, None, None, None, None))
+        return delta, (_effect_of(delta) if delta.ci_low is not None else None)
 
     return compare
 
 
 def _decide_with_throughput_guard(monkeypatch, objective: MetricDelta, guard: MetricDelta):
     """decide_step on 3 trials a side whose objective and 15% throughput guard compare as given."""
-    monkeypatch.setattr(decide, "compare_metric", _fixed(objective, (guard,)))
+    monkeypatch.setattr(decide, "_compare", _fixed(objective, (guard,)))
     rng = np.random.default_rng(1)
     g = Goals(
         objective=Objective("minimize", "ttft.p95", 0.02),
@@ -254,12 +253,14 @@ def test_a_guard_whose_worse_bound_passes_the_tolerance_leaves_the_step_inconclu
     guard = MetricDelta("throughput.output_tok_s", 100.0, 95.0, -0.05, -0.25, 0.15)
     d = _decide_with_throughput_guard(monkeypatch, obj, guard)
     assert d.verdict == INCONCLUSIVE, d.reason
-    # Worse-side half-width 20 points against 10 points of room: 3 * 2^2 = 12 trials, so 9 more.
+    # On the log scale the worse half-width is 0.214 against 0.111 of room to -15%; t_2 = 4.30 falls to t_4 = 2.78 as
+    # pairs are added, so 5 pairs suffice (2.78 * 0.0861 / sqrt(5) = 0.107): 2 more, where 1/sqrt(n) alone says 9.
+    assert d.more_trials_needed == 2
     assert (
         "guard output tokens/s -5.0% [-25.0%, +15.0%] not shown within its 15% tolerance (its worse bound -25.0%), "
-        "about 9 more trial(s) per side would settle it" in d.reason
+        "about 2 more trial(s) per side would settle it" in d.reason
     )
-    assert d.reason.endswith("not kept while a guard is unsettled") and d.more_trials_needed == 9
+    assert d.reason.endswith("not kept while a guard is unsettled")
 
 
 def test_more_trials_use_the_threshold_that_decides(monkeypatch):
@@ -267,16 +268,16 @@ def test_more_trials_use_the_threshold_that_decides(monkeypatch):
     rng = np.random.default_rng(1)
     a, b = [trial(rng) for _ in range(3)], [trial(rng) for _ in range(3)]
     near = MetricDelta("throughput.output_tok_s", 100.0, 101.9, 0.019, -0.03, 0.07)
-    monkeypatch.setattr(decide, "compare_metric", _fixed(near))
+    monkeypatch.setattr(decide, "_compare", _fixed(near))
     d = decide_step(a, b, goals(), TRIALS)
     assert d.verdict == INCONCLUSIVE and "18 more" not in d.reason and d.more_trials_needed is None
     assert d.reason.endswith("within noise, not decidable within 50 more trial(s) per side")
-    # Above min_effect, keeping needs the CI's bottom above zero: half-width 5 points against +4%: 3 * 1.25^2 = 4.7, so 2.
+    # Above min_effect, keeping needs the CI's bottom above zero: the half-width must shrink from ~5 points to 4.
     far = MetricDelta("throughput.output_tok_s", 100.0, 104.0, 0.04, -0.01, 0.08)
-    monkeypatch.setattr(decide, "compare_metric", _fixed(far))
+    monkeypatch.setattr(decide, "_compare", _fixed(far))
     d = decide_step(a, b, goals(), TRIALS)
-    assert d.verdict == INCONCLUSIVE and d.more_trials_needed == 2, d.reason
-    assert "about 2 more trial(s) per side would decide it" in d.reason
+    assert d.verdict == INCONCLUSIVE and d.more_trials_needed == 1, d.reason
+    assert "about 1 more trial(s) per side would decide it" in d.reason
 
 
 def test_errors_from_zero_fail_the_errors_guard():
@@ -295,3 +296,119 @@ def test_cost_follows_price_and_throughput():
     tok_s = metric_value([priced], "throughput.output_tok_s")
     assert metric_value([priced], "cost.usd_per_1m_tokens") == pytest.approx(3.6 / (tok_s * 3600) * 1e6)
     assert metric_value([unpriced], "cost.usd_per_1m_tokens") is None
+
+
+# ---------------------------------------------------------------- the trial (or the A/B pair) is the unit
+def _pairs(rng, n_pairs, *, effect=1.0, metric_noise=0.015, shared=None, **kw):
+    """n_pairs interleaved A/B pairs; `shared` drift moves both trials of a pair alike (the machine's minute)."""
+    a, b = [], []
+    for r in range(n_pairs):
+        common = shared[r] if shared is not None else 1.0
+        a.append(trial(rng, scale=common * (1 + rng.normal(0, metric_noise)), repeat=r, **kw))
+        b_kw = {**kw, "tok_s": kw.get("tok_s", 1000.0) * effect}
+        b.append(trial(rng, scale=common * (1 + rng.normal(0, metric_noise)), repeat=r, **b_kw))
+    return a, b
+
+
+def test_the_paired_interval_is_the_t_interval_of_per_pair_log_ratios():
+    rng = np.random.default_rng(20)
+    a, b = _pairs(rng, 4)
+    d = compare_metric(a, b, "throughput.output_tok_s", level=0.95, paired=True)
+    ratios = np.log([metric_value([y], d.metric) / metric_value([x], d.metric) for x, y in zip(a, b, strict=True)])
+    half = stats.t.ppf(0.975, 3) * ratios.std(ddof=1) / 2
+    assert d.rel_change == pytest.approx(math.expm1(ratios.mean()))
+    assert (d.ci_low, d.ci_high) == pytest.approx((math.expm1(ratios.mean() - half), math.expm1(ratios.mean() + half)))
+    assert (d.units, d.method, d.confidence) == (4, PAIRED_LOG, 0.95)
+
+
+def test_a_throughput_interval_reflects_the_spread_between_trials_not_ramp_windows():
+    """Between-trial CV 1.5%: the A/A interval is a few percent wide (time windows with ramp-up and drain made it
+    [-21%, +20%])."""
+    rng = np.random.default_rng(21)
+    a, b = _pairs(rng, 3)
+    d = compare_metric(a, b, "throughput.output_tok_s", paired=True)
+    assert d.ci_low < 0 < d.ci_high and d.ci_high - d.ci_low < 0.15
+
+
+def test_long_trials_with_drift_get_an_interval_as_wide_as_the_drift():
+    """2,000 requests per trial and 5% per-trial drift: the spread of trials, not the request count, sets the width."""
+    covered = 0
+    for seed in range(200):
+        rng = np.random.default_rng(1000 + seed)
+        a = [trial(rng, n=2000, noise=0.05, repeat=r) for r in range(3)]
+        b = [trial(rng, n=2000, noise=0.05, repeat=r) for r in range(3)]
+        d = compare_metric(a, b, "ttft.p95", paired=True)
+        covered += d.ci_low <= 0 <= d.ci_high
+    assert 0.91 <= covered / 200 <= 0.99  # resampling requests inside trials covered 82.5%
+
+
+def test_itl_percentiles_are_one_value_per_trial():
+    """ITL gaps cluster by request; a trial's P99 over its own gaps is the unit, whatever the number of gaps."""
+    rng = np.random.default_rng(22)
+    a, b = _pairs(rng, 3, metric_noise=0.05)
+    d = compare_metric(a, b, "itl.p99", paired=True)
+    per_pair = np.log([metric_value([y], "itl.p99") / metric_value([x], "itl.p99") for x, y in zip(a, b, strict=True)])
+    assert d.units == 3 and d.rel_change == pytest.approx(math.expm1(per_pair.mean()))
+
+
+def test_drift_shared_by_a_pair_cancels_when_paired():
+    """The machine slows by 20% and speeds up again; both trials of each pair see it. Paired: a 10% gain is kept;
+    the same trials unpaired cannot tell it from the drift."""
+    rng = np.random.default_rng(23)
+    a, b = _pairs(rng, 3, effect=1.1, metric_noise=0.005, shared=[0.8, 1.0, 1.2], noise=0.0)
+    paired = decide_step(a, b, goals(), TRIALS)
+    assert paired.verdict == KEPT, paired.reason
+    unpaired = decide_step(a, b, goals(), Trials(repeats=3, interleave=False))
+    assert unpaired.verdict == INCONCLUSIVE, unpaired.reason
+    assert unpaired.objective.method.startswith("Welch")
+
+
+def test_a_pair_with_a_failed_trial_is_left_out_whole():
+    rng = np.random.default_rng(24)
+    a, b = _pairs(rng, 3)
+    d = compare_metric(a, [b[0], b[2]], "throughput.output_tok_s", paired=True)
+    assert d.units == 2
+
+
+def test_paired_t_covers_at_three_pairs():
+    rng = np.random.default_rng(25)
+    hits = 0
+    for _ in range(3000):
+        a = np.exp(rng.normal(0, 0.05, 3))
+        b = a * np.exp(0.1 + rng.normal(0, 0.05, 3))
+        e = paired_effect(a, b, 0.95)
+        hits += e.low <= math.expm1(0.1) <= e.high
+    assert 0.935 <= hits / 3000 <= 0.965
+
+
+def test_sequential_looks_keep_their_error_rate():
+    """Looking after 3, 4, ... 8 pairs at the confidence level each time is wrong about a quarter more often than
+    the level says; at sequential_level the chance of any false decision over all looks stays at 5%."""
+    level = sequential_level(0.95, 3, 8)
+    assert 0.95 < level < 0.995 and sequential_level(0.95, 3, 3) == 0.95
+    rng = np.random.default_rng(26)
+    naive = corrected = 0
+    for _ in range(1500):
+        d = rng.normal(0, 1, 8)
+        a, b = np.ones(8), np.exp(d * 0.05)
+
+        def decides(lv, a=a, b=b):
+            for n in range(3, 9):
+                e = paired_effect(a[:n], b[:n], lv)
+                if e.low > 0 or e.high < 0:
+                    return True
+            return False
+
+        naive += decides(0.95)
+        corrected += decides(level)
+    assert corrected / 1500 <= 0.065 and naive / 1500 > 0.08
+
+
+def test_the_stopping_check_and_the_verdict_are_one_computation():
+    """Sequential mode: decide_step at the design's level, no seeds; called twice on the same trials, one answer."""
+    rng = np.random.default_rng(27)
+    a, b = _pairs(rng, 4, effect=1.03)
+    seq = Trials(repeats=3, sequential=True, max_repeats=8)
+    first, again = decide_step(a, b, goals(), seq), decide_step(a, b, goals(), seq)
+    assert (first.verdict, first.reason) == (again.verdict, again.reason)
+    assert first.objective.confidence == pytest.approx(sequential_level(0.95, 3, 8))

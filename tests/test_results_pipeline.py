@@ -52,7 +52,6 @@ PIPELINE_SETTINGS = settings(
     ),  # no shrinking: a failure prints its example at once, CI time stays bounded
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-BOOTSTRAP = 40
 
 PLAYBOOK = textwrap.dedent("""\
     apiVersion: llmplay/v1
@@ -80,7 +79,7 @@ PLAYBOOK = textwrap.dedent("""\
       seed: 1
       warmup: 0s
       duration: 12s
-    trials: {repeats: 2, interleave: true, bootstrap_samples: 100}
+    trials: {repeats: 2, interleave: true}
     cost: {host_usd_per_hour: $0.10}
     runtime: process
     engine:
@@ -212,7 +211,7 @@ def run_pipeline(playbook: Playbook, root: Path, inputs: Sequence[tuple[list[Req
     lines: list[str] = []
     outcome = TuningRun(
         playbook,
-        RunOptions(archive_root=root, bootstrap_samples=BOOTSTRAP),
+        RunOptions(archive_root=root),
         report=lines.append,
         measure_trial=ScriptedTrials(playbook, inputs),
     ).execute()
@@ -316,7 +315,7 @@ def test_any_measured_data_goes_through_the_whole_pipeline(playbook, tmp_path_fa
         assert "report_error" not in manifest
         assert_absent_and_thin_figures_are_explained(manifest, html)
     assert_only_finite_numbers("progress lines", "\n".join(lines_a + lines_b))
-    comparison = compare_runs(outcome_a.run_dir, outcome_b.run_dir, n_boot=BOOTSTRAP)
+    comparison = compare_runs(outcome_a.run_dir, outcome_b.run_dir)
     assert_only_finite_numbers("comparison", format_comparison_table(comparison))
     page = render_comparison_html(comparison, root / "compare.html")
     assert_only_finite_numbers("comparison page", visible_text(page.read_text(encoding="utf-8")))

@@ -29,7 +29,6 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
         duration="4s",
         warmup="1s",
         repeats=2,
-        bootstrap_samples=400,
         steps=[
             {"name": "parallel-4", "set": {"parallel": 4}},
             {

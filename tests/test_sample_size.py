@@ -26,7 +26,7 @@ from llmplay.tuning.trial import TrialResult
 from llmplay_testing.synthetic import scripted_trial
 
 ROOT = Path(__file__).resolve().parents[1]
-TRIALS = Trials(repeats=2, bootstrap_samples=300)
+TRIALS = Trials(repeats=2)
 
 
 def sample(rng, *, n=200, ttft_ms=100.0, tok_s=1000.0, streamed=True, scalars=None):
@@ -201,7 +201,7 @@ class ThinTrials:
 def test_a_run_on_thin_samples_records_the_counts_and_says_so(tmp_path):
     doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny.yaml").read_text())
     doc["runtime"] = "process"
-    doc["trials"] = {"repeats": 2, "bootstrap_samples": 200}
+    doc["trials"] = {"repeats": 2}
     doc["steps"] = [{"name": "parallel-4", "set": {"parallel": 4}}]
     path = tmp_path / "thin.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -48,7 +48,7 @@ class MetricDelta:
     baseline: float | None
     candidate: float | None
     rel_change: float | None  # (candidate - baseline) / baseline
-    ci_low: float | None  # 95% CI of rel_change
+    ci_low: float | None  # CI of rel_change at `confidence`, over `units` trials or pairs (see `method`)
     ci_high: float | None
     # Runs archived before it was dropped carry a Mann-Whitney p-value here: it ignored that requests cluster within
     # trials and tested whole distributions, not the percentile decided on. Accepted so they load, never kept.
@@ -57,6 +57,12 @@ class MetricDelta:
     # How many requests each side's figure rests on, pooled over its trials (None: no per-request metric, or unknown).
     n_baseline: int | None = None
     n_candidate: int | None = None
+    # What the interval rests on: its experimental units (complete A/B pairs, or the smaller side's trials), the
+    # method (tuning.intervals) and its nominal two-sided level (below the confidence in sequential mode, where
+    # every look spends part of the error rate). None in archives written before they were recorded.
+    units: int | None = None
+    method: str | None = None
+    confidence: float | None = None
 
     def __post_init__(self, p_value: float | None) -> None:
         del p_value  # read from old archives, ignored (see above)

@@ -10,9 +10,9 @@ from llmplay.compare import compare_runs, format_comparison_table, render_compar
 from llmplay.errors import ExitCode
 
 
-def compare_command(run_a: Path, run_b: Path, *, html: Path | None, n_boot: int) -> int:
+def compare_command(run_a: Path, run_b: Path, *, html: Path | None) -> int:
     """Print the comparison (and write it as HTML if asked); ExitCode.REGRESSION when B regressed against A."""
-    comparison = compare_runs(run_a, run_b, n_boot=n_boot)
+    comparison = compare_runs(run_a, run_b)
     click.echo(format_comparison_table(comparison))
     if html is not None:
         click.echo(f"comparison: {render_comparison_html(comparison, html)}")

@@ -392,7 +392,6 @@ def parse_trials(raw: Mapping[str, Any], problems: Problems) -> Trials:
         sequential=raw.get("sequential", d.sequential),
         max_repeats=raw.get("max_repeats", d.max_repeats),
         confidence=raw.get("confidence", d.confidence),
-        bootstrap_samples=raw.get("bootstrap_samples", d.bootstrap_samples),
         on_failure=raw.get("on_failure", d.on_failure),
         cooldown_s=parse_duration(raw, "cooldown", ("trials",), problems, 0.0) or 0.0,
     )

@@ -482,6 +482,24 @@ def _notes(run: _ArchivedRunData, trial_ids: Sequence[str]) -> list[str]:
     return list(notes)
 
 
+def _interval_note(verdict: StepVerdict) -> str:
+    """What the step's intervals rest on, from the objective's delta: the unit, how many, the method, the level."""
+    d = verdict.objective
+    if d is None or d.method is None or d.units is None:
+        return ""
+    unit = "A/B pair(s)" if d.method.startswith("paired") else "trial(s) per side"
+    level = f"{d.confidence:.1%}" if d.confidence is not None else "?"
+    return (
+        f"Intervals: {d.method} over {d.units} {unit}, each trial one value (its requests are not independent "
+        f"draws); two-sided level {level}."
+    )
+
+
+def _ci_header(verdict: StepVerdict) -> str:
+    d = verdict.objective
+    return f"{d.confidence:.1%} CI".replace(".0%", "%") if d is not None and d.confidence is not None else "CI"
+
+
 def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[str, Any]]:
     out = []
     for v in sorted(run.verdicts, key=lambda v: v.index):
@@ -501,6 +519,8 @@ def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[
                 "candidate": v.candidate_config,
                 "description": descriptions.get(v.step, ""),
                 "more_trials": v.more_trials_needed,
+                "interval": _interval_note(v),
+                "ci_header": _ci_header(v),
                 "deltas": _delta_rows(v),
                 "trials": _trial_rows(run, trial_ids, objective),
                 "charts": _section_charts(run, trial_ids, objective),
@@ -524,6 +544,8 @@ def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[
                 "candidate": "",
                 "description": "",
                 "more_trials": None,
+                "interval": "",
+                "ci_header": "CI",
                 "deltas": [],
                 "anchor": "trials-loose",
                 "trials": _trial_rows(run, loose, "throughput.output_tok_s"),

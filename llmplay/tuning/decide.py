@@ -1,15 +1,17 @@
-"""Decisions from measurements: gates, and per-step A/B verdicts with bootstrap confidence intervals.
+"""Decisions from measurements: gates, and per-step A/B verdicts with confidence intervals.
 
-Effects are relative changes of the candidate against the configuration it is compared with. Their
-intervals come from a two-level bootstrap: trials are resampled (machine drift, engine restarts), and
-requests are resampled inside each trial (load noise), so both sources of spread widen the interval.
+Effects are relative changes of the candidate against the configuration it is compared with. The experimental
+unit is the trial: each trial gives one value of a metric (its P95 over its own requests, its throughput over its
+own window), and the interval comes from those values (tuning.intervals): paired by repeat when the runner
+interleaved the two sides, Welch otherwise. Requests are never resampled as if independent: they cluster within a
+trial, and an interval that treats them as independent draws is too narrow under drift and too wide without it.
 A guard is a non-inferiority claim (guard_outcome), the one rule steps and `compare` share.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,14 +33,14 @@ from llmplay.catalog import (
 )
 from llmplay.metrics import good_mask, per_request_arrays, usd_per_1m_tokens
 from llmplay.spec import Gate, Goals, Trials
+from llmplay.tuning.intervals import Effect, paired_effect, sequential_level, units_to_reach, welch_effect
 
 PER_REQUEST = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "queue_wait")
 
-_WINDOWED = {
-    "throughput.output_tok_s": ("output_tokens", "window_output_tokens"),
-    "throughput.total_tok_s": ("total_tokens", "window_total_tokens"),
-    "throughput.req_s": ("count", "window_requests"),
-    "goodput.req_s": ("good", "window_good"),
+_THROUGHPUT = {
+    "throughput.output_tok_s": "output_tokens",
+    "throughput.total_tok_s": "total_tokens",
+    "goodput.req_s": "good",
 }
 MIN_TRIALS_TO_DECIDE = 2
 
@@ -55,10 +57,16 @@ class TrialSample:
     n_errors: int
     scalars: Mapping[str, float] = field(default_factory=dict)  # the trial's summary (telemetry, cost inputs)
     price_usd_per_hour: float = 0.0
+    repeat: int | None = None  # which A/B pair it belongs to (its TrialRecord.repeat); None: not paired
 
 
 def sample_from_records(
-    records: Any, duration_s: float, summary: Mapping[str, float], slo_s: Mapping[str, float], price_usd_per_hour: float
+    records: Any,
+    duration_s: float,
+    summary: Mapping[str, float],
+    slo_s: Mapping[str, float],
+    price_usd_per_hour: float,
+    repeat: int | None = None,
 ) -> TrialSample:
     measured = records[~records["is_warmup"].astype(bool)] if "is_warmup" in records else records
     ok = measured[measured["error_kind"].isna()] if "error_kind" in measured else measured
@@ -68,7 +76,6 @@ def sample_from_records(
     arrays["output_tokens"] = out_tokens
     arrays["total_tokens"] = out_tokens + in_tokens
     arrays["good"] = good_mask(ok, slo_s)  # the same rule as the summary's goodput
-    arrays.update(_windows(measured, ok, arrays, duration_s))
     return TrialSample(
         duration_s=duration_s,
         values=arrays,
@@ -76,30 +83,8 @@ def sample_from_records(
         n_errors=len(measured) - len(ok),
         scalars=dict(summary),
         price_usd_per_hour=price_usd_per_hour,
+        repeat=repeat,
     )
-
-
-THROUGHPUT_WINDOWS = 10
-
-
-def _windows(measured: Any, ok: Any, arrays: Mapping[str, np.ndarray], duration_s: float) -> dict[str, np.ndarray]:
-    """Per time window of the measured span: tokens, requests and good requests completed in it."""
-    if not len(ok) or duration_s <= 0:
-        return {}
-    start_ns = float(measured["sent_ns"].min())
-    done_s = (ok["end_ns"].to_numpy(dtype=float) - start_ns) / 1e9
-    edges = np.linspace(0.0, max(duration_s, float(np.nanmax(done_s))), THROUGHPUT_WINDOWS + 1)
-    which = np.clip(np.searchsorted(edges, done_s, side="right") - 1, 0, THROUGHPUT_WINDOWS - 1)
-
-    def per_window(weights: np.ndarray) -> np.ndarray:
-        return np.bincount(which, weights=weights, minlength=THROUGHPUT_WINDOWS).astype(float)
-
-    return {
-        "window_output_tokens": per_window(arrays["output_tokens"]),
-        "window_total_tokens": per_window(arrays["total_tokens"]),
-        "window_requests": per_window(np.ones(len(ok))),
-        "window_good": per_window(arrays["good"]),
-    }
 
 
 def _stat(values: np.ndarray, stat: str) -> float | None:
@@ -112,45 +97,28 @@ def _stat(values: np.ndarray, stat: str) -> float | None:
     return float(np.percentile(values, float(stat[1:]), method="linear"))
 
 
-def _value(samples: Sequence[TrialSample], metric: str, pick: Callable[[TrialSample, str], np.ndarray]) -> float | None:
-    """The metric over pooled trials; `pick` returns a (possibly resampled) per-request array."""
+def metric_value(samples: Sequence[TrialSample], metric: str) -> float | None:
+    """The metric over the pooled trials (one trial: that trial's value, the unit the intervals rest on)."""
     head, _, stat = metric.partition(".")
     if head in PER_REQUEST:
-        pooled = np.concatenate([pick(s, head) for s in samples]) if samples else np.array([])
+        pooled = np.concatenate([s.values.get(head, np.array([])) for s in samples]) if samples else np.array([])
         return _stat(pooled, stat)
     duration = sum(s.duration_s for s in samples)
     if duration <= 0:
         return None
-    if metric in _WINDOWED:
-        per_request, per_window = _WINDOWED[metric]
-        # Time windows resample throughput inside a trial (requests alone would not: with fixed output
-        # lengths every resample has the same token sum); trials without windows fall back to requests.
-        total = 0.0
-        for s in samples:
-            if per_window in s.values and s.values[per_window].size:
-                total += float(pick(s, per_window).sum())
-            elif per_request == "count":
-                total += float(pick(s, "output_tokens").size)
-            else:
-                total += float(pick(s, per_request).sum())
-        return total / duration
+    if metric in _THROUGHPUT:
+        return float(sum(float(s.values.get(_THROUGHPUT[metric], np.array([])).sum()) for s in samples)) / duration
+    if metric == "throughput.req_s":
+        return float(sum(s.values.get("output_tokens", np.array([])).size for s in samples)) / duration
     if metric == "errors.rate":
         total = sum(s.n_requests for s in samples)
         return float(sum(s.n_errors for s in samples) / total) if total else None
     if metric == "cost.usd_per_1m_tokens":
         price = float(np.mean([s.price_usd_per_hour for s in samples]))
-        cost = usd_per_1m_tokens(price, _value(samples, "throughput.output_tok_s", pick))
+        cost = usd_per_1m_tokens(price, metric_value(samples, "throughput.output_tok_s"))
         return None if cost is None else float(cost)
     observed = [s.scalars[metric] for s in samples if metric in s.scalars]
     return float(np.mean(observed)) if observed else None
-
-
-def _as_is(sample: TrialSample, name: str) -> np.ndarray:
-    return sample.values.get(name, np.array([]))
-
-
-def metric_value(samples: Sequence[TrialSample], metric: str) -> float | None:
-    return _value(samples, metric, _as_is)
 
 
 # Families whose per-request arrays hold one value per request, so the pooled array's size is the count its
@@ -178,26 +146,31 @@ def _count_for(samples: Sequence[TrialSample], metric: str) -> int | None:
     return pooled_counts(samples).get(key) if key else None
 
 
-def _bootstrap(
-    a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str, n_boot: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Relative change b vs a under two-level resampling; NaN where undefined."""
-    out = np.full(n_boot, np.nan)
+def _per_trial(samples: Sequence[TrialSample], metric: str) -> list[float] | None:
+    """One value per trial; None when some trial lacks it (an interval over the rest would hide why)."""
+    values = [metric_value([s], metric) for s in samples]
+    if any(v is None or not math.isfinite(v) for v in values):
+        return None
+    return [float(v) for v in values if v is not None]
 
-    def resampled(group: Sequence[TrialSample]) -> list[TrialSample]:
-        return [group[i] for i in rng.integers(0, len(group), len(group))]
 
-    def pick(sample: TrialSample, name: str) -> np.ndarray:
-        arr = sample.values.get(name, np.array([]))
-        return arr[rng.integers(0, arr.size, arr.size)] if arr.size else arr
+def _pairs(a: Sequence[TrialSample], b: Sequence[TrialSample]) -> tuple[list[TrialSample], list[TrialSample]] | None:
+    """The trials of each side that ran as a pair (same repeat), in repeat order; a pair one of whose trials failed
+    is left out whole. None when the samples carry no repeat (they were not measured as pairs)."""
+    if any(s.repeat is None for s in (*a, *b)):
+        return None
+    by_a = {s.repeat: s for s in a}
+    by_b = {s.repeat: s for s in b}
+    common = sorted(set(by_a) & set(by_b), key=lambda r: int(r or 0))
+    return [by_a[r] for r in common], [by_b[r] for r in common]
 
-    for i in range(n_boot):
-        va, vb = _value(resampled(a), metric, pick), _value(resampled(b), metric, pick)
-        if va is not None and vb is not None and va != 0:
-            out[i] = (vb - va) / abs(va)
-        elif va == 0 and vb == 0:
-            out[i] = 0.0
-    return out
+
+def decision_level(trials: Trials) -> float:
+    """The nominal level of every interval a step's verdict uses: the confidence for a fixed number of trials; in
+    sequential mode, the level that keeps the whole sequence of looks (repeats .. max_repeats pairs) at it."""
+    if trials.sequential and trials.max_repeats > trials.repeats:
+        return sequential_level(trials.confidence, max(trials.repeats, MIN_TRIALS_TO_DECIDE), trials.max_repeats)
+    return trials.confidence
 
 
 def compare_metric(
@@ -205,33 +178,72 @@ def compare_metric(
     b: Sequence[TrialSample],
     metric: str,
     *,
-    n_boot: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
+    level: float = 0.95,
+    paired: bool = False,
 ) -> MetricDelta:
+    return _compare(a, b, metric, level, paired)[0]
+
+
+def _compare(
+    a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str, level: float, paired: bool
+) -> tuple[MetricDelta, Effect | None]:
+    """The candidate's relative change against `a` on `metric`, with its interval at `level` over trials: paired
+    by repeat when `paired` (interleaved A/B pairs), else Welch over independent trials.
+
+    baseline / candidate are the pooled figures (every request of every trial); the change and its interval are
+    those of the estimator the interval belongs to (the geometric mean of per-pair ratios, paired), so the
+    interval always contains the change it is printed beside."""
     info = metric_info(metric)
     lower_better = info.lower_is_better if info else True
     va, vb = metric_value(a, metric), metric_value(b, metric)
     na, nb = _count_for(a, metric), _count_for(b, metric)
     if va is None or vb is None:
-        return MetricDelta(metric, va, vb, None, None, None, better=None, n_baseline=na, n_candidate=nb)
-    rel = (vb - va) / abs(va) if va != 0 else (0.0 if vb == 0 else math.inf)
-    boots = _bootstrap(a, b, metric, n_boot, np.random.default_rng(seed))
-    boots = boots[np.isfinite(boots)]
-    alpha = (1 - confidence) / 2
-    lo, hi = (float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))) if boots.size else (None, None)
+        return MetricDelta(metric, va, vb, None, None, None, better=None, n_baseline=na, n_candidate=nb), None
+    matched = _pairs(a, b) if paired else None
+    effect: Effect | None = None
+    if matched is not None and matched[0]:
+        xa, xb = _per_trial(matched[0], metric), _per_trial(matched[1], metric)
+        if xa is not None and xb is not None:
+            effect = paired_effect(xa, xb, level)
+    elif matched is None:
+        xa, xb = _per_trial(a, metric), _per_trial(b, metric)
+        if xa is not None and xb is not None:
+            effect = welch_effect(xa, xb, level)
+    if effect is None or effect.rel is None:
+        # No per-trial values to rest an interval on (or a zero baseline): the pooled change, without an interval.
+        rel = (vb - va) / abs(va) if va != 0 else (0.0 if vb == 0 else math.inf)
+        better = (rel < 0) if lower_better else (rel > 0)
+        pooled = MetricDelta(
+            metric,
+            va,
+            vb,
+            rel if math.isfinite(rel) else None,
+            None,
+            None,
+            better=better if rel not in (0, math.inf) else None,
+            n_baseline=na,
+            n_candidate=nb,
+            units=effect.units if effect else 0,
+            method=effect.method if effect else None,
+            confidence=level,
+        )
+        return pooled, None
+    rel = effect.rel
     better = (rel < 0) if lower_better else (rel > 0)
     return MetricDelta(
         metric,
         va,
         vb,
-        rel if math.isfinite(rel) else None,
-        lo,
-        hi,
+        rel,
+        effect.low,
+        effect.high,
         better=better if rel != 0 else None,
         n_baseline=na,
         n_candidate=nb,
-    )
+        units=effect.units,
+        method=effect.method,
+        confidence=level,
+    ), effect
 
 
 def _improvement(delta: MetricDelta, lower_better: bool) -> tuple[float, float, float]:
@@ -285,17 +297,6 @@ def regressed_beyond(delta: MetricDelta, lower_is_better: bool, tolerance: float
     return guard_outcome(delta, lower_is_better, tolerance) == BEYOND
 
 
-def _more_trials(n: int, half: float, distance: float, cap: int) -> int | None:
-    """More trials per side until the CI's half-width `half` (shrinking like 1/sqrt(n)) falls within `distance`,
-    the gap from the point estimate to the threshold that decides; None when that is more than `cap`."""
-    if distance <= 0:
-        return None
-    total = n * (half / distance) ** 2
-    if not math.isfinite(total) or total > n + cap:
-        return None
-    return max(1, math.ceil(total - 1e-9) - n)  # the tolerance absorbs float noise: 12.000000001 is 12
-
-
 def _settle_text(more: int | None, cap: int, what: str) -> str:
     if more is None:
         return f"not decidable within {cap} more trial(s) per side"
@@ -341,14 +342,14 @@ def decide_step(
     trials: Trials,
     *,
     failed_candidate_trials: int = 0,
-    seed: int = 0,
 ) -> Decision:
     """kept / rejected / inconclusive / failed, with the one-sentence reason the report shows.
 
-    The sentence says when the objective or a guard is not measured (and why), and when a percentile it rests
-    on comes from fewer requests than it needs (catalog.MIN_SAMPLES, counted per side over the pooled trials:
-    the bootstrap resamples that pool, so its size is what the estimate rests on). A thin sample does not
-    change the verdict; an unmeasured guard keeps a step from being kept, since nobody saw it not regress."""
+    Every interval is at decision_level(trials) over the trials (pairs when interleaved): the same call decides
+    whether sequential mode goes on and what the final verdict is, so the two cannot disagree. The sentence says
+    when the objective or a guard is not measured (and why), and when a percentile rests on fewer requests than it
+    needs (catalog.MIN_SAMPLES, per side over the pooled trials). A thin sample does not change the verdict; an
+    unmeasured guard keeps a step from being kept, since nobody saw it not regress."""
     objective = goals.objective
     if not b:
         return Decision(
@@ -356,44 +357,40 @@ def decide_step(
         )
     if not a:
         return Decision(FAILED, "every trial of the configuration it is compared with failed", None, (), (), None)
-    n_boot = trials.bootstrap_samples
-    obj = compare_metric(a, b, objective.metric, n_boot=n_boot, confidence=trials.confidence, seed=seed)
-    guard_deltas = tuple(
-        compare_metric(a, b, g.metric, n_boot=max(200, n_boot // 4), confidence=trials.confidence, seed=seed + 1 + i)
-        for i, g in enumerate(goals.guards)
-    )
-    record = tuple(
-        compare_metric(a, b, m, n_boot=200, confidence=trials.confidence, seed=seed + 99) for m in RECORD_METRICS
-    )
+    level, paired = decision_level(trials), trials.interleave
+    obj, obj_effect = _compare(a, b, objective.metric, level, paired)
+    guard_results = [_compare(a, b, g.metric, level, paired) for g in goals.guards]
+    guard_deltas = tuple(delta for delta, _ in guard_results)
+    record = tuple(compare_metric(a, b, m, level=level, paired=paired) for m in RECORD_METRICS)
     unmeasured_guards = [note for d in guard_deltas if (note := _unmeasured(d, "guard "))]
     thin = "".join(f"; {note}" for note in _thin_notes((obj, *guard_deltas)))
 
     def decision(verdict: str, reason: str, more: int | None = None) -> Decision:
         return Decision(verdict, reason + thin, obj, guard_deltas, record, more)
 
-    if obj.rel_change is None or obj.ci_low is None:
+    units = obj.units if obj.units is not None else min(len(a), len(b))
+    if obj.rel_change is not None and units < MIN_TRIALS_TO_DECIDE:
+        what = "complete pair(s)" if paired else "trial(s) per side"
+        return decision(
+            INCONCLUSIVE,
+            f"{describe_delta(obj)} from {units} {what}; at least {MIN_TRIALS_TO_DECIDE} are needed to decide "
+            "(a single one cannot show the noise)" + "".join(f"; {note}" for note in unmeasured_guards),
+            MIN_TRIALS_TO_DECIDE - units,
+        )
+    if obj.rel_change is None or obj.ci_low is None or obj_effect is None:
         missing = _unmeasured(obj, "the objective ")
         why = missing or (
-            f"{describe_delta(obj)}: the objective has no relative change or interval (a zero baseline, or too few "
-            "values)"
+            f"{describe_delta(obj)}: the objective has no relative change or interval (a zero baseline, or a trial "
+            "without the figure)"
         )
         return decision(INCONCLUSIVE, why)
     lower_better = objective.direction == "minimize"
     point, lo, hi = _improvement(obj, lower_better)
-    if min(len(a), len(b)) < MIN_TRIALS_TO_DECIDE:
-        return decision(
-            INCONCLUSIVE,
-            f"{describe_delta(obj)} from {len(a)} vs {len(b)} trial(s); a single run "
-            f"misleads, so at least {MIN_TRIALS_TO_DECIDE} per side are needed to decide"
-            + "".join(f"; {note}" for note in unmeasured_guards),
-            MIN_TRIALS_TO_DECIDE - min(len(a), len(b)),
-        )
-
-    n, cap = len(b), max(MORE_TRIALS_CAP, trials.max_repeats)
+    cap = max(MORE_TRIALS_CAP, trials.max_repeats)
     regressed: list[str] = []
     unsettled: list[str] = []
     pending: list[int | None] = []  # more trials per side each unsettled part needs (None: not decidable)
-    for guard, delta in zip(goals.guards, guard_deltas, strict=True):
+    for guard, (delta, effect) in zip(goals.guards, guard_results, strict=True):
         lower = guard.direction == "minimize"
         outcome = guard_outcome(delta, lower, guard.tolerance)
         if outcome == BEYOND:
@@ -404,8 +401,9 @@ def decide_step(
             )
             regressed.append(f"{change} beyond its {guard.tolerance:.0%} tolerance")
         elif outcome == UNSETTLED:
-            worse, worst = _worse_by(delta, lower)
-            more = None if worst is None else _more_trials(n, worst - worse, guard.tolerance - worse, cap)
+            _, worst = _worse_by(delta, lower)
+            limit = guard.tolerance if lower else -guard.tolerance  # the tolerance as a relative change
+            more = None if effect is None else units_to_reach(effect, limit, cap)
             pending.append(more)
             bound = "no interval" if worst is None else f"its worse bound {fmt_pct(worst if lower else -worst)}"
             unsettled.append(
@@ -432,10 +430,9 @@ def decide_step(
         return decision(REJECTED, f"{head}; any gain is below the {objective.min_effect:.0%} minimum effect, rejected")
     # The threshold that decides: below min_effect the step is rejected once the CI's top falls under it; at or
     # above, it is kept once the CI's bottom clears zero.
-    if point < objective.min_effect:
-        more = _more_trials(n, hi - point, objective.min_effect - point, cap)
-    else:
-        more = _more_trials(n, point - lo, point, cap)
+    sign = -1.0 if lower_better else 1.0
+    target = sign * objective.min_effect if point < objective.min_effect else 0.0
+    more = units_to_reach(obj_effect, target, cap)
     return decision(INCONCLUSIVE, f"{head}; within noise, " + _settle_text(more, cap, "decide"), most([more, *pending]))
 
 

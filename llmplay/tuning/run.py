@@ -50,7 +50,6 @@ class RunOptions:
     resume: Path | None = None
     progress: bool = False
     image: str | None = None  # retest on another engine image
-    bootstrap_samples: int | None = None
 
     def overrides(self) -> dict[str, Any]:
         out = {
@@ -61,7 +60,6 @@ class RunOptions:
                 ("warmup_s", self.warmup_s),
                 ("only", list(self.only) or None),
                 ("image", self.image),
-                ("bootstrap_samples", self.bootstrap_samples),
             )
             if v is not None
         }
@@ -114,8 +112,6 @@ def apply_overrides(playbook: Playbook, options: RunOptions) -> Playbook:
         workload = replace(workload, warmup_s=options.warmup_s)
     if options.repeats is not None:
         trials = replace(trials, repeats=options.repeats, max_repeats=max(options.repeats, trials.max_repeats))
-    if options.bootstrap_samples is not None:
-        trials = replace(trials, bootstrap_samples=options.bootstrap_samples)
     if options.image is not None:
         engine = replace(engine, image=options.image)
     steps = playbook.steps
@@ -305,14 +301,23 @@ class TuningRun:
             self._run_into(measured, step.name, role, rep)
         rep = trials.repeats
         while trials.sequential and rep < trials.max_repeats:
-            decision = decide_step(
-                reference.samples, cand.samples, self.playbook.goals, trials, seed=self.playbook.workload.seed
-            )
+            decision = self._decide(reference, cand)
             if decision.verdict != "inconclusive":
                 break
             for measured, role in pair_in_order(rep) if trials.interleave else pairs:
                 self._run_into(measured, step.name, role, rep)
             rep += 1
+
+    def _decide(self, reference: ConfigTrials, cand: ConfigTrials) -> Decision:
+        """The verdict from the timed trials: one call for sequential mode's stopping check and the final verdict,
+        so the two agree (quality.* guards are judged from the probes afterwards, judge_quality)."""
+        return decide_step(
+            reference.samples,
+            cand.samples,
+            speed_goals(self.playbook.goals),
+            self.playbook.trials,
+            failed_candidate_trials=cand.failed,
+        )
 
     def _baseline_only(self, best: ConfigTrials) -> None:
         for rep in range(self.playbook.trials.repeats):
@@ -359,14 +364,7 @@ class TuningRun:
                         effects,
                     )
                     self._measure_pair(reference, cand, step)
-                    decision = decide_step(
-                        reference.samples,
-                        cand.samples,
-                        speed_goals(pb.goals),
-                        pb.trials,
-                        failed_candidate_trials=cand.failed,
-                        seed=pb.workload.seed + index,
-                    )
+                    decision = self._decide(reference, cand)
                     decision = judge_quality(decision, pb.goals, reference.probes, cand.probes, effects)
                     carried = (step.carry == "always" and decision.verdict != FAILED) or (
                         step.carry == "if_kept" and decision.verdict == KEPT

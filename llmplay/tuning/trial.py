@@ -67,6 +67,7 @@ def trial_sample(
         trial.summary,
         playbook.goals.slo_s,
         price_per_hour(playbook, config),
+        repeat=trial.repeat,
     )
 
 
@@ -123,6 +124,10 @@ def run_trial(
 
     A signal mid-load raises TrialInterrupted carrying what finished, after the engine has stopped."""
     started, t0 = utc_now(), time.perf_counter()
+    # Common random numbers: both trials of A/B pair `repeat` send the same request sequence (lengths, prompts,
+    # arrival times), so the workload's own randomness cancels in the pair's ratio, while each pair draws a new
+    # sequence and the verdict does not hinge on one sample of requests.
+    config = replace(config, workload=replace(config.workload, seed=config.workload.seed + repeat))
     labels = {"llmplay.run": run_id, "llmplay.trial": trial_id, "llmplay.config": config.label}
     runtime = runtime_factory(playbook.runtime)
     spec = replace(config.engine, env=resolve_env(config.engine.env))
@@ -201,7 +206,11 @@ def run_trial(
     summary: dict[str, Any] = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
     summary["duration_s"] = load.duration_s
     # Telemetry of the measured window only, like the load metrics: warm-up and engine start excluded.
-    notes = [*telemetry.notes, f"tokenizer: {load.tokenizer}"]
+    notes = [
+        *telemetry.notes,
+        f"tokenizer: {load.tokenizer}",
+        "workload seed: the playbook's plus the trial's repeat (both trials of an A/B pair send the same requests)",
+    ]
     telemetry_frame: pd.DataFrame | None = None
     try:
         summary.update(telemetry.summary(start_s=max(0.0, (load.start_ns - sampler_origin_ns) / 1e9)))
