@@ -163,7 +163,8 @@ def test_retest_on_an_older_vllm_release_exits_as_the_comparison_says(vllm_run, 
     )
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode in (0, 4), out
-    assert f"image {old_image} (vllm {OLDER}" in out  # the preflight read the other release's flags
+    assert f"engine change: vllm {CURRENT} -> {OLDER}; " in out
+    assert f"{old_image} (vllm {OLDER}; " in out  # the preflight read the other release's flags
     new_dirs = [p.parent for p in archive.glob("*/*/manifest.json") if p.parent != run_dir]
     (new_dir,) = new_dirs
     (trial,) = json.loads((new_dir / "manifest.json").read_text())["trials"]

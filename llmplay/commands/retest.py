@@ -55,7 +55,7 @@ def flag_changes(playbook: Playbook, new_image: str) -> str | None:
     gone, added = sorted(old.flags - new.flags), sorted(new.flags - old.flags)
     shown = ", ".join(gone[:8]) + (f" and {len(gone) - 8} more" if len(gone) > 8 else "")
     return (
-        f"engine upgrade: {engine.kind} {old.version or old_image} -> {new.version or new_image}; "
+        f"engine change: {engine.kind} {old.version or old_image} -> {new.version or new_image}; "
         f"{len(added)} flag(s) added, {len(gone)} removed" + (f" ({shown})" if gone else "")
     )
 
