@@ -100,3 +100,12 @@ def test_run_stops_with_exit_code_2_before_any_trial(cpu_engine, docker_client, 
     assert "nearest accepted flag: --threads-http" in out
     assert time.perf_counter() - t0 < 60
     assert not (tmp_path / "reports").exists()  # stopped before the archive: nothing was measured
+
+
+@pytest.mark.docker
+def test_llamacpp_trials_name_the_source_release_not_b0_unknown(llama_endpoint) -> None:
+    """llama.cpp built from the sdist reports `b0-unknown`; the image label names what it was built from."""
+    describe = llama_endpoint.describe
+    assert describe["engine_version"] == describe["image_labels"]["llmplay.engine.version"]
+    assert describe["engine_version"].startswith("llama-cpp-python 0.3.36, ggml ")
+    assert describe["engine_version_reported"].startswith("b0-")  # what /props says, kept beside it
