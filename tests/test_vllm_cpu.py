@@ -104,9 +104,9 @@ def test_vllm_streams_through_the_load_generator(vllm_endpoint, api: str) -> Non
     assert tokenizer.exact and "tokenizer.json" in tokenizer.name  # the model's own, read from model_dir
     result = run_load_sync(endpoint.base_url, workload, tuple(iter_requests(workload, tokenizer, endpoint.model)))
     assert len(result.records) == 6
-    assert all(r.ok for r in result.records), [r.error for r in result.records]
+    assert all(r.ok for r in result.records), [r.error_message for r in result.records]
     assert all(r.output_tokens == 16 for r in result.records)  # ignore_eos, counted by the server's usage
-    assert all(r.ttft_s is not None and r.ttft_s > 0 for r in result.records)
+    assert all(r.stream and r.first_chunk_ns is not None and r.first_chunk_ns > r.sent_ns for r in result.records)
 
 
 def test_vllm_reports_its_version_and_metrics_in_the_adapter_names(vllm_endpoint) -> None:
