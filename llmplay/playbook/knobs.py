@@ -8,7 +8,7 @@ from llmplay.engines import get_engine
 from llmplay.engines.base import BadKnobValue, Engine
 from llmplay.errors import PlaybookError
 from llmplay.playbook.problems import Problems, did_you_mean, short_repr
-from llmplay.playbook.source import SourceMap, YamlPath, display_path
+from llmplay.playbook.source import SourceMap, YamlPath, display_path, format_path
 from llmplay.spec import Change, Config, Playbook, Scalar, apply_step, show_value
 
 
@@ -85,3 +85,18 @@ def _check_steps_change_something(playbook: Playbook, problems: Problems) -> Non
                     "which is already in effect; expected a change",
                 )
         config = new_config
+
+
+def knob_sites(playbook: Playbook, sources: SourceMap) -> dict[str, str]:
+    """`FILE:LINE` of the engine block, its args, extra_args and image, and of every step and its `set:` keys."""
+    paths: list[YamlPath] = [("engine",), ("engine", "image"), ("engine", "args"), ("engine", "extra_args")]
+    paths += [("engine", "args", knob) for knob in playbook.engine.args]
+    for i, step in enumerate(playbook.steps):
+        paths.append(("steps", i))
+        paths += [_step_path(i, change, sources) for change in step.changes]
+    sites = {}
+    for path in paths:
+        where = sources.locate(path)
+        if where.file != "?":
+            sites[format_path(path)] = f"{display_path(where.file)}:{where.line}"
+    return sites

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from llmplay.playbook.convert import (
@@ -21,7 +22,7 @@ from llmplay.playbook.convert import (
     parse_workload,
 )
 from llmplay.playbook.extends import resolve_extends
-from llmplay.playbook.knobs import check_knobs
+from llmplay.playbook.knobs import check_knobs, knob_sites
 from llmplay.playbook.problems import Problems
 from llmplay.playbook.schema import schema_problems
 from llmplay.playbook.source import API_VERSION, display_path, located_error, read_yaml
@@ -76,7 +77,7 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
     )
     problems.raise_if_any()
     check_knobs(playbook, sources)
-    return playbook
+    return replace(playbook, sites=frozen_map(knob_sites(playbook, sources)))
 
 
 def load_workload(path: str | os.PathLike) -> tuple[Workload, Goals]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from llmplay.engines.base import VERSION_LABEL
 from llmplay.errors import InfrastructureError
 from llmplay.hashing import sha256_file
 from llmplay.runtime import dockerd
@@ -342,6 +343,19 @@ def _rootfs_tar(binary: Path, model: Path, libs: list[Path], dest: Path) -> Path
     return dest
 
 
+def ggml_version(cache: Path, log: Log = print) -> str:
+    """The vendored ggml's release (ggml/CMakeLists.txt): the sdist carries no git metadata, so llama.cpp's own
+    build number is 0 and its commit "unknown"; this and the llama-cpp-python release are what names the source."""
+    src = _extract(sdist_path(cache, log), cache / "src", "vendor/llama.cpp/ggml/CMakeLists.txt")
+    parts = dict(re.findall(r"set\(GGML_VERSION_(MAJOR|MINOR|PATCH)\s+(\d+)\)", src.read_text()))
+    return ".".join(parts.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH"))
+
+
+def engine_version(cache: Path, log: Log = print) -> str:
+    """What the image's version label says: the source release the binary was built from."""
+    return f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}, ggml {ggml_version(cache, log)}"
+
+
 def build_image(
     client: Any, binary: Path, model: Path, cache: Path, force: bool = False, log: Log = print
 ) -> tuple[str, str]:
@@ -349,8 +363,11 @@ def build_image(
     import docker  # deferred: the docker SDK loads only when an image is built (not for --no-image)
 
     libs = shared_libraries(binary)
+    version = engine_version(cache, log)
     content = _key(
-        [sha256_file(binary), sha256_file(model)] + [(str(lib), sha256_file(lib)) for lib in libs], MODEL_IN_IMAGE
+        [sha256_file(binary), sha256_file(model)] + [(str(lib), sha256_file(lib)) for lib in libs],
+        MODEL_IN_IMAGE,
+        version,
     )
     if not force:
         try:
@@ -369,6 +386,7 @@ def build_image(
         "EXPOSE 8080",
         f"LABEL {CONTENT_LABEL}={content}",
         f"LABEL llmplay.llama_cpp_python={LLAMA_CPP_PYTHON_VERSION}",
+        f'LABEL {VERSION_LABEL}="{version}"',
         "ENV LLAMA_ARG_HOST=0.0.0.0",
     ]
     client.api.import_image(src=str(tar), repository=repo, tag=tag, changes=changes)

@@ -17,7 +17,7 @@ import docker
 import docker.errors
 import docker.types
 
-from llmplay.engines.base import Engine
+from llmplay.engines.base import IMAGE_VERSION_LABELS, Engine
 from llmplay.engines.llamacpp import CPU_IMAGE
 from llmplay.errors import InfrastructureError
 from llmplay.runtime import dockerd
@@ -65,6 +65,12 @@ def _is_gpu_error(exc: Exception) -> bool:
 def image_hint(image: str) -> str:
     """How to get a missing image: build the CPU one, pull any other."""
     return CPU_IMAGE_HINT if image == CPU_IMAGE else f"pull it: `docker pull {image}`"
+
+
+def image_version_labels(image: Any) -> dict[str, str]:
+    """The labels of `image` that say what it is (llmplay's own and the OCI ones), for the archive."""
+    labels = image.labels or {}
+    return {str(k): str(v) for k, v in labels.items() if k.startswith(("llmplay.", "org.opencontainers.image."))}
 
 
 class DockerRuntime(Runtime):
@@ -150,6 +156,7 @@ class DockerRuntime(Runtime):
                 str(Path(spec.model_dir).expanduser()): {"bind": engine.model_path_in_container, "mode": "ro"}
             }
         digests = image.attrs.get("RepoDigests") or []
+        image_labels = image_version_labels(image)
         self._info = {
             "runtime": self.kind,
             "engine": engine.kind,
@@ -165,6 +172,7 @@ class DockerRuntime(Runtime):
             "container_port": container_port,
             "labels": all_labels,
             "gpus": spec.gpus if isinstance(spec.gpus, int) else list(spec.gpus),
+            "image_labels": image_labels,
         }
         try:
             self.container = client.containers.run(image_ref, **kwargs)
@@ -186,7 +194,12 @@ class DockerRuntime(Runtime):
             self.logs,
             f"{engine.kind} container {kwargs['name']} ({image_ref})",
         )
-        self._info["engine_version"] = probe_version(base_url, engine, self.logs(tail=200))
+        reported = probe_version(base_url, engine, self.logs(tail=200))
+        labelled = next((image_labels[k] for k in IMAGE_VERSION_LABELS if image_labels.get(k)), None)
+        # The label names the release an image was built from; an engine built without its git metadata
+        # reports a placeholder (llama.cpp from an sdist: b0-unknown), so the label wins and both are kept.
+        self._info["engine_version"] = labelled or reported
+        self._info["engine_version_reported"] = reported
         self._info["base_url"] = base_url
         return Endpoint(base_url, engine.served_model(spec), dict(self._info), self.stop)
 

@@ -30,11 +30,14 @@ from llmplay.errors import ExitCode, LlmplayError, PlaybookError
 from llmplay.plan import docker_run_argv, format_argv
 from llmplay.redaction import redact, redact_text, referenced_values, resolve_env, secret_values
 from llmplay.runtime import make_runtime, stop_all
+from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.docker import gc as remove_containers
+from llmplay.runtime.image_flags import image_flags
 from llmplay.spec import Config, Playbook, Step, apply_step
 from llmplay.tuning.decide import Decision, TrialSample, decide_step, evaluate_gates, pooled_summary
 from llmplay.tuning.diagnose.from_trials import diagnose_run
 from llmplay.tuning.environment import describe_environment
+from llmplay.tuning.preflight import preflight
 from llmplay.tuning.quality import ProbeResult, judge_quality, load_probes, speed_goals
 from llmplay.tuning.signals import SignalGuard, StopRun, TrialInterrupted
 from llmplay.tuning.trial import TrialResult, describe_trial, run_trial, trial_sample, utc_now
@@ -50,6 +53,8 @@ class RunOptions:
     resume: Path | None = None
     progress: bool = False
     image: str | None = None  # retest on another engine image
+    # Check every flag against the image's own `--help` before the first trial (docker runtime only).
+    preflight: bool = True
 
     def overrides(self) -> dict[str, Any]:
         out = {
@@ -163,6 +168,8 @@ class TuningRun:
         self.unshown: list[str] = []
         self.runtime_factory = runtime_factory or make_runtime
         self.measure_trial: MeasureTrial = measure_trial or self._fresh_engine_trial
+        # Handed-in trials start no engine, so there is no image to ask.
+        self._starts_engines = measure_trial is None
         self._archive: RunArchive | None = None
         self.done: dict[tuple[str, str, int], TrialRecord] = {}
         self.trial_counter = 0
@@ -336,7 +343,22 @@ class TuningRun:
             self.report(f"removed orphaned container {name} left by an earlier llmplay run that died")
 
     # ---------------------------------------------------------------- the run
+    def _preflight(self) -> None:
+        """Every flag of the run checked against the image (PlaybookError, exit 2, before any archive is made)."""
+        pb = self.playbook
+        if not (self.options.preflight and self._starts_engines and pb.runtime.kind == "docker"):
+            return
+        client = connect_docker(pb.runtime.docker_host)
+        try:
+            result = preflight(pb, self.engine, lambda image: image_flags(client, image, self.engine), self.report)
+        finally:
+            client.close()
+        self.engine = result.engine
+        if result.images:
+            self.report(result.describe())
+
     def execute(self) -> RunOutcome:
+        self._preflight()
         self._archive = archive = self._open_archive()
         pb = self.playbook
         self._collect_orphans()

@@ -143,7 +143,9 @@ def run_trial(
     try:
         with runtime.start(spec, engine, labels) as endpoint:
             try:
-                sources = telemetry_sources(runtime, endpoint, engine, spec)
+                # The metric names of the release that answered, not of the one the adapter was written for.
+                version = endpoint.describe.get("engine_version")
+                sources = telemetry_sources(runtime, endpoint, engine.at(str(version) if version else None), spec)
                 with TelemetrySampler(sources) as sampler:
                     sampler_origin_ns = time.perf_counter_ns() - int(sampler.elapsed_s() * 1e9)
                     tokenizer = make_tokenizer("auto", endpoint.base_url, model_dir=spec.model_dir)

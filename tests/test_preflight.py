@@ -1,0 +1,111 @@
+"""The preflight against a real image: `--help` in a throw-away container, cached per image id, and a flag
+the image lacks stopping `llmplay run` with exit code 2 before any trial (no archive, no engine started)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from llmplay.engines import get_engine
+from llmplay.errors import PlaybookError
+from llmplay.playbook.load import load_playbook
+from llmplay.playbook.source import display_path
+from llmplay.runtime.image_flags import flags_in_help, image_flags
+from llmplay.tuning.preflight import flag_names, nearest_flag, preflight
+from llmplay_testing.cpu_runs import cli, tiny_playbook
+
+
+def test_flag_names_skip_values_and_negative_numbers() -> None:
+    assert flag_names(["--ctx-size", "4096", "--n-gpu-layers", "-1", "--dtype=float32", "-t", "2"]) == [
+        "--ctx-size",
+        "--n-gpu-layers",
+        "--dtype",
+        "-t",
+    ]
+
+
+def test_flags_in_help_reads_usage_and_option_lists() -> None:
+    text = (
+        "usage: api_server.py [-h] [--max-num-seqs MAX_NUM_SEQS]\n"
+        "  [--enable-prefix-caching | --no-enable-prefix-caching]\n"
+        "-c,    --ctx-size N     size of the prompt context (env: LLAMA_ARG_CTX_SIZE)\n"
+        "--------- a rule, not a flag\n"
+    )
+    assert flags_in_help(text) == {
+        "-h",
+        "--max-num-seqs",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "-c",
+        "--ctx-size",
+    }
+    assert nearest_flag("--max-num-seq", flags_in_help(text)) == "--max-num-seqs"
+
+
+@pytest.mark.docker
+def test_help_is_read_once_per_image_and_cached(cpu_engine, docker_client, tmp_path) -> None:
+    engine = get_engine("llamacpp")
+    first = image_flags(docker_client, cpu_engine.image, engine, cache=tmp_path)
+    assert first is not None and not first.cached
+    assert {"--ctx-size", "--parallel", "--cache-reuse", "--no-cache-prompt", "--metrics"} <= first.flags
+    assert first.version is not None and first.version.startswith("llama-cpp-python ")  # the image's label
+    t0 = time.perf_counter()
+    again = image_flags(docker_client, cpu_engine.image, engine, cache=tmp_path)
+    assert again is not None and again.cached and again.flags == first.flags
+    assert time.perf_counter() - t0 < 1.0
+    assert image_flags(docker_client, "llmplay/no-such-image:none", engine, cache=tmp_path) is None
+    assert not docker_client.containers.list(all=True, filters={"label": "llmplay.run=preflight"})
+
+
+@pytest.mark.docker
+def test_valid_playbook_passes_and_a_bad_flag_names_step_line_and_nearest(cpu_engine, docker_client, tmp_path):
+    path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}])
+    engine = get_engine("llamacpp")
+
+    def flags_of(image: str):
+        return image_flags(docker_client, image, engine, cache=tmp_path / "cache")
+
+    lines: list[str] = []
+    result = preflight(load_playbook(path), engine, flags_of, lines.append)
+    assert result.checked_flags >= 8 and result.images[0].image == cpu_engine.image
+
+    doc = yaml.safe_load(path.read_text())
+    doc["steps"].append({"name": "renamed", "set": {"extra_args": ["--ctx-sise", "2048"]}})
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    lines_of_file = path.read_text().splitlines()
+    step_at = next(i for i, text in enumerate(lines_of_file) if "name: renamed" in text)
+    line = next(i for i, text in enumerate(lines_of_file, 1) if i > step_at and "extra_args" in text)
+    with pytest.raises(PlaybookError) as info:
+        preflight(load_playbook(path), engine, flags_of, lines.append)
+    message = str(info.value)
+    assert message.startswith(
+        f"{display_path(str(path))}:{line}: steps[1].set.extra_args: step 'renamed' passes --ctx-sise"
+    )
+    assert message.endswith("nearest accepted flag: --ctx-size (from the image's `--help`)")
+
+
+@pytest.mark.docker
+def test_run_stops_with_exit_code_2_before_any_trial(cpu_engine, docker_client, tmp_path) -> None:
+    path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}])
+    doc = yaml.safe_load(path.read_text())
+    doc["engine"]["extra_args"] = ["--threads-htp", "4"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    t0 = time.perf_counter()
+    proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    assert "engine.extra_args: the baseline passes --threads-htp, which image" in out
+    assert "nearest accepted flag: --threads-http" in out
+    assert time.perf_counter() - t0 < 60
+    assert not (tmp_path / "reports").exists()  # stopped before the archive: nothing was measured
+
+
+@pytest.mark.docker
+def test_llamacpp_trials_name_the_source_release_not_b0_unknown(llama_endpoint) -> None:
+    """llama.cpp built from the sdist reports `b0-unknown`; the image label names what it was built from."""
+    describe = llama_endpoint.describe
+    assert describe["engine_version"] == describe["image_labels"]["llmplay.engine.version"]
+    assert describe["engine_version"].startswith("llama-cpp-python 0.3.36, ggml ")
+    assert describe["engine_version_reported"].startswith("b0-")  # what /props says, kept beside it
