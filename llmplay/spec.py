@@ -193,10 +193,20 @@ class Cost:
 
 @dataclass(frozen=True)
 class RuntimeSpec:
-    kind: str = "docker"  # docker | process | endpoint
+    kind: str = "docker"  # docker | process | endpoint | ray
     url: str | None = None  # endpoint runtime
     docker_host: str | None = None
     allow_host_mounts: bool = False
+    # ray: the cluster to join ("HOST:PORT" of its head, "auto", or "ray://HOST:PORT"), the runtime each node starts
+    # its engine with, the accelerator type both sides of a comparison must run on, and the CPUs a trial holds
+    address: str | None = None
+    inner: str = "docker"  # docker | process
+    accelerator_type: str | None = None  # e.g. "H100", as the nodes declare it (ray start --resources / labels)
+    cpus_per_trial: float = 1.0
+
+    def on_node(self) -> RuntimeSpec:
+        """The runtime a cluster node starts its engine with: its own dockerd, or the engine in its own image."""
+        return RuntimeSpec(kind=self.inner, docker_host=self.docker_host, allow_host_mounts=self.allow_host_mounts)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,11 @@ class TrialRecord:
     error: str | None = None  # failure cause, one line
     files: Mapping[str, str] = field(default_factory=dict)  # role -> relative path: records, telemetry, log
     notes: tuple[str, ...] = ()  # e.g. "no NVML: ...", "output tokens counted, not from usage"
+    # The cluster node that ran it (runtime ray): id, address, hostname; empty on one machine.
+    node: Mapping[str, str] = field(default_factory=dict)
+    # Why its figures are not used: its node was lost before its A/B pair finished, so the whole pair was measured
+    # again on one other node (the decision then pairs the two trials of the re-run). None: used as measured.
+    superseded: str | None = None
 
 
 @dataclass(frozen=True)

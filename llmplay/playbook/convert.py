@@ -421,6 +421,25 @@ def parse_runtime(raw: Any, problems: Problems) -> RuntimeSpec:
         return RuntimeSpec()
     if isinstance(raw, str):
         raw = {"kind": raw}
-    if raw["kind"] == "endpoint" and not raw.get("url"):
+    kind = raw["kind"]
+    if kind == "endpoint" and not raw.get("url"):
         problems.add(("runtime",), "runtime endpoint needs url: http://HOST:PORT of the running engine")
-    return RuntimeSpec(kind=raw["kind"], url=raw.get("url"), docker_host=raw.get("docker_host"))
+    if kind == "ray" and not raw.get("address"):
+        problems.add(
+            ("runtime",),
+            "runtime ray needs address: the cluster's head (HOST:PORT, ray://HOST:PORT, or auto for the cluster "
+            "this host has joined); or keep runtime docker and pass llmplay run --ray ADDRESS",
+        )
+    for key in ("address", "inner", "accelerator_type", "cpus_per_trial"):
+        if key in raw and kind != "ray":
+            problems.add(("runtime", key), f"{key} applies to runtime ray only; found kind {kind}")
+    defaults = RuntimeSpec()
+    return RuntimeSpec(
+        kind=kind,
+        url=raw.get("url"),
+        docker_host=raw.get("docker_host"),
+        address=raw.get("address"),
+        inner=raw.get("inner", defaults.inner),
+        accelerator_type=raw.get("accelerator_type"),
+        cpus_per_trial=float(raw.get("cpus_per_trial", defaults.cpus_per_trial)),
+    )

@@ -67,28 +67,49 @@ def schema_problems(doc: dict[str, Any], problems: Problems) -> None:
     root = playbook_schema()
     validator = _StrictValidator(root)
     for err in sorted(validator.iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
-        path: YamlPath = tuple(err.absolute_path)
-        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
-            known = _known_properties(err.schema, root)
-            for key in sorted(set(err.instance) - set(known), key=str):
-                problems.add(
-                    (*path, str(key)),
-                    f"unknown key '{key}'{did_you_mean(str(key), known)}; expected one of: {', '.join(sorted(known))}",
-                )
-        elif err.validator == "required":
-            missing = err.message.split("'")[1] if "'" in err.message else err.message
-            problems.add(path, f"missing required key '{missing}'")
-        elif err.validator == "oneOf":
-            problems.add(path, f"found {short_repr(err.instance)}; expected {_describe_expected(err.schema, root)}")
-        elif err.validator in ("enum", "const") and path and path[-1] in ("kind", "apiVersion", "api", "arrival"):
-            choices = err.validator_value if err.validator == "enum" else [err.validator_value]
+        _add_problem(err, problems, root)
+
+
+def _mapping_branch_errors(err: jsonschema.ValidationError, root: dict) -> list[jsonschema.ValidationError]:
+    """A mapping that fails `oneOf: [a short form, {a mapping}]` failed the mapping: its own errors say what is wrong
+    (an unknown key, a wrong value) where "expected a value matching the schema" would not; a oneOf that describes
+    itself keeps its own message."""
+    if not isinstance(err.instance, dict) or "description" in err.schema:
+        return []
+    branches = [_deref(b["$ref"], root) if "$ref" in b else b for b in err.validator_value]
+    mappings = [i for i, b in enumerate(branches) if b.get("type") == "object"]
+    if len(mappings) != 1:
+        return []
+    return [e for e in err.context or () if e.relative_schema_path and e.relative_schema_path[0] == mappings[0]]
+
+
+def _add_problem(err: jsonschema.ValidationError, problems: Problems, root: dict) -> None:
+    path: YamlPath = tuple(err.absolute_path)
+    if err.validator == "oneOf" and (inner := _mapping_branch_errors(err, root)):
+        for sub in inner:
+            _add_problem(sub, problems, root)
+        return
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        known = _known_properties(err.schema, root)
+        for key in sorted(set(err.instance) - set(known), key=str):
             problems.add(
-                path,
-                f"found {short_repr(err.instance)}; expected one of: {', '.join(map(str, choices))}"
-                f"{did_you_mean(str(err.instance), map(str, choices))}",
+                (*path, str(key)),
+                f"unknown key '{key}'{did_you_mean(str(key), known)}; expected one of: {', '.join(sorted(known))}",
             )
-        else:
-            problems.add(path, f"found {short_repr(err.instance)}; expected {_expected_from_error(err, root)}")
+    elif err.validator == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else err.message
+        problems.add(path, f"missing required key '{missing}'")
+    elif err.validator == "oneOf":
+        problems.add(path, f"found {short_repr(err.instance)}; expected {_describe_expected(err.schema, root)}")
+    elif err.validator in ("enum", "const") and path and path[-1] in ("kind", "apiVersion", "api", "arrival"):
+        choices = err.validator_value if err.validator == "enum" else [err.validator_value]
+        problems.add(
+            path,
+            f"found {short_repr(err.instance)}; expected one of: {', '.join(map(str, choices))}"
+            f"{did_you_mean(str(err.instance), map(str, choices))}",
+        )
+    else:
+        problems.add(path, f"found {short_repr(err.instance)}; expected {_expected_from_error(err, root)}")
 
 
 def _expected_from_error(err: jsonschema.ValidationError, root: dict) -> str:
