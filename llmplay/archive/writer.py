@@ -218,6 +218,13 @@ class RunArchive(ArchivedRun):
         _upsert(self._manifest["trials"], "trial_id", self._redact(replace(trial, files=files)))
         self._save()
 
+    def mark_superseded(self, trial_id: str, reason: str) -> None:
+        """A trial kept for the audit whose figures are no longer used (its pair was measured again elsewhere)."""
+        for trial in self._manifest["trials"]:
+            if trial.get("trial_id") == trial_id:
+                trial["superseded"] = redact_text(reason, self._secrets)
+        self._save()
+
     def write_probes(self, trial_id: str, probes: Sequence[Mapping[str, Any]]) -> None:
         """A trial's goals.quality answers (prompt, text, tokens, log-probabilities), redacted, for later compares."""
         relpath = f"trials/{safe_name(trial_id)}/probes.json"

@@ -34,6 +34,16 @@ from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.docker import gc as remove_containers
 from llmplay.runtime.image_flags import image_flags
 from llmplay.spec import Config, Playbook, Step, apply_step
+from llmplay.tuning.cluster import (
+    Needs,
+    NodeTrial,
+    Outcome,
+    RayCluster,
+    TaskCrashed,
+    TrialJob,
+    needs_of,
+    pair_needs,
+)
 from llmplay.tuning.decide import Decision, TrialSample, decide_step, evaluate_gates, pooled_summary
 from llmplay.tuning.diagnose.from_trials import diagnose_run
 from llmplay.tuning.environment import describe_environment
@@ -55,6 +65,7 @@ class RunOptions:
     image: str | None = None  # retest on another engine image
     # Check every flag against the image's own `--help` before the first trial (docker runtime only).
     preflight: bool = True
+    ray_address: str | None = None  # --ray: run the trials on this Ray cluster, whatever the playbook's runtime
 
     def overrides(self) -> dict[str, Any]:
         out = {
@@ -65,6 +76,7 @@ class RunOptions:
                 ("warmup_s", self.warmup_s),
                 ("only", list(self.only) or None),
                 ("image", self.image),
+                ("ray", self.ray_address),
             )
             if v is not None
         }
@@ -93,8 +105,34 @@ class ConfigTrials:
     samples: list[TrialSample] = field(default_factory=list)
     trial_ids: list[str] = field(default_factory=list)
     failed: int = 0
+    nodes: dict[int, str] = field(default_factory=dict)  # repeat -> the cluster node its trial ran on
     probes: tuple[ProbeResult, ...] | None = None  # goals.quality's answers from its first ok trial
 
+
+@dataclass
+class _PairRun:
+    """One A/B pair (or one baseline-only trial) on its way through a cluster: which of its trials have come back in
+    this attempt, the node it is pinned to, and how often a lost node made it start over."""
+
+    items: list[tuple[ConfigTrials, str, int]]
+    needs: Needs
+    results: dict[int, tuple[TrialRecord, TrialSample | None]] = field(default_factory=dict)
+    node: str | None = None
+    inflight: str | None = None  # trial id
+    reruns: int = 0
+    started: tuple[str, float] = ("", 0.0)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) == len(self.items)
+
+    @property
+    def next_index(self) -> int:
+        return next(i for i in range(len(self.items)) if i not in self.results)
+
+
+# A pair whose node is lost is measured again on another node; a cluster that keeps losing nodes ends it as failed.
+MAX_PAIR_RERUNS = 2
 
 Reporter = Callable[[str], None]
 
@@ -119,6 +157,15 @@ def apply_overrides(playbook: Playbook, options: RunOptions) -> Playbook:
         trials = replace(trials, repeats=options.repeats, max_repeats=max(options.repeats, trials.max_repeats))
     if options.image is not None:
         engine = replace(engine, image=options.image)
+    runtime = playbook.runtime
+    if options.ray_address is not None:
+        if runtime.kind == "endpoint":
+            raise PlaybookError(
+                "--ray: runtime endpoint measures one engine that is already running; expected runtime docker or "
+                "process, which each cluster node then starts its engines with"
+            )
+        inner = runtime.inner if runtime.kind == "ray" else runtime.kind
+        runtime = replace(runtime, kind="ray", address=options.ray_address, inner=inner)
     steps = playbook.steps
     if options.only:
         unknown = set(options.only) - {s.name for s in steps}
@@ -128,7 +175,7 @@ def apply_overrides(playbook: Playbook, options: RunOptions) -> Playbook:
                 f"{', '.join(s.name for s in steps)}"
             )
         steps = tuple(s for s in steps if s.name in options.only)
-    return replace(playbook, workload=workload, trials=trials, engine=engine, steps=steps)
+    return replace(playbook, workload=workload, trials=trials, engine=engine, steps=steps, runtime=runtime)
 
 
 class TuningRun:
@@ -168,6 +215,9 @@ class TuningRun:
         self.unshown: list[str] = []
         self.runtime_factory = runtime_factory or make_runtime
         self.measure_trial: MeasureTrial = measure_trial or self._fresh_engine_trial
+        # runtime ray: each trial is a task on a cluster node; a handed-in measure_trial is shipped there as it is
+        self.cluster = RayCluster(self.playbook.runtime) if self.playbook.runtime.kind == "ray" else None
+        self._node_measure = measure_trial
         # Handed-in trials start no engine, so there is no image to ask.
         self._starts_engines = measure_trial is None
         self._archive: RunArchive | None = None
@@ -187,12 +237,15 @@ class TuningRun:
         if self.options.resume:
             archive = RunArchive.open(self.options.resume, secrets=self.secrets)
             for trial in archive.trials():
-                if trial.status != TRIAL_INTERRUPTED:  # an interrupted trial is measured again
+                # an interrupted trial is measured again, and so is a pair whose node was lost
+                if trial.status != TRIAL_INTERRUPTED and trial.superseded is None:
                     self.done[(trial.step or "", trial.role, trial.repeat)] = trial
                 self.trial_counter = max(self.trial_counter, int(trial.trial_id.lstrip("t") or 0))
             self.report(f"resuming {archive.run_dir}: {len(self.done)} trial(s) already archived")
             return archive
         env = describe_environment(self.playbook, started_utc=utc_now())
+        if self.cluster is not None:
+            env = {**env, "cluster": self.cluster.describe()}
         archive = RunArchive.create(
             self.options.archive_root,
             self.playbook,
@@ -266,19 +319,29 @@ class TuningRun:
             raise
         except Exception as exc:  # inside the measurement: nothing of this trial is on disk to resume from
             raise _MeasurementCrashed(exc) from exc
-        # Archived first: whatever fails from here on (a console line, a decision, the diagnosis), --resume
-        # finds this trial on disk and does not measure it again.
-        self.archive.write_trial(result.trial, result.records, result.telemetry, result.engine_log)
-        if result.probes is not None:
-            self.archive.write_probes(trial_id, [p.as_dict() for p in result.probes])
-        self._say(f"the progress line of trial {trial_id}", describe_trial, result.trial)
+        self._archive_result(result)
         if self.playbook.trials.cooldown_s:
             time.sleep(self.playbook.trials.cooldown_s)
         return result.trial, result.sample
 
+    def _archive_result(self, result: TrialResult) -> None:
+        # Archived first: whatever fails from here on (a console line, a decision, the diagnosis), --resume
+        # finds this trial on disk and does not measure it again.
+        trial_id = result.trial.trial_id
+        self.archive.write_trial(result.trial, result.records, result.telemetry, result.engine_log)
+        if result.probes is not None:
+            self.archive.write_probes(trial_id, [p.as_dict() for p in result.probes])
+        self._say(f"the progress line of trial {trial_id}", describe_trial, result.trial)
+
     def _run_into(self, target: ConfigTrials, step: str | None, role: str, repeat: int) -> None:
         trial, sample = self._trial(target.config, step, role, repeat)
+        self._take(target, trial, sample)
+
+    def _take(self, target: ConfigTrials, trial: TrialRecord, sample: TrialSample | None) -> None:
+        """One measured trial counted into its configuration (and the run stopped if the playbook says so)."""
         target.trial_ids.append(trial.trial_id)
+        if trial.node.get("id"):
+            target.nodes[trial.repeat] = trial.node["id"]
         if target.probes is None and trial.status == TRIAL_OK:
             target.probes = load_probes(self.archive.run_dir, trial.trial_id)
         if sample is None:
@@ -300,35 +363,183 @@ class TuningRun:
         def pair_in_order(rep: int) -> list[tuple[ConfigTrials, str]]:
             return pairs if rep % 2 == 0 else pairs[::-1]
 
-        if trials.interleave:
-            schedule = [(m, role, r) for r in range(trials.repeats) for m, role in pair_in_order(r)]
+        def pair(r: int) -> list[tuple[ConfigTrials, str, int]]:
+            return [(m, role, r) for m, role in (pair_in_order(r) if trials.interleave else pairs)]
+
+        if self.cluster is not None:
+            # A pair is the unit a node runs (first side then second, on one node); pairs run on as many nodes
+            # as are free, and the decision pairs the two trials of each, so a node's speed cancels in its ratio.
+            self._run_on_cluster(step.name, [pair(r) for r in range(trials.repeats)])
+        elif trials.interleave:
+            for r in range(trials.repeats):
+                for measured, role, rep in pair(r):
+                    self._run_into(measured, step.name, role, rep)
         else:
-            schedule = [(m, role, r) for m, role in pairs for r in range(trials.repeats)]
-        for measured, role, rep in schedule:
-            self._run_into(measured, step.name, role, rep)
+            for measured, role in pairs:
+                for r in range(trials.repeats):
+                    self._run_into(measured, step.name, role, r)
         rep = trials.repeats
         while trials.sequential and rep < trials.max_repeats:
             decision = self._decide(reference, cand)
             if decision.verdict != "inconclusive":
                 break
-            for measured, role in pair_in_order(rep) if trials.interleave else pairs:
-                self._run_into(measured, step.name, role, rep)
-            rep += 1
+            # One look per batch: a pair per free node on a cluster, one pair on one machine. Looking less often
+            # than after every pair only leaves the sequential level (calibrated for every pair) conservative.
+            batch = 1
+            if self.cluster is not None:
+                batch = max(1, self.cluster.slots(pair_needs([reference.config, cand.config], self.playbook.runtime)))
+            batch = min(batch, trials.max_repeats - rep)
+            if self.cluster is not None:
+                self._run_on_cluster(step.name, [pair(r) for r in range(rep, rep + batch)])
+            else:
+                for measured, role, r in pair(rep):
+                    self._run_into(measured, step.name, role, r)
+            rep += batch
 
     def _decide(self, reference: ConfigTrials, cand: ConfigTrials) -> Decision:
         """The verdict from the timed trials: one call for sequential mode's stopping check and the final verdict,
         so the two agree (quality.* guards are judged from the probes afterwards, judge_quality)."""
-        return decide_step(
+        decision = decide_step(
             reference.samples,
             cand.samples,
             speed_goals(self.playbook.goals),
             self.playbook.trials,
             failed_candidate_trials=cand.failed,
         )
+        return _node_blocks(decision, reference, cand)
 
     def _baseline_only(self, best: ConfigTrials) -> None:
+        if self.cluster is not None:
+            self._run_on_cluster(None, [[(best, "baseline", rep)] for rep in range(self.playbook.trials.repeats)])
+            return
         for rep in range(self.playbook.trials.repeats):
             self._run_into(best, None, "baseline", rep)
+
+    # ---------------------------------------------------------------- trials on a Ray cluster
+    def _run_on_cluster(self, step: str | None, groups: list[list[tuple[ConfigTrials, str, int]]]) -> None:
+        """Each group (an A/B pair, or one baseline trial) runs on one node, its trials one after the other; the
+        groups run at once on as many nodes as have a free slot. Every trial is archived as it comes back; a trial
+        whose node is lost is archived as failed with the cause and its whole pair is measured again on another
+        node (at most MAX_PAIR_RERUNS times), so no pair mixes two machines."""
+        cluster = self.cluster
+        assert cluster is not None
+        runs = [_PairRun(group, pair_needs([m.config for m, _, _ in group], self.playbook.runtime)) for group in groups]
+        for run in runs:
+            cluster.check_placeable(run.needs, f"the trials of {step or 'the baseline'}")
+            self._resume_pair(run, step)
+        by_trial: dict[str, tuple[_PairRun, int]] = {}
+        try:
+            while not all(run.complete for run in runs):
+                if self._signals is not None:
+                    self._signals.check()
+                busy = cluster.busy()
+                for run in runs:
+                    if run.complete or run.inflight is not None:
+                        continue
+                    node = self._node_for(run, busy)
+                    if node is None:
+                        continue
+                    by_trial[self._submit(run, step, node)] = (run, run.next_index)
+                    busy[node] = busy.get(node, 0) + 1
+                if not cluster.busy():
+                    # Nothing could be placed: every node that could host these trials is gone.
+                    cluster.check_placeable(runs[0].needs, f"the trials of {step or 'the baseline'}")
+                for job, node_id, outcome in cluster.wait():
+                    run, index = by_trial.pop(job.trial_id)
+                    self._settle(run, index, job, node_id, outcome)
+        except BaseException:
+            cluster.cancel_all()
+            raise
+        for run in runs:
+            for index, (measured, _, _) in enumerate(run.items):
+                trial, sample = run.results[index]
+                self._take(measured, trial, sample)
+
+    def _resume_pair(self, run: _PairRun, step: str | None) -> None:
+        """Trials of this pair an earlier, interrupted run archived: kept, and the rest pinned to their node."""
+        for index, (measured, role, rep) in enumerate(run.items):
+            trial = self.done.get((step or "", role, rep))
+            if trial is None:
+                continue
+            records = self.archive.load_records(trial.trial_id) if trial.status == TRIAL_OK else None
+            run.results[index] = (trial, trial_sample(self.playbook, measured.config, trial, records))
+        nodes = {trial.node.get("id") for trial, _ in run.results.values()}
+        if len(nodes) == 1 and not run.complete:
+            run.node = nodes.pop() or None
+
+    def _node_for(self, run: _PairRun, busy: Mapping[str, int]) -> str | None:
+        """The node the pair's next trial runs on: the pair's own node, or (for its first trial) a free one."""
+        cluster = self.cluster
+        assert cluster is not None
+        if run.node is not None:
+            node = cluster.node(run.node) if cluster.alive(run.node) else None
+            if node is not None:
+                return node.id if node.slots(run.needs) > busy.get(node.id, 0) else None
+            self._measure_pair_again(run, f"its pair's node {run.node[:8]} is gone; the pair is measured again")
+        free = cluster.free_node(run.needs, busy)
+        return free.id if free is not None else None
+
+    def _measure_pair_again(self, run: _PairRun, reason: str) -> None:
+        for trial, _ in run.results.values():
+            self.archive.mark_superseded(trial.trial_id, reason)
+        run.results.clear()
+        run.node = None
+        run.reruns += 1
+
+    def _submit(self, run: _PairRun, step: str | None, node_id: str) -> str:
+        cluster = self.cluster
+        assert cluster is not None
+        measured, role, rep = run.items[run.next_index]
+        self.trial_counter += 1
+        trial_id = f"t{self.trial_counter:03d}"
+        cluster.submit(TrialJob(measured.config, trial_id, step, role, rep), node_id, run.needs)
+        run.inflight = trial_id
+        run.started = (utc_now(), time.perf_counter())
+        return trial_id
+
+    def _settle(self, run: _PairRun, index: int, job: TrialJob, node_id: str, outcome: Outcome) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        run.inflight = None
+        if isinstance(outcome, TrialResult):
+            result = outcome
+            if not result.trial.node:
+                known = cluster.node(node_id)
+                result = replace(result, trial=replace(result.trial, node=known.label() if known else {"id": node_id}))
+            self._archive_result(result)
+            run.results[index] = (result.trial, result.sample)
+            run.node = result.trial.node.get("id") or node_id
+            return
+        if isinstance(outcome, TaskCrashed):
+            error = outcome.error
+            if isinstance(error, (KeyboardInterrupt, LlmplayError, StopRun)):
+                raise error
+            raise _MeasurementCrashed(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+        known = cluster.node(node_id)
+        again = run.reruns < MAX_PAIR_RERUNS
+        lost = TrialRecord(
+            trial_id=job.trial_id,
+            config_id=job.config.label,
+            step=job.step,
+            role=job.role,
+            repeat=job.repeat,
+            status=TRIAL_FAILED,
+            started_utc=run.started[0],
+            wall_s=time.perf_counter() - run.started[1],
+            summary={},
+            error=outcome.cause + ("; its pair is measured again on another node" if again else ""),
+            node=known.label() if known else {"id": node_id},
+            superseded="its node was lost mid-trial; the pair was measured again" if again else None,
+        )
+        self.archive.write_trial(lost, None, None, "")
+        self._say(f"the progress line of trial {job.trial_id}", describe_trial, lost)
+        if again:
+            self._measure_pair_again(run, f"its pair's node {node_id[:8]} was lost; the pair was measured again")
+        else:
+            # The re-runs are spent: the loss stands as this trial's failure (its pair is then left out of the
+            # paired decision whole), and the rest of the pair may run on any node.
+            run.results[index] = (lost, None)
+            run.node = None
 
     def _collect_orphans(self) -> None:
         """Containers whose llmplay process died (kill -9, a crashed host session) would hold GPUs forever."""
@@ -343,6 +554,18 @@ class TuningRun:
             self.report(f"removed orphaned container {name} left by an earlier llmplay run that died")
 
     # ---------------------------------------------------------------- the run
+    def _join_cluster(self) -> None:
+        """runtime ray: join the cluster and refuse, before any archive is made, configurations no node can host."""
+        if self.cluster is None:
+            return
+        self.cluster.connect()
+        pb = self.playbook
+        baseline = Config("baseline", pb.engine, pb.workload)
+        self.cluster.check_placeable(needs_of(baseline, pb.runtime), "the baseline")
+        for step in pb.steps:
+            candidate, _ = apply_step(baseline, step)
+            self.cluster.check_placeable(pair_needs([baseline, candidate], pb.runtime), f"step {step.name}")
+
     def _preflight(self) -> None:
         """Every flag of the run checked against the image (PlaybookError, exit 2, before any archive is made)."""
         pb = self.playbook
@@ -358,10 +581,22 @@ class TuningRun:
             self.report(result.describe())
 
     def execute(self) -> RunOutcome:
+        try:
+            self._join_cluster()
+            return self._execute()
+        finally:
+            if self.cluster is not None:
+                self.cluster.close()
+
+    def _execute(self) -> RunOutcome:
         self._preflight()
         self._archive = archive = self._open_archive()
         pb = self.playbook
         self._collect_orphans()
+        if self.cluster is not None:
+            self.cluster.measure = self._node_measure or NodeTrial(pb, self.engine, archive.run_id)
+            if self.options.resume:
+                self.cluster.collect_orphans(archive.run_id, pb.runtime.docker_host)
         best = ConfigTrials(Config("baseline", pb.engine, pb.workload))
         archive.write_config(self._config_record(best.config))
         record_rows: list[dict[str, Any]] = []
@@ -491,6 +726,26 @@ class TuningRun:
             error = f"{type(exc).__name__}: {exc}"
             self.warn(f"warning: the diagnosis could not be made ({error}); the measurements and verdicts are archived")
             return [], {"notes": [f"diagnosis not made because of a bug ({error})"]}
+
+
+def _node_blocks(decision: Decision, reference: ConfigTrials, cand: ConfigTrials) -> Decision:
+    """On a cluster every A/B pair ran on one node, so each pair's log ratio is free of node-to-node differences: the
+    node is a block of the paired design. Said in each paired interval's method, for the archive and the report."""
+    common = set(reference.nodes) & set(cand.nodes)
+    if not common or any(reference.nodes[r] != cand.nodes[r] for r in common):
+        return decision
+
+    def blocked(delta: Any) -> Any:
+        if delta is None or not (delta.method or "").startswith("paired"):
+            return delta
+        return replace(delta, method=f"{delta.method}, each pair on one node ({len(set(cand.nodes.values()))} nodes)")
+
+    return replace(
+        decision,
+        objective=blocked(decision.objective),
+        guards=tuple(blocked(d) for d in decision.guards),
+        deltas=tuple(blocked(d) for d in decision.deltas),
+    )
 
 
 def _step_line(head: str, effects: Sequence[Any]) -> str:

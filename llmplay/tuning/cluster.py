@@ -1,0 +1,404 @@
+"""Trials on a Ray cluster: the driver's connection to it, where a pair may run, and what runs on the node.
+
+The tuning run stays on the driver (one writer of the archive, one place that decides); each trial is one Ray task
+asking for the engine's GPUs (and the playbook's accelerator type) and the CPUs the playbook gives a trial. The driver
+picks the node for a pair's first trial among the nodes with a free slot and pins the rest of the pair there, so both
+sides of a comparison meet the same machine. Ray itself is imported only here and only when a run asks for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from llmplay.engines.base import Engine
+from llmplay.errors import InfrastructureError
+from llmplay.runtime import make_runtime
+from llmplay.runtime.reaper import watched
+from llmplay.spec import Config, Playbook, RuntimeSpec
+from llmplay.tuning.trial import TrialResult, run_trial
+
+# Tasks Ray queues for a node that never frees up are legitimate waits on a shared cluster; a node that cannot host
+# the trial at all is refused before anything is submitted. How often the driver asks the cluster which nodes live:
+LIVENESS_POLL_S = 1.0
+RAY_NAMESPACE = "llmplay"
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one trial holds on its node while it runs."""
+
+    gpus: int
+    cpus: float
+    accelerator_type: str | None = None
+
+    def resources(self) -> dict[str, float]:
+        out = {"CPU": self.cpus}
+        if self.gpus:
+            out["GPU"] = float(self.gpus)
+        if self.accelerator_type:
+            out[f"accelerator_type:{self.accelerator_type}"] = 0.001  # Ray's own convention for "this GPU model"
+        return out
+
+    def describe(self) -> str:
+        parts = [f"{self.cpus:g} CPU"]
+        if self.gpus:
+            parts.append(f"{self.gpus} GPU" + (f" of type {self.accelerator_type}" if self.accelerator_type else ""))
+        elif self.accelerator_type:
+            parts.append(f"accelerator type {self.accelerator_type}")
+        return " and ".join(parts)
+
+    def merge(self, other: Needs) -> Needs:
+        """Both sides of a pair run on one node: it must host the larger of the two."""
+        return Needs(max(self.gpus, other.gpus), max(self.cpus, other.cpus), self.accelerator_type)
+
+
+def needs_of(config: Config, runtime: RuntimeSpec) -> Needs:
+    gpus = config.engine.gpus
+    count = len(gpus) if isinstance(gpus, tuple) else max(int(gpus or 0), 0)
+    return Needs(count, runtime.cpus_per_trial, runtime.accelerator_type)
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    address: str
+    hostname: str
+    resources: Mapping[str, float]
+
+    def slots(self, needs: Needs) -> int:
+        """How many such trials fit on this node at once."""
+        fits = [math.floor(self.resources.get(name, 0.0) / amount + 1e-9) for name, amount in needs.resources().items()]
+        return max(0, min(fits))
+
+    def describe(self) -> dict[str, Any]:
+        gpu_types = sorted(k.split(":", 1)[1] for k in self.resources if k.startswith("accelerator_type:"))
+        return {
+            "id": self.id,
+            "address": self.address,
+            "hostname": self.hostname,
+            "cpus": self.resources.get("CPU", 0.0),
+            "gpus": self.resources.get("GPU", 0.0),
+            "accelerator_types": gpu_types,
+        }
+
+    def label(self) -> dict[str, str]:
+        return {"id": self.id, "address": self.address, "hostname": self.hostname}
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """One trial as the driver hands it to a node."""
+
+    config: Config
+    trial_id: str
+    step: str | None
+    role: str
+    repeat: int
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """A trial that did not come back: its node died, or Ray could no longer place it on the pair's node."""
+
+    cause: str
+
+
+@dataclass(frozen=True)
+class TaskCrashed:
+    """The trial's own code raised on the node (a bug, or an LlmplayError the run stops on)."""
+
+    error: BaseException
+
+
+Outcome = TrialResult | NodeLost | TaskCrashed
+
+
+class NodeTrial:
+    """What a node runs for one trial: the engine started with the node's own runtime (its dockerd, or the engine
+    installed in its image), the load generator beside it on loopback, a watchdog that removes the engine should the
+    node's worker die mid-trial. Picklable: Ray ships it to the node."""
+
+    def __init__(self, playbook: Playbook, engine: Engine, run_id: str):
+        self.playbook = replace(playbook, runtime=playbook.runtime.on_node())
+        self.engine = engine
+        self.run_id = run_id
+
+    def __call__(self, config: Config, *, trial_id: str, step: str | None, role: str, repeat: int) -> TrialResult:
+        import ray  # deferred: only cluster nodes run this, and Ray is an optional install
+
+        gpu_ids = ray.get_gpu_ids()
+        if gpu_ids and config.engine.gpus:
+            # The GPUs Ray granted this task, not "the first N": trials sharing a node must not share a device.
+            config = replace(config, engine=replace(config.engine, gpus=tuple(str(int(g)) for g in gpu_ids)))
+        runtime = self.playbook.runtime
+        if runtime.kind == "docker":
+            self._collect_orphans(runtime.docker_host)
+        with watched(self.run_id, runtime.docker_host if runtime.kind == "docker" else None):
+            return run_trial(
+                self.playbook,
+                config,
+                self.engine,
+                make_runtime,
+                trial_id=trial_id,
+                step=step,
+                role=role,
+                repeat=repeat,
+                run_id=self.run_id,
+            )
+
+    def _collect_orphans(self, docker_host: str | None) -> None:
+        """Engines of this run whose worker died on this node (a driver killed and resumed, a lost raylet)."""
+        from llmplay.runtime.docker import connect, gc  # deferred: the docker SDK only for the docker inner runtime
+
+        with contextlib.suppress(Exception):  # the trial itself reports a dockerd that does not answer
+            client = connect(docker_host, timeout_s=30)
+            try:
+                gc(client, run_id=self.run_id, orphans_only=True)
+            finally:
+                client.close()
+
+
+def _on_node(measure: Callable[..., TrialResult], job: TrialJob) -> TrialResult:
+    """The Ray task: one trial, its record stamped with the node that measured it."""
+    import ray  # deferred: runs on a cluster node only
+
+    node = {
+        "id": ray.get_runtime_context().get_node_id(),
+        "address": ray.util.get_node_ip_address(),
+        "hostname": socket.gethostname(),
+    }
+    result = measure(job.config, trial_id=job.trial_id, step=job.step, role=job.role, repeat=job.repeat)
+    return replace(result, trial=replace(result.trial, node=node))
+
+
+@dataclass
+class RayCluster:
+    """The driver's handle on the cluster for one run: nodes, submissions, and what came back."""
+
+    spec: RuntimeSpec
+    measure: Callable[..., TrialResult] | None = None  # set once the run knows its id (NodeTrial needs it)
+    _inflight: dict[Any, tuple[TrialJob, str]] = field(default_factory=dict)  # ref -> (job, node id)
+    _owns_connection: bool = False
+    _remote: Any = None
+    _nodes: dict[str, Node] = field(default_factory=dict)
+    _checked_s: float = 0.0
+
+    # ---------------------------------------------------------------- connection
+    def connect(self) -> None:
+        try:
+            import ray  # deferred: Ray is optional and slow to import; only runtime ray needs it
+        except ImportError:
+            raise InfrastructureError(
+                "runtime ray needs Ray on the driver: pip install 'llmplay[ray]' (the same Ray version as the cluster)"
+            ) from None
+        if not ray.is_initialized():
+            try:
+                ray.init(
+                    address=self.spec.address,
+                    namespace=RAY_NAMESPACE,
+                    log_to_driver=False,
+                    logging_level=logging.ERROR,
+                    configure_logging=False,
+                )
+            except Exception as exc:
+                raise InfrastructureError(
+                    f"cannot join the Ray cluster at {self.spec.address}: {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}; expected a running cluster (ray start --head)"
+                ) from None
+            self._owns_connection = True
+        self._remote = ray.remote(max_retries=0)(_on_node)
+        self.refresh(force=True)
+
+    def close(self) -> None:
+        self.cancel_all()
+        if self._owns_connection:
+            import ray  # deferred: see connect
+
+            ray.shutdown()
+            self._owns_connection = False
+
+    def describe(self) -> dict[str, Any]:
+        import ray  # deferred: see connect
+
+        return {
+            "address": self.spec.address,
+            "ray_version": ray.__version__,
+            "inner_runtime": self.spec.inner,
+            "accelerator_type": self.spec.accelerator_type,
+            "cpus_per_trial": self.spec.cpus_per_trial,
+            "nodes": [n.describe() for n in self._nodes.values()],
+        }
+
+    # ---------------------------------------------------------------- nodes
+    def refresh(self, *, force: bool = False) -> dict[str, Node]:
+        """The live nodes (asked of the cluster at most once a second)."""
+        if force or time.monotonic() - self._checked_s >= LIVENESS_POLL_S:
+            import ray  # deferred: see connect
+
+            self._nodes = {
+                n["NodeID"]: Node(
+                    n["NodeID"],
+                    str(n.get("NodeManagerAddress", "")),
+                    str(n.get("NodeManagerHostname", "")),
+                    dict(n.get("Resources") or {}),
+                )
+                for n in ray.nodes()
+                if n.get("Alive")
+            }
+            self._checked_s = time.monotonic()
+        return self._nodes
+
+    def alive(self, node_id: str) -> bool:
+        return node_id in self.refresh()
+
+    def node(self, node_id: str) -> Node | None:
+        return self._nodes.get(node_id)
+
+    def check_placeable(self, needs: Needs, what: str) -> None:
+        """Refuse at once (not a task pending forever) when no live node can host `needs`."""
+        nodes = self.refresh(force=True)
+        if any(n.slots(needs) for n in nodes.values()):
+            return
+        have = "; ".join(
+            f"{n.address} {n.resources.get('CPU', 0):g} CPU {n.resources.get('GPU', 0):g} GPU"
+            + "".join(f" {k.split(':', 1)[1]}" for k in n.resources if k.startswith("accelerator_type:"))
+            for n in nodes.values()
+        )
+        raise InfrastructureError(
+            f"no node of the Ray cluster at {self.spec.address} can run {what}: it needs {needs.describe()} on one "
+            f"node; the cluster has {len(nodes)} live node(s): {have or 'none'}"
+        )
+
+    def free_node(self, needs: Needs, busy: Mapping[str, int]) -> Node | None:
+        """A live node with a free slot, the least busy first (ties by id, so a run's placement is repeatable)."""
+        open_nodes = [n for n in self.refresh().values() if n.slots(needs) > busy.get(n.id, 0)]
+        return min(open_nodes, key=lambda n: (busy.get(n.id, 0), n.id), default=None)
+
+    def slots(self, needs: Needs) -> int:
+        return sum(n.slots(needs) for n in self.refresh().values())
+
+    # ---------------------------------------------------------------- tasks
+    def submit(self, job: TrialJob, node_id: str, needs: Needs) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # deferred: see connect
+
+        resources = needs.resources()
+        ref = self._remote.options(
+            num_cpus=resources.pop("CPU"),
+            num_gpus=resources.pop("GPU", 0.0),
+            resources=resources,
+            # soft=False: a pair's second trial runs where its first ran, or not at all (then NodeLost)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            name=f"llmplay-{job.trial_id}",
+        ).remote(self.measure, job)
+        self._inflight[ref] = (job, node_id)
+        return ref
+
+    def busy(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for _, node_id in self._inflight.values():
+            out[node_id] = out.get(node_id, 0) + 1
+        return out
+
+    def wait(self, timeout_s: float = LIVENESS_POLL_S) -> list[tuple[TrialJob, str, Outcome]]:
+        """Trials that finished, failed or lost their node since the last call (empty after `timeout_s`)."""
+        import ray  # deferred: see connect
+
+        if not self._inflight:
+            return []
+        ready, rest = ray.wait(list(self._inflight), num_returns=1, timeout=timeout_s)
+        if ready and rest:  # whatever else has finished too, without waiting again
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        out: list[tuple[TrialJob, str, Outcome]] = []
+        for ref in ready:
+            job, node_id = self._inflight.pop(ref)
+            out.append((job, node_id, self._outcome(ref, node_id)))
+        live = self.refresh()
+        for ref, (job, node_id) in list(self._inflight.items()):
+            if node_id not in live:
+                # A raylet that dies leaves its worker running the trial; the cluster no longer vouches for that
+                # node, so the trial is lost (its engine is removed by the node's watchdog or its own finally).
+                del self._inflight[ref]
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+                out.append((job, node_id, NodeLost(f"node {_short(node_id)} was marked dead by the cluster mid-trial")))
+        return out
+
+    def _outcome(self, ref: Any, node_id: str) -> Outcome:
+        import ray  # deferred: see connect
+        import ray.exceptions  # deferred: see connect
+
+        try:
+            result: TrialResult = ray.get(ref)
+            return result
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+            return TaskCrashed(cause)
+        except ray.exceptions.TaskCancelledError as exc:
+            return TaskCrashed(KeyboardInterrupt(f"trial cancelled: {exc}"))
+        except ray.exceptions.RayError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return NodeLost(f"node {_short(node_id)} lost mid-trial ({type(exc).__name__}: {first[:200]})")
+
+    def cancel_all(self, grace_s: float = 15.0) -> None:
+        """Ask every running trial to stop (its engine stops in its own finally), then force what is left."""
+        if not self._inflight:
+            return
+        import ray  # deferred: see connect
+
+        refs = list(self._inflight)
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=False)
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=grace_s)
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        self._inflight.clear()
+
+    def collect_orphans(self, run_id: str, docker_host: str | None) -> None:
+        """On every live node: remove the engines of `run_id` whose worker died (a resumed run's earlier driver)."""
+        import ray  # deferred: see connect
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # deferred: see connect
+
+        gc_task = ray.remote(max_retries=0, num_cpus=0)(_collect_orphans_here)
+        refs = [
+            gc_task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False)).remote(
+                run_id, docker_host
+            )
+            for n in self.refresh(force=True).values()
+        ]
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=60)
+
+
+def _collect_orphans_here(run_id: str, docker_host: str | None) -> list[str]:
+    from llmplay.runtime.docker import connect, gc  # deferred: the docker SDK on the node only
+
+    try:
+        client = connect(docker_host, timeout_s=30)
+    except Exception:  # a node without dockerd runs no containers to collect
+        return []
+    try:
+        return gc(client, run_id=run_id, orphans_only=True)
+    finally:
+        client.close()
+
+
+def _short(node_id: str) -> str:
+    return node_id[:8]
+
+
+def pair_needs(configs: Sequence[Config], runtime: RuntimeSpec) -> Needs:
+    needs = needs_of(configs[0], runtime)
+    for config in configs[1:]:
+        needs = needs.merge(needs_of(config, runtime))
+    return needs

@@ -1,0 +1,124 @@
+"""A real multi-node Ray cluster on this machine for tests and benchmarks, always torn down, and a trial of fixed
+duration that runs on its nodes (scheduling measured without the engine's own noise)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmplay.archive.model import TRIAL_OK, TrialRecord
+from llmplay.loadgen.records import RequestRecord
+from llmplay.metrics import per_request_frame, summarize
+from llmplay.spec import Config, Playbook
+from llmplay.tuning.trial import TrialResult, trial_sample
+
+ROOT = Path(__file__).resolve().parents[1]
+MB = 2**20
+MS = 1_000_000
+# A lost raylet is noticed within about 1.5 s instead of the default 15 s or more.
+FAST_HEALTH_CHECKS = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_failure_threshold": 3,
+}
+
+
+def _ray_stop_force() -> None:
+    """The safety net: every Ray process of this machine's session, whatever a test left behind."""
+    ray_bin = Path(sys.executable).parent / "ray"
+    with contextlib.suppress(Exception):
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=60, check=False)
+
+
+@contextlib.contextmanager
+def local_cluster(
+    workers: int = 2,
+    *,
+    cpus: float = 1,
+    gpus: int = 1,
+    resources: dict[str, float] | None = None,
+    object_store_mb: int = 80,
+) -> Iterator[Any]:
+    """A head (no CPUs, so it runs no trial) and `workers` worker nodes, each declaring `cpus` CPUs and `gpus` GPUs;
+    the driver is connected. Worker processes import llmplay from this tree (PYTHONPATH is inherited)."""
+    import ray  # deferred: Ray is an optional install
+    from ray.cluster_utils import Cluster  # deferred: see above
+
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
+    cluster = None
+    try:
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "num_gpus": 0,
+                "object_store_memory": object_store_mb * MB,
+                "include_dashboard": False,
+                "_system_config": FAST_HEALTH_CHECKS,
+            },
+        )
+        for _ in range(workers):
+            cluster.add_node(
+                num_cpus=cpus, num_gpus=gpus, resources=dict(resources or {}), object_store_memory=object_store_mb * MB
+            )
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        yield cluster
+    finally:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.shutdown()
+        _ray_stop_force()
+
+
+def kill_raylet(node: Any) -> int:
+    """SIGKILL one node's raylet, as a crashed or lost host would; its pid."""
+    proc = node.all_processes["raylet"][0].process
+    proc.kill()
+    return int(proc.pid)
+
+
+@dataclass
+class FixedTrials:
+    """A trial that holds its node for `duration_s` and returns `requests` synthetic streamed requests; TTFT is
+    `ttft_ms`, or `fast_ttft_ms` when the engine's `parallel` knob is 4, so a step has a known effect."""
+
+    playbook: Playbook
+    duration_s: float = 2.0
+    requests: int = 30
+    ttft_ms: float = 50.0
+    fast_ttft_ms: float = 25.0
+
+    def __call__(self, config: Config, *, trial_id: str, step: str | None, role: str, repeat: int) -> TrialResult:
+        start = time.perf_counter()
+        ttft_ms = self.fast_ttft_ms if config.engine.args.get("parallel") == 4 else self.ttft_ms
+        records = []
+        for i in range(self.requests):
+            sent = (1 + i) * 100 * MS
+            first = sent + int(ttft_ms * (1 + 0.02 * ((i + repeat) % 7)) * MS)
+            chunks = tuple(first + k * 10 * MS for k in range(8))
+            records.append(
+                RequestRecord(
+                    i, False, True, sent, sent, first, first, chunks, chunks[-1], 64, 8, "usage", "length", 200, None,
+                    None, 0.0,
+                )  # fmt: skip
+            )
+        time.sleep(max(0.0, self.duration_s - (time.perf_counter() - start)))
+        summary = dict(summarize(records, 3.2, self.playbook.goals.slo_s).as_dict())
+        summary["duration_s"] = 3.2
+        trial = TrialRecord(
+            trial_id, config.label, step, role, repeat, TRIAL_OK, "2026-12-04T00:00:00Z", self.duration_s, summary
+        )
+        frame = per_request_frame(records)
+        return TrialResult(trial, frame, sample=trial_sample(self.playbook, config, trial, frame))
