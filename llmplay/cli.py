@@ -80,6 +80,13 @@ def plan(file: Path, allow_outside_extends: bool) -> None:
 @click.option("--duration", "duration", help="Override workload.duration (e.g. 10s).")
 @click.option("--warmup", "warmup", help="Override workload.warmup (e.g. 2s).")
 @click.option("--allow-outside-extends", is_flag=True)
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
+    help="Run the trials on this Ray cluster (HOST:PORT of its head, or auto); each node starts engines with the "
+    "playbook's docker or process runtime.",
+)
 @handles_errors
 def run(
     file: Path | None,
@@ -91,6 +98,7 @@ def run(
     duration: str | None,
     warmup: str | None,
     allow_outside_extends: bool,
+    ray_address: str | None,
 ) -> None:
     """Run a tuning playbook: baseline, then each step, with repeats, verdicts and gates.
 
@@ -111,6 +119,7 @@ def run(
             duration=duration,
             warmup=warmup,
             allow_outside_extends=allow_outside_extends,
+            ray_address=ray_address,
         )
     )
 

@@ -128,7 +128,8 @@ def _playbook_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
 def _final_trials(archive: ArchivedRun) -> tuple[str, list[TrialRecord]]:
     manifest = archive.manifest()
     final = manifest.get("final_config_id") or "baseline"
-    trials = [t for t in archive.trials() if t.config_id == final and t.status == TRIAL_OK]
+    # A superseded trial's pair was measured again on another cluster node: the run did not use it, nor does this.
+    trials = [t for t in archive.trials() if t.config_id == final and t.status == TRIAL_OK and t.superseded is None]
     return final, trials
 
 

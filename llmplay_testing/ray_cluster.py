@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from llmplay.archive.model import TRIAL_OK, TrialRecord
 from llmplay.loadgen.records import RequestRecord
 from llmplay.metrics import per_request_frame, summarize
@@ -82,6 +84,15 @@ def local_cluster(
         _ray_stop_force()
 
 
+def node_running(cluster: Any, pid: int) -> Any:
+    """The cluster node whose raylet started worker process `pid` (a container's llmplay.pid label), or None."""
+    try:
+        parent = psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+    return next((n for n in cluster.worker_nodes if n.all_processes["raylet"][0].process.pid == parent), None)
+
+
 def kill_raylet(node: Any) -> int:
     """SIGKILL one node's raylet, as a crashed or lost host would; its pid."""
     proc = node.all_processes["raylet"][0].process
@@ -99,21 +110,22 @@ class FixedTrials:
     requests: int = 30
     ttft_ms: float = 50.0
     fast_ttft_ms: float = 25.0
+    started_dir: str | None = None  # each trial writes its node id to STARTED_DIR/TRIAL_ID when it starts
 
     def __call__(self, config: Config, *, trial_id: str, step: str | None, role: str, repeat: int) -> TrialResult:
         start = time.perf_counter()
+        if self.started_dir:
+            import ray  # deferred: Ray is an optional install
+
+            (Path(self.started_dir) / trial_id).write_text(ray.get_runtime_context().get_node_id())
         ttft_ms = self.fast_ttft_ms if config.engine.args.get("parallel") == 4 else self.ttft_ms
         records = []
         for i in range(self.requests):
             sent = (1 + i) * 100 * MS
             first = sent + int(ttft_ms * (1 + 0.02 * ((i + repeat) % 7)) * MS)
             chunks = tuple(first + k * 10 * MS for k in range(8))
-            records.append(
-                RequestRecord(
-                    i, False, True, sent, sent, first, first, chunks, chunks[-1], 64, 8, "usage", "length", 200, None,
-                    None, 0.0,
-                )  # fmt: skip
-            )
+            fields = (i, False, True, sent, sent, first, first, chunks, chunks[-1], 64, 8, "usage", "length", 200)
+            records.append(RequestRecord(*fields, None, None, 0.0))
         time.sleep(max(0.0, self.duration_s - (time.perf_counter() - start)))
         summary = dict(summarize(records, 3.2, self.playbook.goals.slo_s).as_dict())
         summary["duration_s"] = 3.2

@@ -66,12 +66,16 @@ def run_command(
     warmup: str | None,
     allow_outside_extends: bool = False,
     image: str | None = None,
+    ray_address: str | None = None,
 ) -> int:
     """Run the playbook (or, with dry_run, print its plan) and print the outcome; the run's exit code."""
     if file is None:
         if resume is None:
             raise PlaybookError("llmplay run: expected a playbook FILE (or --resume RUN_DIR)")
         file = playbook_path_of(resume)
+    if resume is not None and ray_address is None:
+        # A run started with --ray resumes on the cluster it ran on unless told otherwise.
+        ray_address = (read_manifest(resume).get("overrides") or {}).get("ray")
     playbook = load_playbook(file, allow_outside_extends=allow_outside_extends)
     console = stdout_console()
     if dry_run:
@@ -86,6 +90,7 @@ def run_command(
         resume=resume,
         progress=sys.stderr.isatty(),
         image=image,
+        ray_address=ray_address,
     )
     outcome = run_playbook(
         playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False)

@@ -146,7 +146,7 @@ class _ArchivedRunData:
         return self.archive.load_telemetry(trial_id)
 
     def trials_of(self, config_id: str) -> list[TrialRecord]:
-        return [t for t in self.trials.values() if t.config_id == config_id]
+        return [t for t in self.trials.values() if t.config_id == config_id and t.superseded is None]
 
     def gpus_of(self, config_id: str) -> int:
         config = self.configs.get(config_id)
@@ -401,9 +401,11 @@ def _trial_rows(run: _ArchivedRunData, trial_ids: Sequence[str], objective: str 
         remarks = Remarks.new()
 
         def cell(metric: str, t: TrialRecord = t, remarks: Remarks = remarks) -> str:
-            if t.status != TRIAL_OK:  # a failed trial measured nothing; its error says why
+            if t.status != TRIAL_OK or t.superseded:  # measured nothing, or nothing used; its error says why
                 return "—"
             return remarks.cell(metric, t.summary.get(metric), t.summary)
+
+        superseded = t.superseded and t.status == TRIAL_OK
 
         rows.append(
             {
@@ -411,9 +413,12 @@ def _trial_rows(run: _ArchivedRunData, trial_ids: Sequence[str], objective: str 
                 "role": t.role,
                 "repeat": t.repeat + 1,
                 "config": t.config_id,
-                "status": t.status,
+                "status": "superseded" if superseded else t.status,
                 "wall": f"{t.wall_s:.1f} s",
-                "error": t.error or "",
+                "error": (t.superseded if superseded else t.error) or "",
+                "node": f"{t.node.get('address') or t.node.get('hostname', '')} ({t.node['id'][:8]})"
+                if t.node.get("id")
+                else "",
                 "objective": cell(objective) if objective else "",
                 "ttft": cell("ttft.p95"),
                 "tok_s": cell("throughput.output_tok_s"),
@@ -502,9 +507,11 @@ def _ci_header(verdict: StepVerdict) -> str:
 
 def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[str, Any]]:
     out = []
+    # Trials a lost cluster node made measure again: listed under their step, used nowhere.
+    superseded = {t.trial_id: t.step for t in run.trials.values() if t.superseded}
     for v in sorted(run.verdicts, key=lambda v: v.index):
-        trial_ids = [*v.trials_baseline, *v.trials_candidate]
-        trial_ids = sorted(trial_ids, key=lambda t: t)
+        used = [*v.trials_baseline, *v.trials_candidate]
+        trial_ids = sorted([*used, *(tid for tid, step in superseded.items() if step == v.step)])
         objective = v.objective.metric if v.objective else None
         out.append(
             {
@@ -523,12 +530,14 @@ def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[
                 "ci_header": _ci_header(v),
                 "deltas": _delta_rows(v),
                 "trials": _trial_rows(run, trial_ids, objective),
-                "charts": _section_charts(run, trial_ids, objective),
+                "charts": _section_charts(run, sorted(used), objective),
                 "notes": _notes(run, trial_ids),
                 "anchor": f"step-{v.index}",
+                "nodes": any(run.trials[t].node for t in trial_ids if t in run.trials),
             }
         )
     stepped = {t for v in run.verdicts for t in (*v.trials_baseline, *v.trials_candidate)}
+    stepped |= {tid for tid, step in superseded.items() if any(v.step == step for v in run.verdicts)}
     loose = sorted(t for t in run.trials if t not in stepped)
     if loose:  # a baseline-only run, or trials of a step whose verdict never came (interrupted)
         out.append(
@@ -549,8 +558,9 @@ def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[
                 "deltas": [],
                 "anchor": "trials-loose",
                 "trials": _trial_rows(run, loose, "throughput.output_tok_s"),
-                "charts": _section_charts(run, loose, "throughput.output_tok_s"),
+                "charts": _section_charts(run, [t for t in loose if t not in superseded], "throughput.output_tok_s"),
                 "notes": _notes(run, loose),
+                "nodes": any(run.trials[t].node for t in loose),
             }
         )
     return out
