@@ -127,7 +127,7 @@ class FixedTrials:
             fields = (i, False, True, sent, sent, first, first, chunks, chunks[-1], 64, 8, "usage", "length", 200)
             records.append(RequestRecord(*fields, None, None, 0.0))
         time.sleep(max(0.0, self.duration_s - (time.perf_counter() - start)))
-        summary = dict(summarize(records, 3.2, self.playbook.goals.slo_s).as_dict())
+        summary: dict[str, Any] = dict(summarize(records, 3.2, self.playbook.goals.slo_s).as_dict())
         summary["duration_s"] = 3.2
         trial = TrialRecord(
             trial_id, config.label, step, role, repeat, TRIAL_OK, "2026-12-04T00:00:00Z", self.duration_s, summary

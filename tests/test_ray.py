@@ -15,11 +15,11 @@ import yaml
 
 pytest.importorskip("ray")
 
-from llmplay.archive.verify import verify  # noqa: E402
-from llmplay.playbook.load import load_playbook  # noqa: E402
-from llmplay.report import publish_report  # noqa: E402
-from llmplay.tuning.run import RunOptions, TuningRun, run_playbook  # noqa: E402
-from llmplay_testing.cpu_runs import (  # noqa: E402
+from llmplay.archive.verify import verify
+from llmplay.playbook.load import load_playbook
+from llmplay.report import publish_report
+from llmplay.tuning.run import RunOptions, TuningRun, run_playbook
+from llmplay_testing.cpu_runs import (
     cli,
     containers_of,
     reap_cli_processes,
@@ -27,7 +27,7 @@ from llmplay_testing.cpu_runs import (  # noqa: E402
     tiny_playbook,
     wait_for,
 )
-from llmplay_testing.ray_cluster import FixedTrials, kill_raylet, local_cluster, node_running  # noqa: E402
+from llmplay_testing.ray_cluster import FixedTrials, kill_raylet, local_cluster, node_running
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TYPE = {"accelerator_type:T4": 1}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -218,6 +219,7 @@ class TuningRun:
         # runtime ray: each trial is a task on a cluster node; a handed-in measure_trial is shipped there as it is
         self.cluster = RayCluster(self.playbook.runtime) if self.playbook.runtime.kind == "ray" else None
         self._node_measure = measure_trial
+        self._pending: dict[str, TrialResult] = {}  # came back from a node, archived after the next submissions
         # Handed-in trials start no engine, so there is no image to ask.
         self._starts_engines = measure_trial is None
         self._archive: RunArchive | None = None
@@ -423,15 +425,15 @@ class TuningRun:
         node (at most MAX_PAIR_RERUNS times), so no pair mixes two machines."""
         cluster = self.cluster
         assert cluster is not None
+        what = f"the trials of {step or 'the baseline'}"
         runs = [_PairRun(group, pair_needs([m.config for m, _, _ in group], self.playbook.runtime)) for group in groups]
+        for needs in {run.needs for run in runs}:
+            cluster.check_placeable(needs, what)
         for run in runs:
-            cluster.check_placeable(run.needs, f"the trials of {step or 'the baseline'}")
             self._resume_pair(run, step)
         by_trial: dict[str, tuple[_PairRun, int]] = {}
         try:
-            while not all(run.complete for run in runs):
-                if self._signals is not None:
-                    self._signals.check()
+            while True:
                 busy = cluster.busy()
                 for run in runs:
                     if run.complete or run.inflight is not None:
@@ -441,14 +443,23 @@ class TuningRun:
                         continue
                     by_trial[self._submit(run, step, node)] = (run, run.next_index)
                     busy[node] = busy.get(node, 0) + 1
+                # Archived once the next trials are out: a node does not wait on the driver's disk between the two
+                # trials of its pair, and every trial is on disk before anything reads it.
+                self._archive_pending()
+                if all(run.complete for run in runs):
+                    break
+                if self._signals is not None:
+                    self._signals.check()
                 if not cluster.busy():
                     # Nothing could be placed: every node that could host these trials is gone.
-                    cluster.check_placeable(runs[0].needs, f"the trials of {step or 'the baseline'}")
+                    cluster.check_placeable(runs[0].needs, what)
                 for job, node_id, outcome in cluster.wait():
                     run, index = by_trial.pop(job.trial_id)
                     self._settle(run, index, job, node_id, outcome)
         except BaseException:
             cluster.cancel_all()
+            with contextlib.suppress(Exception):  # what came back is kept for --resume, whatever stops the run
+                self._archive_pending()
             raise
         for run in runs:
             for index, (measured, _, _) in enumerate(run.items):
@@ -479,9 +490,18 @@ class TuningRun:
         free = cluster.free_node(run.needs, busy)
         return free.id if free is not None else None
 
+    def _archive_pending(self) -> None:
+        while self._pending:
+            _, result = self._pending.popitem()
+            self._archive_result(result)
+
     def _measure_pair_again(self, run: _PairRun, reason: str) -> None:
         for trial, _ in run.results.values():
-            self.archive.mark_superseded(trial.trial_id, reason)
+            pending = self._pending.get(trial.trial_id)
+            if pending is not None:
+                self._pending[trial.trial_id] = replace(pending, trial=replace(pending.trial, superseded=reason))
+            else:
+                self.archive.mark_superseded(trial.trial_id, reason)
         run.results.clear()
         run.node = None
         run.reruns += 1
@@ -506,7 +526,7 @@ class TuningRun:
             if not result.trial.node:
                 known = cluster.node(node_id)
                 result = replace(result, trial=replace(result.trial, node=known.label() if known else {"id": node_id}))
-            self._archive_result(result)
+            self._pending[result.trial.trial_id] = result
             run.results[index] = (result.trial, result.sample)
             run.node = result.trial.node.get("id") or node_id
             return
