@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -132,6 +133,32 @@ def test_cpu_tiny_on_the_cluster_same_archive_and_report_as_one_machine(cluster,
     html = (outcome.run_dir / "report.html").read_text()
     assert "<th>node</th>" in html and m["trials"][0]["node"]["id"][:8] in html
     assert containers_of(docker_client, run_id=m["run_id"]) == []
+
+
+def test_process_inner_runtime_runs_the_engine_inside_the_node(cluster, cpu_binary, tmp_path):
+    """A node that is itself the engine's image (a KubeRay worker): the engine starts as a process on the node."""
+    path = tiny_playbook(
+        tmp_path,
+        steps=[{"name": "parallel-4", "set": {"parallel": 4}}],
+        duration="2s",
+        warmup="0.5s",
+        engine={"model": str(cpu_binary.model_path), "executable": str(cpu_binary.binary)},
+        runtime={"kind": "ray", "address": "auto", "inner": "process"},
+    )
+    doc = yaml.safe_load(path.read_text())
+    doc["engine"].pop("image")
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    lines: list[str] = []
+    outcome = run_playbook(load_playbook(path), RunOptions(archive_root=tmp_path / "r"), report=lines.append)
+    assert outcome.status == "complete", lines
+    m = manifest(outcome.run_dir)
+    assert [t["status"] for t in m["trials"]] == ["ok", "ok"], m["trials"]
+    assert all(t["engine_describe"]["runtime"] == "process" for t in m["trials"])
+    assert all(t["engine_describe"]["command"][0] == str(cpu_binary.binary) for t in m["trials"])
+    used_pairs_on_one_node(m)
+    assert verify(outcome.run_dir) == []
+    pids = [t["engine_describe"]["pid"] for t in m["trials"]]
+    wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 30, "the engines' processes gone")
 
 
 @pytest.mark.docker
