@@ -6,6 +6,7 @@ seconds. Every Ray process a test starts is stopped whatever happens (cluster.sh
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -248,6 +249,29 @@ def test_driver_killed_then_resumed_loses_nothing_and_leaves_no_engine(cluster, 
     used_pairs_on_one_node(m)
     assert verify(run_dir) == []
     wait_for(lambda: containers_of(docker_client, run_id=m["run_id"]) == [], 90, "no engine left of the run")
+
+
+@pytest.mark.docker
+def test_sigint_to_the_driver_stops_every_engine_on_every_node(cluster, cpu_engine, docker_client, tmp_path):
+    path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="30s", repeats=2)
+    archive = tmp_path / "reports"
+    proc = cli("run", str(path), "--archive", str(archive), "--ray", cluster.address)
+
+    def engines_on_both_nodes():
+        run_dir = run_dir_of(archive)
+        if run_dir is None:
+            return False
+        return len(containers_of(docker_client, run_id=manifest(run_dir)["run_id"])) == 2
+
+    wait_for(engines_on_both_nodes, 180, "an engine on each node")
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out
+    m = manifest(run_dir_of(archive))
+    assert m["status"] == "interrupted"
+    assert containers_of(docker_client, run_id=m["run_id"]) == []  # stopped by the trials themselves, not later
 
 
 @pytest.mark.parametrize(
