@@ -68,10 +68,15 @@ def local_cluster(
                 "_system_config": FAST_HEALTH_CHECKS,
             },
         )
+        worker_args: dict[str, Any] = {
+            "num_cpus": cpus,
+            "num_gpus": gpus,
+            "resources": dict(resources or {}),
+            "object_store_memory": object_store_mb * MB,
+        }
+        cluster.llmplay_worker_args = worker_args  # type: ignore[attr-defined]  # replace_node adds one like these
         for _ in range(workers):
-            cluster.add_node(
-                num_cpus=cpus, num_gpus=gpus, resources=dict(resources or {}), object_store_memory=object_store_mb * MB
-            )
+            cluster.add_node(**worker_args)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         yield cluster
@@ -91,6 +96,15 @@ def node_running(cluster: Any, pid: int) -> Any:
     except psutil.Error:
         return None
     return next((n for n in cluster.worker_nodes if n.all_processes["raylet"][0].process.pid == parent), None)
+
+
+def replace_node(cluster: Any, node: Any) -> Any:
+    """After a node was killed: whatever is left of it gone, and a fresh worker node like the others in its place."""
+    with contextlib.suppress(Exception):
+        cluster.remove_node(node, allow_graceful=False)
+    fresh = cluster.add_node(**cluster.llmplay_worker_args)
+    cluster.wait_for_nodes()
+    return fresh
 
 
 def kill_raylet(node: Any) -> int:

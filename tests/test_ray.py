@@ -29,7 +29,7 @@ from llmplay_testing.cpu_runs import (
     tiny_playbook,
     wait_for,
 )
-from llmplay_testing.ray_cluster import FixedTrials, kill_raylet, local_cluster, node_running
+from llmplay_testing.ray_cluster import FixedTrials, kill_raylet, local_cluster, node_running, replace_node
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TYPE = {"accelerator_type:T4": 1}
@@ -163,9 +163,12 @@ def test_process_inner_runtime_runs_the_engine_inside_the_node(cluster, cpu_bina
 
 
 @pytest.mark.docker
-def test_a_node_lost_mid_trial_reruns_its_pair_elsewhere_and_leaves_no_engine(cpu_engine, docker_client, tmp_path):
+def test_a_node_lost_mid_trial_reruns_its_pair_elsewhere_and_leaves_no_engine(
+    cluster, cpu_engine, docker_client, tmp_path
+):
     """A worker's raylet SIGKILLed while its trial's engine serves: that trial is failed with the cause, its pair is
-    measured again on the other node, the verdict rests on complete pairs, and no container is left."""
+    measured again on the other node, the verdict rests on complete pairs, and no container is left. (The cluster
+    then gets a fresh worker node in place of the lost one, for the tests after this one.)"""
     path = tiny_playbook(
         tmp_path,
         steps=[{"name": "parallel-4", "set": {"parallel": 4}}],
@@ -175,45 +178,47 @@ def test_a_node_lost_mid_trial_reruns_its_pair_elsewhere_and_leaves_no_engine(cp
         runtime={"kind": "ray", "address": "auto"},
     )
     pb = load_playbook(path)
-    with local_cluster(workers=2, cpus=1, gpus=1) as cluster:
-        lines: list[str] = []
-        result: dict = {}
-        runner = threading.Thread(
-            target=lambda: result.update(
-                outcome=run_playbook(pb, RunOptions(archive_root=tmp_path / "r"), report=lines.append)
-            )
+    lines: list[str] = []
+    result: dict = {}
+    runner = threading.Thread(
+        target=lambda: result.update(
+            outcome=run_playbook(pb, RunOptions(archive_root=tmp_path / "r"), report=lines.append)
         )
-        runner.start()
-        try:
+    )
+    runner.start()
+    node = None
+    try:
 
-            def engine_on_a_worker():
-                for c in docker_client.containers.list(filters={"label": "llmplay.run"}):
-                    node = node_running(cluster, int(c.labels.get("llmplay.pid", "0")))
-                    if node is not None:
-                        return c, node
-                return None
+        def engine_on_a_worker():
+            for c in docker_client.containers.list(filters={"label": "llmplay.run"}):
+                on = node_running(cluster, int(c.labels.get("llmplay.pid", "0")))
+                if on is not None:
+                    return c, on
+            return None
 
-            container, node = wait_for(engine_on_a_worker, 120, "an engine started by a worker node")
-            wait_for(lambda: docker_client.containers.get(container.id).status == "running", 60, "the engine up")
-            time.sleep(1.5)  # inside its measured window
-            kill_raylet(node)
-        finally:
-            runner.join(timeout=400)
-        assert not runner.is_alive()
-        outcome = result["outcome"]
-        assert outcome.status == "complete", lines
-        m = manifest(outcome.run_dir)
-        lost = [t for t in m["trials"] if t["status"] == "failed"]
-        assert len(lost) == 1, m["trials"]
-        assert lost[0]["node"]["id"] == node.node_id and "mid-trial" in lost[0]["error"], lost[0]["error"]
-        assert lost[0]["superseded"]
-        nodes = used_pairs_on_one_node(m)
-        assert len(nodes) == 2 and node.node_id not in nodes.values()  # both pairs complete, none on the lost node
-        (verdict,) = m["verdicts"]
-        assert len(verdict["trials_baseline"]) == 2 and len(verdict["trials_candidate"]) == 2
-        assert verify(outcome.run_dir) == []
-        # The lost node's worker (or its watchdog, should the worker die) removes the engine it started.
-        wait_for(lambda: containers_of(docker_client, run_id=m["run_id"]) == [], 90, "no engine left of the run")
+        container, node = wait_for(engine_on_a_worker, 120, "an engine started by a worker node")
+        wait_for(lambda: docker_client.containers.get(container.id).status == "running", 60, "the engine up")
+        time.sleep(1.5)  # inside its measured window
+        kill_raylet(node)
+    finally:
+        runner.join(timeout=400)
+        if node is not None:
+            replace_node(cluster, node)
+    assert not runner.is_alive()
+    outcome = result["outcome"]
+    assert outcome.status == "complete", lines
+    m = manifest(outcome.run_dir)
+    lost = [t for t in m["trials"] if t["status"] == "failed"]
+    assert len(lost) == 1, m["trials"]
+    assert lost[0]["node"]["id"] == node.node_id and "mid-trial" in lost[0]["error"], lost[0]["error"]
+    assert lost[0]["superseded"]
+    nodes = used_pairs_on_one_node(m)
+    assert len(nodes) == 2 and node.node_id not in nodes.values()  # both pairs complete, none on the lost node
+    (verdict,) = m["verdicts"]
+    assert len(verdict["trials_baseline"]) == 2 and len(verdict["trials_candidate"]) == 2
+    assert verify(outcome.run_dir) == []
+    # The lost node's worker (or its watchdog, should the worker die) removes the engine it started.
+    wait_for(lambda: containers_of(docker_client, run_id=m["run_id"]) == [], 90, "no engine left of the run")
 
 
 @pytest.mark.docker

@@ -199,6 +199,7 @@ class RayCluster:
                 "runtime ray needs Ray on the driver: pip install 'llmplay[ray]' (the same Ray version as the cluster)"
             ) from None
         if not ray.is_initialized():
+            self._check_reachable()
             try:
                 ray.init(
                     address=self.spec.address,
@@ -215,6 +216,20 @@ class RayCluster:
             self._owns_connection = True
         self._remote = ray.remote(max_retries=0)(_on_node)
         self.refresh(force=True)
+
+    def _check_reachable(self) -> None:
+        """A head that does not answer is one line at once: Ray's own join retries for minutes before it gives up."""
+        address = self.spec.address or ""
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        if not host or not port.isdigit():
+            return  # "auto": Ray finds the cluster this host has joined, or says there is none
+        try:
+            socket.create_connection((host, int(port)), timeout=10).close()
+        except OSError as exc:
+            raise InfrastructureError(
+                f"cannot join the Ray cluster at {address}: {exc.strerror or type(exc).__name__}; expected its head "
+                "there (ray start --head --port PORT), reachable from this machine"
+            ) from None
 
     def close(self) -> None:
         self.cancel_all()
@@ -364,6 +379,23 @@ class RayCluster:
                 ray.cancel(ref, force=True)
         self._inflight.clear()
 
+    def gpu_inventory(self, needs: Needs) -> dict[str, Any] | None:
+        """The GPU model, driver and CUDA of a node the trials run on (the driver's own may have none), for the
+        archive header; None when that node has no NVML (a CPU node)."""
+        import ray  # deferred: see connect
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # deferred: see connect
+
+        node = self.free_node(needs, {})
+        if node is None:
+            return None
+        inventory = ray.remote(max_retries=0, num_cpus=0)(_gpu_inventory_here)
+        ref = inventory.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote()
+        try:
+            found: dict[str, Any] | None = ray.get(ref, timeout=60)
+        except Exception as exc:  # the header then says why; the trials report real failures themselves
+            return {"error": f"GPU inventory of node {_short(node.id)} failed: {type(exc).__name__}"}
+        return None if found is None else {**found, "node": node.id}
+
     def collect_orphans(self, run_id: str, docker_host: str | None) -> None:
         """On every live node: remove the engines of `run_id` whose worker died (a resumed run's earlier driver)."""
         import ray  # deferred: see connect
@@ -378,6 +410,12 @@ class RayCluster:
         ]
         with contextlib.suppress(Exception):
             ray.wait(refs, num_returns=len(refs), timeout=60)
+
+
+def _gpu_inventory_here() -> dict[str, Any] | None:
+    from llmplay.tuning.environment import gpu_inventory  # deferred: NVML is read on the node, not the driver
+
+    return gpu_inventory()
 
 
 def _collect_orphans_here(run_id: str, docker_host: str | None) -> list[str]:

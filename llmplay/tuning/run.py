@@ -247,7 +247,9 @@ class TuningRun:
             return archive
         env = describe_environment(self.playbook, started_utc=utc_now())
         if self.cluster is not None:
-            env = {**env, "cluster": self.cluster.describe()}
+            # The trials' GPUs are the nodes', not the driver's: the header names those of a node that runs them.
+            needs = needs_of(Config("baseline", self.playbook.engine, self.playbook.workload), self.playbook.runtime)
+            env = {**env, "cluster": self.cluster.describe(), "gpu": self.cluster.gpu_inventory(needs)}
         archive = RunArchive.create(
             self.options.archive_root,
             self.playbook,
