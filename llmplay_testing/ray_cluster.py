@@ -124,14 +124,15 @@ class FixedTrials:
     requests: int = 30
     ttft_ms: float = 50.0
     fast_ttft_ms: float = 25.0
-    started_dir: str | None = None  # each trial writes its node id to STARTED_DIR/TRIAL_ID when it starts
+    started_dir: str | None = None  # each trial writes `NODE_ID UNIX_TIME` to STARTED_DIR/TRIAL_ID as it starts
 
     def __call__(self, config: Config, *, trial_id: str, step: str | None, role: str, repeat: int) -> TrialResult:
         start = time.perf_counter()
         if self.started_dir:
             import ray  # deferred: Ray is an optional install
 
-            (Path(self.started_dir) / trial_id).write_text(ray.get_runtime_context().get_node_id())
+            node = ray.get_runtime_context().get_node_id()
+            (Path(self.started_dir) / trial_id).write_text(f"{node} {time.time()}")
         ttft_ms = self.fast_ttft_ms if config.engine.args.get("parallel") == 4 else self.ttft_ms
         records = []
         for i in range(self.requests):

@@ -77,25 +77,29 @@ def used_pairs_on_one_node(m: dict) -> dict[int, str]:
 def test_pairs_fan_out_over_nodes_and_each_pair_stays_on_one_node(cluster, tmp_path):
     """Scheduling alone (trials of a fixed 2 s): two pairs on two nodes take two trials' time, not four."""
     pb = load_playbook(ray_playbook(tmp_path, repeats=2, accelerator_type="T4"))
+    started = tmp_path / "started"
+    started.mkdir()
     lines: list[str] = []
-    finished: list[float] = []  # when each trial's progress line came back
-
-    def report(line: str) -> None:
-        lines.append(line)
-        if line.lstrip().startswith("trial "):
-            finished.append(time.perf_counter())
-
     outcome = TuningRun(
-        pb, RunOptions(archive_root=tmp_path / "r"), report=report, measure_trial=FixedTrials(pb, 2.0)
+        pb,
+        RunOptions(archive_root=tmp_path / "r"),
+        report=lines.append,
+        measure_trial=FixedTrials(pb, 2.0, started_dir=str(started)),
     ).execute()
     assert outcome.status == "complete", lines
     m = manifest(outcome.run_dir)
     assert len(m["trials"]) == 4 and all(t["status"] == "ok" for t in m["trials"])
     nodes = used_pairs_on_one_node(m)
     assert len(set(nodes.values())) == 2  # the two pairs ran on the two workers
-    # Two pairs at once: the four trials come back in two waves 2 s apart, not one every 2 s (6 s first to last);
-    # the first wave's wait includes starting each node's worker process, so it is not timed.
-    assert finished[-1] - finished[0] < 4.0, [round(t - finished[0], 2) for t in finished]
+    # At once, not one after the other: the two pairs' spans (first start to last end) overlap; one after the other
+    # they could not. (Not by the whole 4 s: a node's first task waits for its worker process to start, 2-3 s here.)
+    spans: dict[int, list[float]] = {}
+    for t in m["trials"]:
+        node, start = (started / t["trial_id"]).read_text().split()
+        assert node == t["node"]["id"]
+        spans.setdefault(t["repeat"], []).append(float(start))
+    overlap = min(max(s) + 2.0 for s in spans.values()) - max(min(s) for s in spans.values())
+    assert overlap > 0.5, spans
     (verdict,) = m["verdicts"]
     assert verdict["verdict"] == "kept"
     assert "each pair on one node" in verdict["objective"]["method"]
@@ -160,6 +164,67 @@ def test_process_inner_runtime_runs_the_engine_inside_the_node(cluster, cpu_bina
     assert verify(outcome.run_dir) == []
     pids = [t["engine_describe"]["pid"] for t in m["trials"]]
     wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 30, "the engines' processes gone")
+
+
+def test_a_pair_whose_node_is_lost_after_its_first_trial_is_measured_again_whole(cluster, tmp_path):
+    """The node dies during the pair's second trial: the first (ok) is kept in the archive but superseded, so the
+    decision never pairs trials of two machines; the report lists both, used nowhere."""
+    pb = load_playbook(ray_playbook(tmp_path, repeats=1))
+    started = tmp_path / "started"
+    started.mkdir()
+    lines: list[str] = []
+    result: dict = {}
+    trials = FixedTrials(pb, 4.0, started_dir=str(started))
+    runner = threading.Thread(
+        target=lambda: result.update(
+            outcome=run_playbook(
+                pb,
+                RunOptions(archive_root=tmp_path / "r"),
+                publish=publish_report,
+                report=lines.append,
+                measure_trial=trials,
+            )
+        )
+    )
+    runner.start()
+    node = None
+    try:
+        second = wait_for(lambda: (started / "t002").is_file() and (started / "t002").read_text(), 60, "t002 started")
+        node = next(n for n in cluster.worker_nodes if n.node_id == second.split()[0])
+        time.sleep(0.5)
+        kill_raylet(node)
+    finally:
+        runner.join(timeout=120)
+        if node is not None:
+            replace_node(cluster, node)
+    outcome = result["outcome"]
+    assert outcome.status == "complete", lines
+    m = manifest(outcome.run_dir)
+    by_id = {t["trial_id"]: t for t in m["trials"]}
+    assert by_id["t001"]["status"] == "ok" and "measured again" in by_id["t001"]["superseded"]
+    assert by_id["t002"]["status"] == "failed" and by_id["t002"]["superseded"]
+    assert by_id["t001"]["node"]["id"] == by_id["t002"]["node"]["id"] == node.node_id
+    (verdict,) = m["verdicts"]
+    assert {*verdict["trials_baseline"], *verdict["trials_candidate"]} == {"t003", "t004"}
+    assert verdict["objective"]["units"] == 1  # the one complete pair, both on the other node
+    assert used_pairs_on_one_node(m)[0] != node.node_id
+    assert verify(outcome.run_dir) == []
+    html = (outcome.run_dir / "report.html").read_text()
+    assert ">superseded<" in html and "t001" in html and "t002" in html
+
+
+def test_an_unreachable_head_and_an_endpoint_runtime_are_one_line_each(tmp_path):
+    path = tiny_playbook(tmp_path, steps=[])
+    t0 = time.perf_counter()
+    proc = cli("run", str(path), "--archive", str(tmp_path / "reports"), "--ray", "127.0.0.1:1")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and time.perf_counter() - t0 < 30, out
+    assert out.strip().splitlines()[-1].startswith("error: cannot join the Ray cluster at 127.0.0.1:1: "), out
+    endpoint = tiny_playbook(tmp_path, steps=[], runtime={"kind": "endpoint", "url": "http://127.0.0.1:9"})
+    proc = cli("run", str(endpoint), "--archive", str(tmp_path / "reports"), "--ray", "127.0.0.1:1")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    assert "error: --ray: runtime endpoint measures one engine that is already running" in out
 
 
 @pytest.mark.docker
