@@ -126,9 +126,7 @@ class Outcome:
     width: float
 
 
-def decide(
-    pairs: Sequence[Sequence[TrialSample]], goals: Goals, trials: Trials, truth: float
-) -> Outcome:
+def decide(pairs: Sequence[Sequence[TrialSample]], goals: Goals, trials: Trials, truth: float) -> Outcome:
     """The verdict as `tuning/run.py` reaches it: `repeats` pairs, then (sequential) one more pair per
     inconclusive look up to `max_repeats`."""
     n = trials.repeats

@@ -168,8 +168,11 @@ METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
         "the same clock → first chunk carrying text, content or reasoning (ttft_content); it differs from TTFT "
         "when a server sends its role-only chunk before the first token.",
     ),
-    ("E2EL", "the same clock → last message with non-empty choices (an empty finish chunk counts; usage-only and "
-     "[DONE] do not)."),
+    (
+        "E2EL",
+        "the same clock → last message with non-empty choices (an empty finish chunk counts; usage-only and "
+        "[DONE] do not).",
+    ),
     ("TPOT", "per request (E2EL − TTFT) / (output tokens − 1), requests with more than one output token."),
     ("ITL", "every gap between successive messages with non-empty choices, pooled over requests."),
     (

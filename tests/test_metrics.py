@@ -173,7 +173,10 @@ COMPLETION_READS = (
     (30, b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'),
     (45, b'data: {"choices":[{"index":0,"text":"","finish_reason":null}]}\n\n'),  # a special token: no text
     (70, b'data: {"choices":[{"index":0,"text":"b","finish_reason":"length"}]}\n\n'),
-    (90, b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}\n\ndata: [DONE]\n\n'),
+    (
+        90,
+        b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}\n\ndata: [DONE]\n\n',
+    ),
 )
 
 

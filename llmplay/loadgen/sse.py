@@ -150,7 +150,7 @@ class StreamState:
             self.n_events += 1
             ev = parse_event(payload)
             kind = ev.kind
-            if kind == TEXT or kind == ROLE:
+            if kind in (TEXT, ROLE):
                 if self.first_chunk_ns is None:
                     self.first_chunk_ns = t_ns
                 self.chunk_ns.append(t_ns)
