@@ -37,7 +37,6 @@ from llmplay.tuning.decide import TrialSample, decide_step
 
 FIXED = Trials(repeats=3, interleave=True, sequential=False, max_repeats=3)
 SEQUENTIAL = Trials(repeats=3, interleave=True, sequential=True, max_repeats=6)
-MAX_PAIRS = SEQUENTIAL.max_repeats
 EFFECTS = (0.0, 0.05, 0.10)
 OUT_TOKENS = 128  # per request (ignore_eos): throughput varies through the trial's duration only
 CONCURRENCY = 16
@@ -64,11 +63,11 @@ class Scenario:
         return not self.metric.startswith("throughput")
 
 
-def drift_factors(rng: np.random.Generator, reps: int, sc: Scenario) -> np.ndarray:
+def drift_factors(rng: np.random.Generator, reps: int, pairs: int, sc: Scenario) -> np.ndarray:
     """(reps, pairs, 2) multiplicative factors, one per trial."""
     share = 0.5 if sc.drift == "shared" else 0.0
-    common = rng.standard_normal((reps, MAX_PAIRS, 1))
-    own = rng.standard_normal((reps, MAX_PAIRS, 2))
+    common = rng.standard_normal((reps, pairs, 1))
+    own = rng.standard_normal((reps, pairs, 2))
     return np.exp(sc.tau * (np.sqrt(share) * common + np.sqrt(1 - share) * own))
 
 
@@ -84,12 +83,12 @@ def true_change(sc: Scenario, effect: float) -> float:
 
 def make_samples(rng: np.random.Generator, sc: Scenario, effect: float, drift: np.ndarray) -> list[list[list]]:
     """samples[rep][pair] = (A's TrialSample, B's TrialSample)."""
-    reps = drift.shape[0]
+    reps, n_pairs = drift.shape[:2]
     scale = drift * side_scale(sc, effect)  # (reps, pairs, 2)
     out: list[list[list]] = []
     for r in range(reps):
         pairs = []
-        for p in range(MAX_PAIRS):
+        for p in range(n_pairs):
             pair = []
             for s in range(2):
                 pair.append(_trial(rng, sc, float(scale[r, p, s]), p))
@@ -142,34 +141,44 @@ def decide(pairs: Sequence[Sequence[TrialSample]], goals: Goals, trials: Trials,
     return Outcome(d.verdict == KEPT, lo > 0 or hi < 0, lo <= truth <= hi, n, hi - lo)
 
 
-def run_scenario(sc: Scenario, reps: int, seed: int) -> dict[str, dict[str, float]]:
+def run_designs(
+    sc: Scenario, designs: Sequence[Trials], effects: Sequence[float], reps: int, seed: int
+) -> dict[tuple[int, float], list[Outcome]]:
+    """Outcomes per (design index, effect); every design decides the same simulated trials (common random numbers
+    between the rows)."""
     rng = np.random.default_rng(seed)
     direction = "minimize" if sc.lower_is_better else "maximize"
     goals = Goals(objective=Objective(direction, sc.metric, 0.02))
-    rows: dict[str, dict[str, float]] = {}
-    results: dict[tuple[str, float], list[Outcome]] = {}
-    for effect in EFFECTS:
-        drift = drift_factors(rng, reps, sc)
-        samples = make_samples(rng, sc, effect, drift)
+    pairs = max(t.max_repeats if t.sequential else t.repeats for t in designs)
+    results: dict[tuple[int, float], list[Outcome]] = {}
+    for effect in effects:
+        samples = make_samples(rng, sc, effect, drift_factors(rng, reps, pairs, sc))
         truth = true_change(sc, effect)
-        for mode, trials in (("fixed", FIXED), ("sequential", SEQUENTIAL)):
-            # Both modes decide the same simulated trials (common random numbers between the rows).
-            results[(mode, effect)] = [decide(pairs, goals, trials, truth) for pairs in samples]
-    for mode in ("fixed", "sequential"):
-        aa, e5, e10 = (results[(mode, e)] for e in EFFECTS)
-        every = aa + e5 + e10
-        rows[mode] = {
-            "aa_false": float(np.mean([o.excludes_zero for o in aa])),
-            "coverage": float(np.mean([o.covers for o in every])),
-            "power5": float(np.mean([o.kept for o in e5])),
-            "power10": float(np.mean([o.kept for o in e10])),
-            "aa_width": float(np.median([o.width for o in aa])),
-            "pairs10_mean": float(np.mean([o.pairs for o in e10])),
-            "pairs10_median": float(np.median([o.pairs for o in e10])),
-            "pairsaa_mean": float(np.mean([o.pairs for o in aa])),
-            "pairsaa_median": float(np.median([o.pairs for o in aa])),
-        }
-    return rows
+        for i, trials in enumerate(designs):
+            results[(i, effect)] = [decide(reps_pairs, goals, trials, truth) for reps_pairs in samples]
+    return results
+
+
+def summary(aa: Sequence[Outcome], e5: Sequence[Outcome], e10: Sequence[Outcome]) -> dict[str, float]:
+    def rate(outcomes: Sequence[Outcome], what: Callable[[Outcome], bool]) -> float:
+        return float(np.mean([what(o) for o in outcomes])) if outcomes else float("nan")
+
+    return {
+        "aa_false": rate(aa, lambda o: o.excludes_zero),
+        "coverage": rate([*aa, *e5, *e10], lambda o: o.covers),
+        "power5": rate(e5, lambda o: o.kept),
+        "power10": rate(e10, lambda o: o.kept),
+        "aa_width": float(np.median([o.width for o in aa])),
+        "pairs10_mean": float(np.mean([o.pairs for o in e10])),
+        "pairs10_median": float(np.median([o.pairs for o in e10])),
+        "pairsaa_mean": float(np.mean([o.pairs for o in aa])),
+        "pairsaa_median": float(np.median([o.pairs for o in aa])),
+    }
+
+
+def run_scenario(sc: Scenario, reps: int, seed: int) -> dict[str, dict[str, float]]:
+    res = run_designs(sc, (FIXED, SEQUENTIAL), EFFECTS, reps, seed)
+    return {mode: summary(*(res[(i, e)] for e in EFFECTS)) for i, mode in enumerate(("fixed", "sequential"))}
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -206,14 +215,61 @@ def table(results: Sequence[tuple[Scenario, dict[str, dict[str, float]]]]) -> st
     return "\n".join(lines)
 
 
+# What it takes to keep a 10 % P95 gain at sigma 0.3, tau 3 %: more pairs, a longer sequence, longer trials.
+DESIGN_SCENARIO = Scenario("ttft.p95", 0.3, 0.03, "indep")
+DESIGNS: tuple[tuple[str, Trials], ...] = (
+    ("fixed 3", FIXED),
+    ("fixed 4", Trials(repeats=4, max_repeats=4)),
+    ("fixed 6", Trials(repeats=6, max_repeats=6)),
+    ("fixed 8", Trials(repeats=8, max_repeats=8)),
+    ("sequential 3-6", SEQUENTIAL),
+    ("sequential 3-8", Trials(repeats=3, sequential=True, max_repeats=8)),
+    ("sequential 4-8", Trials(repeats=4, sequential=True, max_repeats=8)),
+)
+LONG_TRIALS = (1000,)  # requests per trial, with the fixed 3 and sequential 3-6 designs
+
+
+def designs_table(reps: int, seed: int, say: Callable[[str], None]) -> str:
+    rows: list[tuple[str, dict[str, float]]] = []
+    res = run_designs(DESIGN_SCENARIO, [t for _, t in DESIGNS], EFFECTS, reps, seed)
+    rows += [(name, summary(*(res[(i, e)] for e in EFFECTS))) for i, (name, _) in enumerate(DESIGNS)]
+    say("# designs: done")
+    for n in LONG_TRIALS:
+        sc = Scenario(DESIGN_SCENARIO.metric, DESIGN_SCENARIO.sigma, DESIGN_SCENARIO.tau, DESIGN_SCENARIO.drift, n)
+        res = run_designs(sc, (FIXED, SEQUENTIAL), EFFECTS, reps, seed + n)
+        rows += [
+            (f"{name}, {n} req", summary(*(res[(i, e)] for e in EFFECTS)))
+            for i, name in enumerate(("fixed 3", "sequential 3-6"))
+        ]
+        say(f"# designs, {n} requests: done")
+    lines = [
+        f"| design ({DESIGN_SCENARIO.label}) | A/A false | coverage | power 5% | power 10% | A/A CI width (median) "
+        "| pairs/side at 10% mean / median |",
+        "|" + "---|" * 7,
+    ]
+    for name, r in rows:
+        lines.append(
+            f"| {name} | {_pct(r['aa_false'])} | {_pct(r['coverage'])} | {_pct(r['power5'])} | {_pct(r['power10'])} "
+            f"| {_pct(r['aa_width'])} | {r['pairs10_mean']:.2f} / {r['pairs10_median']:g} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = print) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=300, help="simulated decisions per scenario and effect")
     parser.add_argument("--seed", type=int, default=20261204)
     parser.add_argument("--only", default=None, help="run the scenarios whose label contains this text")
+    parser.add_argument(
+        "--designs", action="store_true", help="instead: what it takes at sigma 0.3, tau 3 %% (pairs, trial length)"
+    )
     args = parser.parse_args(argv)
-    chosen = [sc for sc in SCENARIOS if args.only is None or args.only in sc.label]
     t0 = time.perf_counter()
+    if args.designs:
+        say(designs_table(args.reps, args.seed, say))
+        say(f"\n{args.reps} decisions per design and effect; {time.perf_counter() - t0:.0f} s")
+        return
+    chosen = [sc for sc in SCENARIOS if args.only is None or args.only in sc.label]
     results = []
     for i, sc in enumerate(chosen):
         results.append((sc, run_scenario(sc, args.reps, args.seed + i)))
