@@ -122,7 +122,8 @@ class Outcome:
     excludes_zero: bool
     covers: bool
     pairs: int
-    width: float
+    low: float
+    high: float
 
 
 def decide(pairs: Sequence[Sequence[TrialSample]], goals: Goals, trials: Trials, truth: float) -> Outcome:
@@ -138,7 +139,7 @@ def decide(pairs: Sequence[Sequence[TrialSample]], goals: Goals, trials: Trials,
         n += 1
     lo, hi = d.objective.ci_low, d.objective.ci_high
     assert lo is not None and hi is not None
-    return Outcome(d.verdict == KEPT, lo > 0 or hi < 0, lo <= truth <= hi, n, hi - lo)
+    return Outcome(d.verdict == KEPT, lo > 0 or hi < 0, lo <= truth <= hi, n, lo, hi)
 
 
 def run_designs(
@@ -168,7 +169,8 @@ def summary(aa: Sequence[Outcome], e5: Sequence[Outcome], e10: Sequence[Outcome]
         "coverage": rate([*aa, *e5, *e10], lambda o: o.covers),
         "power5": rate(e5, lambda o: o.kept),
         "power10": rate(e10, lambda o: o.kept),
-        "aa_width": float(np.median([o.width for o in aa])),
+        "aa_low": float(np.median([o.low for o in aa])),
+        "aa_high": float(np.median([o.high for o in aa])),
         "pairs10_mean": float(np.mean([o.pairs for o in e10])),
         "pairs10_median": float(np.median([o.pairs for o in e10])),
         "pairsaa_mean": float(np.mean([o.pairs for o in aa])),
@@ -199,9 +201,13 @@ def _pct(x: float) -> str:
     return f"{x * 100:.1f}%"
 
 
+def _spct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
 def table(results: Sequence[tuple[Scenario, dict[str, dict[str, float]]]]) -> str:
     head = (
-        "| scenario | mode | A/A false | coverage | power 5% | power 10% | A/A CI width (median) "
+        "| scenario | mode | A/A false | coverage | power 5% | power 10% | A/A CI (median bounds) "
         "| pairs/side at 10% mean / median | pairs/side A/A mean / median |"
     )
     lines = [head, "|" + "---|" * 9]
@@ -209,7 +215,7 @@ def table(results: Sequence[tuple[Scenario, dict[str, dict[str, float]]]]) -> st
         for mode, r in rows.items():
             lines.append(
                 f"| {sc.label} | {mode} | {_pct(r['aa_false'])} | {_pct(r['coverage'])} | {_pct(r['power5'])} "
-                f"| {_pct(r['power10'])} | {_pct(r['aa_width'])} "
+                f"| {_pct(r['power10'])} | [{_spct(r['aa_low'])}, {_spct(r['aa_high'])}] "
                 f"| {r['pairs10_mean']:.2f} / {r['pairs10_median']:g} | {r['pairsaa_mean']:.2f} / {r['pairsaa_median']:g} |"
             )
     return "\n".join(lines)
@@ -243,14 +249,14 @@ def designs_table(reps: int, seed: int, say: Callable[[str], None]) -> str:
         ]
         say(f"# designs, {n} requests: done")
     lines = [
-        f"| design ({DESIGN_SCENARIO.label}) | A/A false | coverage | power 5% | power 10% | A/A CI width (median) "
+        f"| design ({DESIGN_SCENARIO.label}) | A/A false | coverage | power 5% | power 10% | A/A CI (median bounds) "
         "| pairs/side at 10% mean / median |",
         "|" + "---|" * 7,
     ]
     for name, r in rows:
         lines.append(
             f"| {name} | {_pct(r['aa_false'])} | {_pct(r['coverage'])} | {_pct(r['power5'])} | {_pct(r['power10'])} "
-            f"| {_pct(r['aa_width'])} | {r['pairs10_mean']:.2f} / {r['pairs10_median']:g} |"
+            f"| [{_spct(r['aa_low'])}, {_spct(r['aa_high'])}] | {r['pairs10_mean']:.2f} / {r['pairs10_median']:g} |"
         )
     return "\n".join(lines)
 
