@@ -34,6 +34,7 @@ import numpy as np
 from llmplay.archive.model import KEPT
 from llmplay.spec import Goals, Objective, Trials
 from llmplay.tuning.decide import TrialSample, decide_step
+from llmplay.tuning.intervals import paired_effect
 
 FIXED = Trials(repeats=3, interleave=True, sequential=False, max_repeats=3)
 SEQUENTIAL = Trials(repeats=3, interleave=True, sequential=True, max_repeats=6)
@@ -261,6 +262,25 @@ def designs_table(reps: int, seed: int, say: Callable[[str], None]) -> str:
     return "\n".join(lines)
 
 
+def aa_precision(reps: int, seed: int) -> float:
+    """A/A false-decision rate of the fixed design (3 pairs) at sigma 0.3, tau 3 %, to a Monte Carlo error that 300
+    decisions cannot give (+-2.5 points): the per-trial P95s vectorised, each replicate's interval from
+    `paired_effect`, the function `decide_step` takes its interval from."""
+    rng = np.random.default_rng(seed)
+    sc, n_pairs = DESIGN_SCENARIO, FIXED.repeats
+    p95 = np.empty((reps, n_pairs, 2))
+    for start in range(0, reps, 2000):  # in blocks: 2,000 x 6 trials x 200 requests at a time
+        stop = min(reps, start + 2000)
+        draws = np.exp(sc.sigma * rng.standard_normal((stop - start, n_pairs, 2, sc.requests)))
+        p95[start:stop] = np.percentile(draws, 95, axis=3)
+    p95 *= drift_factors(rng, reps, n_pairs, sc)
+    false = 0
+    for r in range(reps):
+        e = paired_effect(p95[r, :, 0], p95[r, :, 1], FIXED.confidence)
+        false += bool(e.low is not None and e.high is not None and (e.low > 0 or e.high < 0))
+    return false / reps
+
+
 def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = print) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=300, help="simulated decisions per scenario and effect")
@@ -269,8 +289,20 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = print) 
     parser.add_argument(
         "--designs", action="store_true", help="instead: what it takes at sigma 0.3, tau 3 %% (pairs, trial length)"
     )
+    parser.add_argument(
+        "--aa-precision",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: the fixed design's A/A rate over N replicates",
+    )
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
+    if args.aa_precision:
+        rate = aa_precision(args.aa_precision, args.seed)
+        say(f"A/A false decisions, fixed 3 pairs, {DESIGN_SCENARIO.label}: {rate:.2%} of {args.aa_precision}")
+        say(f"{time.perf_counter() - t0:.0f} s")
+        return
     if args.designs:
         say(designs_table(args.reps, args.seed, say))
         say(f"\n{args.reps} decisions per design and effect; {time.perf_counter() - t0:.0f} s")
