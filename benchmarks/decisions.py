@@ -9,7 +9,9 @@ the code a run uses, not of a re-implementation.
 Per request, latency is lognormal with log-SD sigma. Per trial, a drift factor exp(tau * z) scales every request of
 that trial (an engine start, the machine's state that minute); with `shared` drift the two trials of a pair share
 half of its variance (they ran minutes apart), with `indep` drift none. The candidate's effect scales its latencies
-(a 10 % gain: P95 x 0.9), so the true relative change of P95 is known exactly.
+(a 10 % gain: P95 x 0.9), so the true relative change of P95 is known exactly. The two trials of a pair draw their
+requests' noise independently: a real pair shares its request sequence (the workload seed), which makes its trials
+more alike than here, so these figures are on the cautious side.
 
 Reported per scenario (300 decisions each by default):
 - A/A false: share of A/A decisions whose objective interval excludes 0 (kept, or rejected as worse): the error
@@ -18,8 +20,10 @@ Reported per scenario (300 decisions each by default):
 - power 5 % / 10 %: share of decisions that keep a candidate whose true gain is 5 % / 10 %.
 - trials/side: pairs used (fixed: always 3; sequential: mean / median at the 10 % effect and in A/A).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/decisions.py              # the table (about 2 minutes on 2 cores)
-    PYTHONPATH=. .venv/bin/python benchmarks/decisions.py --reps 100   # quicker, noisier
+    PYTHONPATH=. .venv/bin/python benchmarks/decisions.py                    # the table (about 3 minutes, 2 cores)
+    PYTHONPATH=. .venv/bin/python benchmarks/decisions.py --reps 100         # quicker, noisier
+    PYTHONPATH=. .venv/bin/python benchmarks/decisions.py --designs          # what it takes: pairs, trial length
+    PYTHONPATH=. .venv/bin/python benchmarks/decisions.py --aa-precision N   # the fixed design's A/A rate, N reps
 """
 
 from __future__ import annotations
