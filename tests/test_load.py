@@ -425,3 +425,61 @@ def test_transport_reassembles_a_byte_by_byte_chunked_body_and_retries_a_stale_c
 
     first, second, served = asyncio.run(main())
     assert first == second == b"abcdefg" and served == 2
+
+
+@pytest.mark.parametrize(
+    ("stream", "ok"),
+    [
+        # An immediate EOS: one token message without text. vllm bench serve counts it a success, so does llmplay.
+        (b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}]}\n\n', True),
+        # Usage and [DONE] without any token message: nothing to time a first token by.
+        (b"", False),
+    ],
+    ids=["eos-only", "no-token"],
+)
+def test_a_reply_is_complete_once_a_token_message_came_text_or_not(stream, ok):
+    import asyncio
+
+    import httpx
+
+    from llmplay.loadgen.runner import run_load
+
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":6,"completion_tokens":1,"total_tokens":7}}\n\n'
+    body = stream + usage + b"data: [DONE]\n\n"
+    response = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+    handlers = []
+
+    async def serve(reader, writer):  # every request on the connection gets `body`
+        handlers.append(asyncio.current_task())
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(response)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def main():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with httpx.AsyncClient() as client:
+            result = await run_load(client, url, BASE, build_requests(BASE, TOK, "m"))
+        await asyncio.gather(*handlers)  # they end on the client's closed connections
+        server.close()
+        await server.wait_closed()
+        return result
+
+    records = asyncio.run(main()).records
+    assert all(r.ok == ok for r in records)
+    if ok:
+        assert all(r.first_chunk_ns is not None and r.first_text_ns is None and r.output_tokens == 1 for r in records)
+        s = summarize(records, 1.0, {})
+        assert s["ttft.n"] == 8 and s["ttft_content.n"] == 0 and s["ttft_content.p50"] is None
+    else:
+        assert {r.error_kind for r in records} == {"protocol"}
+        assert "no message with non-empty choices" in records[0].error_message
