@@ -46,6 +46,7 @@ _LATENCY_LABELS = {
     "itl": "ITL",
     "e2el": "E2E latency",
     "ttft_nonstream": "TTFT (non-streamed)",
+    "ttft_content": "TTFT to first text",
     "queue_wait": "client queue wait",
 }
 _STATS = ("mean", "std", "p50", "p90", "p95", "p99")
@@ -157,10 +158,23 @@ REPORT_RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
 
 # What each figure means (DESIGN.md's definitions), as the report's method section states them.
 METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
-    ("TTFT", "request sent → first chunk carrying generated text (streamed requests)."),
-    ("E2EL", "request sent → last token-bearing chunk (not the usage-only chunk or [DONE])."),
+    (
+        "TTFT",
+        "request handed to the transport (connection set-up included) → first SSE message with non-empty choices, "
+        "text or not, as vllm bench serve (streamed requests).",
+    ),
+    (
+        "TTFT to first text",
+        "the same clock → first chunk carrying text, content or reasoning (ttft_content); it differs from TTFT "
+        "when a server sends its role-only chunk before the first token.",
+    ),
+    (
+        "E2EL",
+        "the same clock → last message with non-empty choices (an empty finish chunk counts; usage-only and "
+        "[DONE] do not).",
+    ),
     ("TPOT", "per request (E2EL − TTFT) / (output tokens − 1), requests with more than one output token."),
-    ("ITL", "every gap between successive content chunks, pooled over requests."),
+    ("ITL", "every gap between successive messages with non-empty choices, pooled over requests."),
     (
         "Output tokens",
         "the server's usage figures; where the server sent none, the generated text counted with the prompts' tokenizer "
@@ -255,6 +269,7 @@ ABSENCE_REASONS: dict[str, str] = {
     "itl": "no streamed request produced more than one chunk",
     "e2el": "no request completed",
     "ttft_nonstream": "no non-streamed request completed",
+    "ttft_content": "no streamed request carried text",
     "queue_wait": "no request completed",
 }
 
@@ -279,14 +294,14 @@ def thin_sample(metric: str, summary: Mapping[str, Any]) -> str | None:
     return f"{label_of(metric)} from {int(n)} request(s) (needs at least {need})"
 
 
-# Which requests each latency family is measured on: TTFT, TPOT, ITL and TTFO exist only for streamed requests,
+# Which requests each latency family is measured on: TTFT (both), TPOT, ITL and TTFO exist only for streamed requests,
 # TTFT (non-streamed) only for non-streamed ones; E2E latency and queue wait for every completed request.
-STREAMED_ONLY: frozenset[str] = frozenset({"ttft", "tpot", "itl", "ttfo"})
+STREAMED_ONLY: frozenset[str] = frozenset({"ttft", "tpot", "itl", "ttft_content", "ttfo"})
 NONSTREAMED_ONLY: frozenset[str] = frozenset({"ttft_nonstream"})
 # The request counts a summary keeps beside its figures (metrics.summarize per trial, the pooled configuration
 # row of tuning.decide): what each percentile rests on, and how many requests were streamed or not.
 SAMPLE_COUNT_KEYS: tuple[str, ...] = (
-    *(f"{family}.n" for family in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttfo")),
+    *(f"{family}.n" for family in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttft_content", "ttfo")),
     "requests.total",
     "requests.completed",
     "requests.streamed",

@@ -1,12 +1,16 @@
-"""Per-request records → summary metrics with the vllm-bench definitions of DESIGN.md (numpy, linear percentiles).
+"""Per-request records → summary metrics, with `vllm bench serve`'s definitions (numpy, linear percentiles).
 
-- TTFT: sent → first chunk carrying generated text (streamed requests only; non-streamed ones are
-  reported apart as ttft_nonstream, where TTFT = E2EL).
-- E2EL: sent → last text-bearing chunk (stream) or the full body (non-stream).
+A "token message" is an SSE message with non-empty `choices`, text or not (a role-only first chunk, an empty
+finish chunk that carries the EOS token); usage-only messages and [DONE] are none. The clock starts when the
+request reaches the transport, before it acquires a connection (RequestRecord.sent_ns).
+- TTFT: sent → first token message (streamed requests only; non-streamed ones are reported apart as
+  ttft_nonstream, where TTFT = E2EL). ttft_content: sent → first chunk carrying text, content or reasoning
+  (AIPerf's TTFT); ttfo: sent → first non-reasoning content (AIPerf's TTFO).
+- E2EL: sent → last token message (stream) or the full body (non-stream).
 - TPOT: (E2EL − TTFT) / (output_tokens − 1), streamed requests with more than one output token.
-- ITL: every gap between successive text-bearing chunks, pooled over requests.
+- ITL: every gap between successive token messages, pooled over requests.
 - Output tokens: the server's usage; without it, the text counted by the exact tokenizer or estimated
-  by the approximate one (output_tokens_source, tokens.output_estimated), never text chunks.
+  by the approximate one (output_tokens_source, tokens.output_estimated), never token messages.
 - Throughput: completed requests, output tokens, input + output tokens ÷ benchmark duration
   (warm-up excluded; it ends when the last measured request ended, failures included).
   Goodput: completed requests meeting every SLO in slo_s ÷ duration.
@@ -28,7 +32,7 @@ from llmplay.loadgen.records import ERROR_KINDS, RequestRecord, records_from_dat
 
 PERCENTILES = (50, 90, 95, 99)
 STAT_NAMES = ("mean", "std", "p50", "p90", "p95", "p99")
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttfo", "queue_wait")
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttft_content", "ttfo", "queue_wait")
 SLO_KEYS = ("ttft", "tpot", "e2el")
 
 
@@ -64,10 +68,11 @@ def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
     """Per-request values (seconds) of measured, completed requests: the pooled percentiles, and one trial's figure.
 
     ttft/tpot: streamed requests (tpot only with > 1 output token); e2el: every completed request;
-    ttft_nonstream: non-streamed requests; itl: pooled chunk gaps; ttfo: first non-reasoning content.
+    ttft_nonstream: non-streamed requests; itl: pooled gaps between token messages; ttft_content: first text
+    (content or reasoning); ttfo: first non-reasoning content.
     """
     recs = [r for r in _as_records(records) if not r.is_warmup and r.error_kind is None]
-    ttft, tpot, e2el, nonstream, ttfo, itl, qwait = [], [], [], [], [], [], []
+    ttft, tpot, e2el, nonstream, content, ttfo, itl, qwait = [], [], [], [], [], [], [], []
     for r in recs:
         if r.end_ns is None or r.first_chunk_ns is None:
             continue
@@ -79,6 +84,8 @@ def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
             continue
         t = _ttft_s(r)
         ttft.append(t)
+        if r.first_text_ns is not None:
+            content.append((r.first_text_ns - r.sent_ns) / 1e9)
         if r.first_content_ns is not None:
             ttfo.append((r.first_content_ns - r.sent_ns) / 1e9)
         tp = _tpot_s(r, t, e)
@@ -91,6 +98,7 @@ def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
         "tpot": np.asarray(tpot, dtype=float),
         "e2el": np.asarray(e2el, dtype=float),
         "ttft_nonstream": np.asarray(nonstream, dtype=float),
+        "ttft_content": np.asarray(content, dtype=float),
         "ttfo": np.asarray(ttfo, dtype=float),
         "queue_wait": np.asarray(qwait, dtype=float),
         "itl": np.concatenate(itl) if itl else np.asarray([], dtype=float),
@@ -98,11 +106,13 @@ def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
 
 
 def per_request_frame(records: Sequence[RequestRecord]) -> Any:
-    """The per-request table a trial archives: every record column, plus each request's ttft_s and e2el_s
-    (sent → first text chunk / end; NA where that never happened) and schedule_lag_s (scheduled → sent)."""
+    """The per-request table a trial archives: every record column, plus each request's ttft_s, ttft_content_s
+    and e2el_s (sent → first token message / first text / last token message; NA where that never happened) and
+    schedule_lag_s (scheduled → sent)."""
     df = records_to_dataframe(records)
     sent = df["sent_ns"].astype("Int64")
     df["ttft_s"] = ((df["first_chunk_ns"] - sent) / 1e9).astype("Float64")
+    df["ttft_content_s"] = ((df["first_text_ns"] - sent) / 1e9).astype("Float64")
     df["e2el_s"] = ((df["end_ns"] - sent) / 1e9).astype("Float64")
     df["schedule_lag_s"] = (df["sent_ns"] - df["scheduled_ns"]) / 1e9
     return df
@@ -178,7 +188,7 @@ def summarize(
     ok = [r for r in recs if r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None]
     arrays = per_request_arrays(ok)
     values: dict[str, float | int | None] = {}
-    for name in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttfo"):
+    for name in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttft_content", "ttfo"):
         for stat, v in _stats(arrays[name]).items():
             values[f"{name}.{stat}"] = v
         # How many requests the percentiles rest on (ITL pools gaps, but its unit is still the request).

@@ -5,7 +5,8 @@ Behaviour is chosen per request by a path prefix, so one server serves every sce
 
 Keys: ttft_ms (20), itl_ms (5: the gap between text chunks), tokens (default: the request's max_tokens),
 per_chunk (1: tokens per text chunk, as servers that batch their stream send), usage (1: send the
-usage chunk when asked), done (1: send [DONE]), role (1: chat streams start with a role-only chunk),
+usage chunk when asked), done (1: send [DONE]), role (chat streams start with a role-only chunk; 1: written
+with the first token, as vLLM and llama.cpp do; 2: on admission, right after the headers; 0: none),
 fault: none | 500 | 400 | close (FIN mid-stream) | stall (stop sending) | reset (TCP RST) | garbage,
 fault_after (text chunks sent before the fault; 0 = before the response headers), fault_from (0: how
 many requests of this scenario, counted per path prefix since the last GET /_log, are served before
@@ -78,6 +79,14 @@ def _sse(obj: Any) -> bytes:
 
 
 _DONE = _chunk(b"data: [DONE]\n\n")
+_ROLE = _sse(
+    {
+        "id": "instrument",
+        "object": "chat.completion.chunk",
+        "model": "instrument",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+    }
+)
 _LAST = b"0\r\n\r\n"
 _STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
@@ -223,8 +232,8 @@ class InstrumentCore:
         if stream:
             writer.write(_STREAM_HEAD)
             log["headers_ns"] = time.perf_counter_ns()
-            if chat and cfg["role"]:
-                writer.write(_sse(self._chat_obj({"role": "assistant", "content": ""}, None)))
+            if chat and cfg["role"] == 2:
+                writer.write(_ROLE)
         self._push(st, st.deadline_ns(0) if stream else st.deadline_ns(n_tokens - 1))
         outcome = await st.finished
         if outcome in ("close", "reset", "stall"):
@@ -301,6 +310,8 @@ class InstrumentCore:
         per_chunk = max(1, int(cfg["per_chunk"]))
         last = (k + 1) * per_chunk >= st.n_tokens
         data = self._text_chunk(st.chat, k * per_chunk, last, min(per_chunk, st.n_tokens - k * per_chunk))
+        if k == 0 and st.chat and cfg["role"] == 1:
+            data = _ROLE + data
         t = time.perf_counter_ns()
         st.writer.write(data)
         st.log["send_ns"].append(t)

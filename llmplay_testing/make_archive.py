@@ -170,6 +170,7 @@ def fake_records(
                 None,
                 0.0,
                 2048,
+                first_text_ns=first if streamed else end,
             )
         records.append(rec)
         users[u] = end + int(rng.uniform(0, 1e6))

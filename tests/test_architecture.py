@@ -18,6 +18,7 @@ _TIMESTAMP_FIELDS = {
     "sent_ns",
     "first_chunk_ns",
     "first_content_ns",
+    "first_text_ns",
     "end_ns",
     "chunk_ns",
     "sent",

@@ -1,5 +1,7 @@
 """Metric definitions (DESIGN.md) on hand-made records whose true values are known exactly."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -150,3 +152,111 @@ def test_dataframe_and_parquet_round_trip(tmp_path):
     assert records_from_dataframe(back) == tuple(RECORDS)
     assert summarize(back, 2.0, {"ttft": 0.15}).as_dict() == summarize(RECORDS, 2.0, {"ttft": 0.15}).as_dict()
     assert back["ttft_s"][1] == pytest.approx(0.1)
+
+
+# ------------------------------------------------------------------------------ parity with vllm bench serve
+# (arrival ms, SSE bytes of that read): a chat stream whose role chunk comes 40 ms before the first token (a
+# server that sends it on admission), reasoning before content, an empty finish chunk after the last token.
+CHAT_READS = (
+    (40, b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'),
+    (80, b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"so"},"finish_reason":null}]}\n\n'),
+    (95, b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'),
+    (
+        110,
+        b'data: {"choices":[{"index":0,"delta":{"content":" there"},"finish_reason":null}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
+    ),
+    (130, b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4,"total_tokens":13}}\n\n'),
+    (131, b"data: [DONE]\n\n"),
+)
+COMPLETION_READS = (
+    (30, b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'),
+    (45, b'data: {"choices":[{"index":0,"text":"","finish_reason":null}]}\n\n'),  # a special token: no text
+    (70, b'data: {"choices":[{"index":0,"text":"b","finish_reason":"length"}]}\n\n'),
+    (
+        90,
+        b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}\n\ndata: [DONE]\n\n',
+    ),
+)
+
+
+def streamed_record(reads, index=0):
+    """The record send.py makes of these reads (request sent at 0), through the real SSE parser."""
+    from llmplay.loadgen.sse import StreamState
+
+    st = StreamState()
+    for t_ms, data in reads:
+        st.feed(data, t_ms * MS)
+    return RequestRecord(
+        index=index,
+        is_warmup=False,
+        stream=True,
+        scheduled_ns=0,
+        sent_ns=0,
+        first_chunk_ns=st.first_chunk_ns,
+        first_content_ns=st.first_content_ns,
+        chunk_ns=tuple(st.chunk_ns),
+        end_ns=st.end_ns,
+        input_tokens=st.usage["prompt_tokens"],
+        output_tokens=st.usage["completion_tokens"],
+        output_tokens_source="usage",
+        finish_reason=st.finish_reason,
+        http_status=200,
+        error_kind=None,
+        error_message=None,
+        queue_wait_s=0.0,
+        first_text_ns=st.first_text_ns,
+    )
+
+
+def vllm_reference(reads):
+    """What vllm bench serve's request function (vllm/benchmarks/lib/endpoint_request_func.py) records from these
+    reads: the clock stops at every message with non-empty choices; TTFT at the first, one ITL per later one,
+    latency at the last; a usage-only message only sets the token count."""
+    ttft, itl, last, tokens = None, [], 0.0, None
+    for t_ms, data in reads:
+        for message in data.decode().split("\n\n"):
+            chunk = message.strip().removeprefix("data: ")
+            if not chunk or chunk == "[DONE]":
+                continue
+            obj = json.loads(chunk)
+            t = t_ms / 1000
+            if obj.get("choices"):
+                if ttft is None:
+                    ttft = t
+                else:
+                    itl.append(t - last)
+                last = t
+            elif obj.get("usage"):
+                tokens = obj["usage"]["completion_tokens"]
+    return {"ttft": ttft, "itl": itl, "e2el": last, "tpot": (last - ttft) / (tokens - 1)}
+
+
+@pytest.mark.parametrize("reads", [CHAT_READS, COMPLETION_READS], ids=["chat", "completions"])
+def test_ttft_itl_e2el_tpot_are_vllm_bench_serve_s_on_the_same_bytes(reads):
+    want = vllm_reference(reads)
+    got = per_request_arrays([streamed_record(reads)])
+    assert got["ttft"] == pytest.approx([want["ttft"]])
+    assert got["itl"] == pytest.approx(want["itl"])
+    assert got["e2el"] == pytest.approx([want["e2el"]])
+    assert got["tpot"] == pytest.approx([want["tpot"]])
+
+
+def test_ttft_content_and_ttfo_time_the_first_text_and_the_first_answer():
+    s = summarize([streamed_record(CHAT_READS)], 1.0, {})
+    assert s["ttft.p50"] == pytest.approx(0.040)  # the role-only chunk (vLLM's trigger)
+    assert s["ttft_content.p50"] == pytest.approx(0.080)  # first text, reasoning included (AIPerf TTFT)
+    assert s["ttfo.p50"] == pytest.approx(0.095)  # first non-reasoning content (AIPerf TTFO)
+    assert s["e2el.p50"] == pytest.approx(0.110)  # the empty finish chunk, not the usage chunk or [DONE]
+    assert s["ttft_content.n"] == 1
+    completion = summarize([streamed_record(COMPLETION_READS)], 1.0, {})
+    assert completion["ttft.p50"] == completion["ttft_content.p50"] == pytest.approx(0.030)
+
+
+def test_an_archive_from_before_ttft_content_reads_its_first_chunk_as_first_text():
+    # Such archives timed text chunks only: first_chunk_ns was the first text, so ttft_content is their ttft.
+    legacy = per_request_frame(RECORDS).drop(columns=["first_text_ns", "ttft_content_s"])
+    back = records_from_dataframe(legacy)
+    assert all(r.first_text_ns == r.first_chunk_ns for r in back)
+    s = summarize(back, 2.0, {})
+    assert s["ttft_content.p95"] == s["ttft.p95"] and s["ttft_content.n"] == s["ttft.n"] == 4

@@ -28,7 +28,9 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
         tmp_path,
         duration="4s",
         warmup="1s",
-        repeats=2,
+        # Three pairs: the interval is a t on per-pair log ratios, and with two pairs (one degree of freedom) its
+        # multiplier is 12.7, so even a 59% TTFT cut came out inconclusive.
+        repeats=3,
         steps=[
             {"name": "parallel-4", "set": {"parallel": 4}},
             {
@@ -38,9 +40,12 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
             },
         ],
     )
-    # A guard holds only when its interval's worse bound is inside the tolerance (non-inferiority): two 4 s trials
+    # A guard holds only when its interval's worse bound is inside the tolerance (non-inferiority): three 4 s trials
     # a side bound throughput to about +-20%, so this test's guard allows 35% where cpu-tiny's allows 15%.
     doc = yaml.safe_load(path.read_text())
+    # On a busy machine three pairs can leave even a large cut undecided: sequential mode adds pairs (up to five)
+    # while undecided, at a per-look level that keeps the overall error rate.
+    doc["trials"].update({"sequential": True, "max_repeats": 5})
     doc["goals"]["guards"] = [
         {"metric": "throughput.output_tok_s", "tolerance": "35%"},
         {"metric": "errors.rate", "tolerance": "0%"},
@@ -63,7 +68,7 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
     assert outcome.exit_code in (0, 3) and len(outcome.gates) == 4
     assert verify(outcome.run_dir) == []
     manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
-    assert len(manifest["trials"]) == 8 and all(t["status"] == "ok" for t in manifest["trials"])
+    assert 12 <= len(manifest["trials"]) <= 20 and all(t["status"] == "ok" for t in manifest["trials"])
     first = manifest["trials"][0]["summary"]
     assert first["ttft.p95"] > 0 and first["errors.rate"] == 0
     assert (outcome.run_dir / "report.html").is_file()

@@ -74,16 +74,44 @@ def test_parse_event_kinds():
     assert parse_event(b"{oops").kind == ERROR
 
 
-def test_stream_state_times_only_text_chunks():
+def test_stream_state_times_every_message_with_choices_as_vllm_does():
     st = StreamState()
     events = CHAT.split(b"\n\n")
     for t, ev in enumerate(events[:-1], start=1):  # one event per feed, at t = 1, 2, ...
         st.feed(ev + b"\n\n", t * 100)
-    assert st.first_chunk_ns == 200  # reasoning text counts for TTFT (role-only chunk skipped)
+    assert st.first_chunk_ns == 100  # TTFT: the role-only chunk has non-empty choices (vllm bench serve)
+    assert st.first_text_ns == 200  # first text, reasoning included (AIPerf TTFT): ttft_content
     assert st.first_content_ns == 300  # first non-reasoning content (TTFO)
-    assert st.chunk_ns == [200, 300]
-    assert st.end_ns == 300  # the empty finish chunk and [DONE] do not move E2EL
+    assert st.chunk_ns == [100, 200, 300, 400]  # ITL: the role and the empty finish chunk are gaps too
+    assert st.end_ns == 400  # E2EL ends at the empty finish chunk (it carries the EOS token); [DONE] does not move it
     assert st.finish_reason == "stop" and st.done and st.text == "hmmHi"
+
+
+# llama.cpp's server: the role chunk and the first token in one write, an empty finish chunk after the last token,
+# then the usage-only chunk.
+LLAMACPP_CHAT = (
+    b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null},"finish_reason":null}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"A"},"finish_reason":null}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":"B"},"finish_reason":null}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n',
+    b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}\n\ndata: [DONE]\n\n',
+)
+
+
+def test_reads_of_a_llamacpp_stream_stamp_its_messages_as_vllm_would():
+    st = StreamState()
+    for t, data in zip((10, 20, 30, 40), LLAMACPP_CHAT, strict=True):
+        st.feed(data, t)
+    assert (st.first_chunk_ns, st.first_text_ns, st.first_content_ns) == (10, 10, 10)
+    assert st.chunk_ns == [10, 10, 20, 30]  # role and first token read together: a gap of 0, as vLLM counts it
+    assert st.end_ns == 30 and st.usage["completion_tokens"] == 2 and st.text == "AB"
+
+
+def test_a_reply_of_only_an_eos_token_has_a_first_token_but_no_text():
+    st = StreamState()
+    st.feed(b'data: {"choices":[{"index":0,"text":"","finish_reason":"stop"}]}\n\ndata: [DONE]\n\n', 7)
+    assert st.first_chunk_ns == 7 and st.end_ns == 7 and st.chunk_ns == [7]
+    assert st.first_text_ns is None and st.first_content_ns is None and st.text == ""
 
 
 def test_stream_state_usage_chunk_is_not_a_token_and_done_stops():

@@ -1,6 +1,7 @@
 """The streaming transport against real local sockets: headers as sent, framing by llhttp, a connection limit that holds."""
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -135,6 +136,39 @@ def test_waiting_for_a_free_connection_ends_at_the_pool_timeout():
     first, second = asyncio.run(main())
     assert isinstance(first, httpx.Response) and first.status_code == 200
     assert isinstance(second, httpx.PoolTimeout)
+
+
+def test_the_request_clock_starts_before_a_connection_is_acquired():
+    # One connection, two requests at once: the second waits ~0.1 s for it. vllm bench serve starts its clock before
+    # aiohttp acquires a connection, so that wait (like a connect or TLS handshake) is part of TTFT and E2EL.
+    async def main():
+        transport = StreamingTransport(limits=httpx.Limits(max_connections=1))
+
+        async def get(url):
+            response = await transport.handle_async_request(httpx.Request("GET", url))
+            await response.aread()  # frees the connection for the other request
+            return response.extensions["llmplay.sent_ns"]
+
+        async with Server(ok(), hold_s=0.1) as srv:
+            stamps = await asyncio.gather(get(srv.url), get(srv.url))
+            await transport.aclose()
+            return stamps
+
+    first, second = asyncio.run(main())
+    assert abs(second - first) < 0.05e9  # both stamped on arrival, not the second after the first's reply
+
+
+def test_an_https_request_is_stamped_on_the_same_clock_as_an_http_one():
+    async def main():
+        transport = StreamingTransport()
+        # https goes to httpx's own transport (standing in for it here: no TLS server in the tests)
+        transport._fallback = httpx.MockTransport(lambda request: httpx.Response(200, content=b"ok"))
+        before = time.perf_counter_ns()
+        response = await transport.handle_async_request(httpx.Request("GET", "https://engine.invalid/"))
+        return before, response.extensions.get("llmplay.sent_ns"), time.perf_counter_ns()
+
+    before, sent_ns, after = asyncio.run(main())
+    assert sent_ns is not None and before <= sent_ns <= after
 
 
 def test_an_idle_connection_past_its_keepalive_expiry_is_not_reused():

@@ -18,11 +18,14 @@ class RequestRecord:
     is_warmup: bool
     stream: bool
     scheduled_ns: int  # when the schedule wanted it sent (open loop) / when its user was free (closed)
-    sent_ns: int  # just before the request left the client
-    first_chunk_ns: int | None  # first chunk carrying generated text (content or reasoning): TTFT
+    # When the request was handed to the transport, before it acquired a connection (a connect and TLS
+    # handshake count, as in vllm bench serve); on every path, http or https, reused connection or new.
+    sent_ns: int
+    # First SSE message with non-empty choices, text or not (a role-only chunk counts): TTFT, as vLLM's.
+    first_chunk_ns: int | None
     first_content_ns: int | None  # first chunk carrying non-reasoning content (TTFO)
-    chunk_ns: tuple[int, ...]  # arrival of every text-bearing chunk
-    end_ns: int | None  # last text-bearing chunk (stream) or full body (non-stream); not usage/[DONE]
+    chunk_ns: tuple[int, ...]  # arrival of every message with non-empty choices (role-only, empty finish included)
+    end_ns: int | None  # last message with non-empty choices (stream) or the full body (non-stream); not usage/[DONE]
     input_tokens: int  # usage.prompt_tokens, else the planned count
     output_tokens: int  # usage.completion_tokens, else counted from the text (see output_tokens_source)
     # "usage" | "counted" (the exact tokenizer counted the text) | "estimated" (an approximate tokenizer did)
@@ -38,6 +41,9 @@ class RequestRecord:
     # When the client saw the request end, however it ended (last byte, error or timeout): a failed
     # request that never sent text still occupied the measured window until then.
     finished_ns: int | None = None
+    # First chunk carrying generated text, content or reasoning (AIPerf's TTFT): ttft_content. Archives written
+    # before it existed timed only text chunks, so their first_chunk_ns is this (records_from_dataframe).
+    first_text_ns: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -63,7 +69,7 @@ class LoadResult:
 
 
 RECORD_COLUMNS = tuple(f.name for f in fields(RequestRecord))
-_NULLABLE_INT_COLUMNS = ("first_chunk_ns", "first_content_ns", "end_ns", "http_status", "finished_ns")
+_NULLABLE_INT_COLUMNS = ("first_chunk_ns", "first_content_ns", "end_ns", "http_status", "finished_ns", "first_text_ns")
 
 
 def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:
@@ -85,10 +91,15 @@ def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:
 def records_from_dataframe(df: Any) -> tuple[RequestRecord, ...]:
     """Inverse of records_to_dataframe (for re-summarizing an archived run; Parquet or CSV-read frames).
 
-    Columns that are no RequestRecord field (the archive's latency columns) are ignored."""
+    Columns that are no RequestRecord field (the archive's latency columns) are ignored. A frame without
+    first_text_ns was written when only text chunks were timed: its first_chunk_ns, chunk_ns and end_ns are those of
+    text chunks (TTFT then meant first text), so first_text_ns is its first_chunk_ns."""
+    legacy = "first_text_ns" not in df.columns
     out = []
     for row in df.to_dict("records"):
         kw = {name: _none_if_na(row.get(name)) for name in RECORD_COLUMNS}
+        if legacy:
+            kw["first_text_ns"] = kw["first_chunk_ns"]
         chunks = kw["chunk_ns"]
         if isinstance(chunks, str):  # a CSV round trip writes the list as text
             chunks = json.loads(chunks) if chunks.strip() else ()

@@ -131,7 +131,7 @@ async def run_load(
 
 
 def _ended_ns(r: RequestRecord) -> int | None:
-    """When a request stopped occupying the measured window: its last text chunk when it succeeded (as vLLM
+    """When a request stopped occupying the measured window: its last token chunk when it succeeded (as vLLM
     ends E2EL), else when its failure was seen, so a timeout that never sent text still lengthens the window."""
     if r.ok or r.finished_ns is None:
         return r.end_ns

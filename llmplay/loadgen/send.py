@@ -105,7 +105,9 @@ class LoadSender:
             self.inflight -= 1
         reply = _stream_reply(state, exchange) if planned.stream else _body_reply(exchange)
         if exchange.error_kind is None and reply.first_ns is None:
-            exchange.fail("protocol", "response carried no generated text")
+            # As vllm bench serve: a reply is one once a message with non-empty choices came, even without text
+            # (an immediate EOS); a stream of usage and [DONE] alone has no first token to time.
+            exchange.fail("protocol", "response carried no token (no message with non-empty choices)")
         rec = self._record(planned, scheduled_ns, warmup, queue_wait_s, exchange, reply, state)
         self.records.append(rec)
         if rec.error_kind is None:
@@ -133,7 +135,8 @@ class LoadSender:
                     response = await self._direct.handle_async_request(request)
                 else:
                     response = await self.client.send(request, stream=True)
-                # The transport knows when the bytes were written; httpx's own bookkeeping is not latency.
+                # The transport stamps when it took the request, before acquiring a connection, on every path;
+                # httpx's own bookkeeping before that is not latency. Any other transport keeps our stamp.
                 exchange.sent_ns = response.extensions.get("llmplay.sent_ns", exchange.sent_ns)
                 try:
                     exchange.status = response.status_code
@@ -182,9 +185,10 @@ class LoadSender:
         end_ns = reply.end_ns
         if planned.stream:
             first_content_ns, chunk_ns, received = state.first_content_ns, tuple(state.chunk_ns), state.bytes_received
+            first_text_ns = state.first_text_ns
         else:
             first_content_ns, chunk_ns = reply.first_ns, ((end_ns,) if end_ns is not None else ())
-            received = len(exchange.body)
+            first_text_ns, received = reply.first_ns, len(exchange.body)
         return RequestRecord(
             index=planned.index,
             is_warmup=warmup or planned.is_warmup,
@@ -207,6 +211,7 @@ class LoadSender:
             conversation_id=planned.conversation_id,
             turn=planned.turn,
             finished_ns=exchange.finished_ns,
+            first_text_ns=first_text_ns,
         )
 
 
@@ -230,7 +235,7 @@ async def _read_stream(response: httpx.Response, state: StreamState, exchange: _
     if state.error is not None:
         exchange.fail("protocol", f"error event in stream: {state.error}")
     elif not state.done:
-        exchange.fail("truncated", f"stream ended without [DONE] after {len(state.chunk_ns)} text chunks")
+        exchange.fail("truncated", f"stream ended without [DONE] after {len(state.chunk_ns)} token chunks")
 
 
 async def _read_body(response: httpx.Response, exchange: _Exchange) -> None:

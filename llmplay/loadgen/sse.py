@@ -13,7 +13,7 @@ DONE, TEXT, ROLE, USAGE, ERROR, EMPTY = "done", "text", "role", "usage", "error"
 
 
 class Event(NamedTuple):
-    kind: str  # done | text | role | usage | error | empty
+    kind: str  # done | text | role (non-empty choices without text) | usage | error | empty
     content: str  # non-reasoning generated text
     reasoning: str  # reasoning_content / reasoning (reasoning models)
     finish_reason: str | None
@@ -105,8 +105,10 @@ def parse_event(payload: bytes | str) -> Event:
 class StreamState:
     """Feeds raw bytes stamped with their arrival time; accumulates what a RequestRecord needs.
 
-    Only chunks that carry text are timestamped; role-only and usage-only chunks are skipped;
-    nothing after [DONE] counts.
+    Every message with a non-empty `choices` is timestamped, text or not, as `vllm bench serve` does: a
+    role-only first chunk starts TTFT, and an empty finish chunk (it carries the EOS token that usage
+    counts) ends E2EL and is one more ITL gap. The first text (content or reasoning) and the first
+    non-reasoning content are kept apart. Usage-only messages carry no token; nothing after [DONE] counts.
     """
 
     __slots__ = (
@@ -119,6 +121,7 @@ class StreamState:
         "finish_reason",
         "first_chunk_ns",
         "first_content_ns",
+        "first_text_ns",
         "n_events",
         "texts",
         "usage",
@@ -126,8 +129,9 @@ class StreamState:
 
     def __init__(self) -> None:
         self.decoder = SSEDecoder()
-        self.first_chunk_ns: int | None = None
-        self.first_content_ns: int | None = None
+        self.first_chunk_ns: int | None = None  # first message with non-empty choices
+        self.first_text_ns: int | None = None  # first content or reasoning text
+        self.first_content_ns: int | None = None  # first non-reasoning content
         self.chunk_ns: list[int] = []
         self.end_ns: int | None = None
         self.texts: list[str] = []
@@ -146,14 +150,17 @@ class StreamState:
             self.n_events += 1
             ev = parse_event(payload)
             kind = ev.kind
-            if kind == TEXT:
+            if kind in (TEXT, ROLE):
                 if self.first_chunk_ns is None:
                     self.first_chunk_ns = t_ns
-                if ev.content and self.first_content_ns is None:
-                    self.first_content_ns = t_ns
                 self.chunk_ns.append(t_ns)
                 self.end_ns = t_ns
-                self.texts.append(ev.content or ev.reasoning)
+                if kind == TEXT:
+                    if self.first_text_ns is None:
+                        self.first_text_ns = t_ns
+                    if ev.content and self.first_content_ns is None:
+                        self.first_content_ns = t_ns
+                    self.texts.append(ev.content or ev.reasoning)
             elif kind == DONE:
                 self.done = True
                 return

@@ -81,15 +81,13 @@ class _Conn(asyncio.Protocol):
         self.pending.clear()
         self._pieces.clear()
 
-    def start_exchange(self, payload: bytes, head_only: bool) -> int:
-        """Write a request; returns when it was written (perf_counter_ns)."""
+    def start_exchange(self, payload: bytes, head_only: bool) -> None:
+        """Write a request."""
         self._begin_exchange()
         self.expecting = True
         self.head_only = head_only
         assert self.transport is not None
-        sent_ns = _now()
         self.transport.write(payload)
-        return sent_ns
 
     # --- protocol callbacks ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -404,21 +402,28 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         return proto
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """The response's extensions carry "llmplay.sent_ns": when the request reached the transport, before a
+        connection was acquired, on every path (a new connection's connect and TLS handshake count, as in
+        vllm bench serve, so a cold https request and a warm http one are timed alike)."""
         url = request.url
         if url.scheme != "http":
             if self._fallback is None:
                 self._fallback = httpx.AsyncHTTPTransport()
-            return await self._fallback.handle_async_request(request)
+            sent_ns = _now()
+            response = await self._fallback.handle_async_request(request)
+            response.extensions["llmplay.sent_ns"] = sent_ns
+            return response
         timeouts = request.extensions.get("timeout", {})
         body = await request.aread()
         head = [f"{request.method} ".encode() + url.raw_path + b" HTTP/1.1\r\n"]
         head += [k + b": " + v + b"\r\n" for k, v in request.headers.raw]
         payload = b"".join(head) + b"\r\n" + body
         port = url.port or 80
+        sent_ns = _now()
         for attempt in range(2):
             conn = await self._acquire(url.host, port, timeouts)
             reused = conn.reused
-            sent_ns = conn.start_exchange(payload, head_only=request.method == "HEAD")
+            conn.start_exchange(payload, head_only=request.method == "HEAD")
             try:
                 async with asyncio.timeout(timeouts.get("read")):
                     await self._read_head(conn)

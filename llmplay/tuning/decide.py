@@ -35,7 +35,7 @@ from llmplay.metrics import good_mask, per_request_arrays, usd_per_1m_tokens
 from llmplay.spec import Gate, Goals, Trials
 from llmplay.tuning.intervals import Effect, paired_effect, sequential_level, units_to_reach, welch_effect
 
-PER_REQUEST = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "queue_wait")
+PER_REQUEST = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttft_content", "queue_wait")
 
 _THROUGHPUT = {
     "throughput.output_tok_s": "output_tokens",
@@ -123,7 +123,7 @@ def metric_value(samples: Sequence[TrialSample], metric: str) -> float | None:
 
 # Families whose per-request arrays hold one value per request, so the pooled array's size is the count its
 # percentiles rest on; ITL pools chunk gaps, so its request count comes from the trials' summaries.
-_COUNTED_BY_ARRAY = frozenset({"ttft", "tpot", "e2el", "ttft_nonstream", "ttfo"})
+_COUNTED_BY_ARRAY = frozenset({"ttft", "tpot", "e2el", "ttft_nonstream", "ttft_content", "ttfo"})
 
 
 def pooled_counts(samples: Sequence[TrialSample]) -> dict[str, int]:
