@@ -136,7 +136,7 @@ class NodeTrial:
         gpu_ids = ray.get_gpu_ids()
         if gpu_ids and config.engine.gpus:
             # The GPUs Ray granted this task, not "the first N": trials sharing a node must not share a device.
-            config = replace(config, engine=replace(config.engine, gpus=tuple(str(int(g)) for g in gpu_ids)))
+            config = replace(config, engine=replace(config.engine, gpus=tuple(str(g) for g in gpu_ids)))
         runtime = self.playbook.runtime
         if runtime.kind == "docker":
             self._collect_orphans(runtime.docker_host)
