@@ -39,8 +39,8 @@ def test_short_bench_gives_sane_numbers(llama_url, tmp_path, api):
     assert s["ttft.p50"] is not None and s["ttft.p50"] > 0
     measured = result.load.measured()
     # p50s of TTFT (streamed only) and E2EL (all) describe different requests; per request, the last
-    # token comes after the first.
-    assert all(r.end_ns > r.first_chunk_ns > r.sent_ns for r in measured if r.stream)
+    # token comes no earlier than the first (the same when all eight arrive in one read, as on a busy machine).
+    assert all(r.end_ns >= r.first_chunk_ns > r.sent_ns for r in measured if r.stream)
     # ignore_eos: every request generates exactly max_tokens, counted by the server's usage.
     assert all(r.output_tokens == 8 and r.output_tokens_source == "usage" for r in measured)
     assert s["throughput.output_tok_s"] > 0

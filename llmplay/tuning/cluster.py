@@ -372,9 +372,13 @@ class RayCluster:
         for ref in refs:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=False)
+        pending = refs
         with contextlib.suppress(Exception):
-            ray.wait(refs, num_returns=len(refs), timeout=grace_s)
-        for ref in refs:
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=grace_s)
+        # Only what is still running is forced: force-cancelling a task whose reply is already on its way trips a
+        # fatal check in Ray's core worker ("Tried to complete task that was not pending"), which killed the
+        # interrupted driver with exit code 1 instead of 130.
+        for ref in pending:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
         self._inflight.clear()
