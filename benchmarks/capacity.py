@@ -63,7 +63,10 @@ def main() -> int:
         replicates=3,
     )
     workload = Workload(
-        input=LengthDist("fixed", value=8), output=LengthDist("fixed", value=4), rate=1.0, duration_s=1.0,
+        input=LengthDist("fixed", value=8),
+        output=LengthDist("fixed", value=4),
+        rate=1.0,
+        duration_s=1.0,
         warmup_s=args.warmup,
     )
     grid = grid_points(args.low, args.high, args.precision)
@@ -77,8 +80,12 @@ def main() -> int:
             )
             t0 = time.perf_counter()
             _, result = capacity_search(
-                url, "instrument", workload.__class__(**{**workload.__dict__, "seed": seed}), spec,
-                {"ttft": TTFT_S + WAIT_S}, make_tokenizer("word"),
+                url,
+                "instrument",
+                workload.__class__(**{**workload.__dict__, "seed": seed}),
+                spec,
+                {"ttft": TTFT_S + WAIT_S},
+                make_tokenizer("word"),
             )
             found = result.capacity if result.capacity is not None else result.estimate
             row = {
@@ -116,8 +123,10 @@ def main() -> int:
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
     met_accuracy = bool(errors) and max(errors) <= 0.05 and all(r["status"] == "found" for r in rows)
     met_cost = max(r["engine_s"] for r in rows) <= summary["grid_engine_s"] / 2
-    print(f"within 5% of the truth: {'met' if met_accuracy else 'NOT met'}; "
-          f"at most half the grid's engine time: {'met' if met_cost else 'NOT met'}")
+    print(
+        f"within 5% of the truth: {'met' if met_accuracy else 'NOT met'}; "
+        f"at most half the grid's engine time: {'met' if met_cost else 'NOT met'}"
+    )
     return 0 if math.isfinite(truth) else 1
 
 

@@ -142,7 +142,9 @@ def retest(
 @cli.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
-@click.option("--repeats", type=click.IntRange(1, 50), help="Searches to run, each on its own engine start (default 1).")
+@click.option(
+    "--repeats", type=click.IntRange(1, 50), help="Searches to run, each on its own engine start (default 1)."
+)
 @click.option("--allow-outside-extends", is_flag=True)
 @handles_errors
 def capacity(file: Path, archive_dir: str | None, repeats: int | None, allow_outside_extends: bool) -> None:

@@ -24,9 +24,9 @@ from llmplay.tuning.capacity import (
     FOUND,
     UNDECIDED,
     CapacityResult,
+    ProbeVerdict,
     capacity_summary,
     crossing,
-    ProbeVerdict,
 )
 from llmplay.tuning.trial import capacity_search
 from llmplay_testing.instrument import InstrumentServer
@@ -50,7 +50,9 @@ def instrument():
 
 
 def queue_url(server: InstrumentServer, qseed: int = 0) -> str:
-    return server.url_for(ttft_ms=TTFT_S * 1000, itl_ms=2, tokens=4, servers=SERVERS, service_ms=SERVICE_S * 1000, qseed=qseed)
+    return server.url_for(
+        ttft_ms=TTFT_S * 1000, itl_ms=2, tokens=4, servers=SERVERS, service_ms=SERVICE_S * 1000, qseed=qseed
+    )
 
 
 def search(server: InstrumentServer, spec: CapacitySpec, slo_s: dict, qseed: int = 0) -> CapacityResult:
@@ -187,8 +189,14 @@ def write(tmp_path: Path, goals: str) -> Path:
             "p.yaml:8: goals.capacity.bounds: found [1.5, 8]; expected whole numbers of users for a concurrency search",
         ),
     ],
-    ids=["attainment-zero", "attainment-above-one", "bounds-reversed", "objective-no-slo", "objective-no-capacity",
-         "fractional-users"],
+    ids=[
+        "attainment-zero",
+        "attainment-above-one",
+        "bounds-reversed",
+        "objective-no-slo",
+        "objective-no-capacity",
+        "fractional-users",
+    ],
 )
 def test_bad_capacity_goals_are_one_line_with_file_and_line(tmp_path, goals, message):
     with pytest.raises(PlaybookError) as info:
@@ -288,7 +296,11 @@ def test_llamacpp_capacity_ab_parallel_4_beats_parallel_1(tmp_path, cpu_engine, 
         assert archived.load_capacity(trial.trial_id) is not None
         if "capacity.rate" in s:
             # cost at the SLO is the price over the tokens the capacity produces in an hour
-            assert s["cost.usd_per_1m_tokens_at_slo"] == pytest.approx(usd_per_1m_tokens(price, s["capacity.output_tok_s"]))
-            assert s["cost.usd_per_1m_tokens_at_slo"] == pytest.approx(price / (s["capacity.output_tok_s"] * 3600) * 1e6)
+            assert s["cost.usd_per_1m_tokens_at_slo"] == pytest.approx(
+                usd_per_1m_tokens(price, s["capacity.output_tok_s"])
+            )
+            assert s["cost.usd_per_1m_tokens_at_slo"] == pytest.approx(
+                price / (s["capacity.output_tok_s"] * 3600) * 1e6
+            )
     html = (outcome.run_dir / "report.html").read_text()
     assert 'id="capacity"' in html and "$ / 1M tok at SLO" in html

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from llmplay.catalog import absence_reason
 from llmplay.errors import ExitCode
-from llmplay.metrics import Summary
 from llmplay.loadgen.tokenizer import make_tokenizer
+from llmplay.metrics import Summary
 from llmplay.playbook.load import load_workload
 from llmplay.playbook.source import located_error
 from llmplay.spec import Goals, Workload

@@ -369,9 +369,14 @@ def parse_capacity(
             f"found [{raw['bounds'][0]}, {raw['bounds'][1]}]; expected [low, high] with low < high",
         )
     if raw["search"] == "concurrency" and not all(float(v).is_integer() for v in raw["bounds"]):
-        problems.add((*path, "bounds"), f"found {raw['bounds']}; expected whole numbers of users for a concurrency search")
+        problems.add(
+            (*path, "bounds"), f"found {raw['bounds']}; expected whole numbers of users for a concurrency search"
+        )
     if not slo and not slo_told:
-        problems.add(path, "found no goals.slo; expected the per-request SLOs the capacity is attained under, e.g. slo: {ttft: 500ms}")
+        problems.add(
+            path,
+            "found no goals.slo; expected the per-request SLOs the capacity is attained under, e.g. slo: {ttft: 500ms}",
+        )
     probe_s = parse_duration(raw, "probe", path, problems, d.probe_s) or d.probe_s
     if probe_s <= 0:
         problems.add((*path, "probe"), "found 0; expected a probe length above zero, e.g. 10s")
@@ -419,9 +424,13 @@ def _check_capacity_goals(goals: Goals, raw: Mapping[str, Any], problems: Proble
                 "capacity: {search: rate, bounds: [0.5, 16]}",
             )
         elif metric == "capacity.rate" and raw["capacity"].get("search") == "concurrency":
-            problems.add(path, "capacity.rate with search: concurrency; expected capacity.concurrency (or search: rate)")
+            problems.add(
+                path, "capacity.rate with search: concurrency; expected capacity.concurrency (or search: rate)"
+            )
         elif metric == "capacity.concurrency" and raw["capacity"].get("search") == "rate":
-            problems.add(path, "capacity.concurrency with search: rate; expected capacity.rate (or search: concurrency)")
+            problems.add(
+                path, "capacity.concurrency with search: rate; expected capacity.rate (or search: concurrency)"
+            )
 
 
 def parse_goals(

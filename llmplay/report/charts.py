@@ -338,7 +338,15 @@ def capacity_attainment(
             lo = y - np.asarray([p["ci_low"] for p in probes], dtype=float) * 100
             hi = np.asarray([p["ci_high"] for p in probes], dtype=float) * 100 - y
             ax.errorbar(
-                x, y, yerr=[lo, hi], fmt="o-", ms=3.5, lw=1, capsize=2, color=color, alpha=0.9,
+                x,
+                y,
+                yerr=[lo, hi],
+                fmt="o-",
+                ms=3.5,
+                lw=1,
+                capsize=2,
+                color=color,
+                alpha=0.9,
                 label=label if j == 0 else None,
             )
             band = search.get("boundary_ci") or [None, None]

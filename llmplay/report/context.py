@@ -284,7 +284,7 @@ def _capacity(run: _ArchivedRunData) -> dict[str, Any] | None:
         return None
     first = next(iter(by_config.values()))[0]
     target, slo_s, unit = float(first["target"]), dict(first.get("slo_s") or {}), str(first.get("unit", ""))
-    configs = [(config, searches) for config, searches in by_config.items()]
+    configs = list(by_config.items())
     rows = []
     for config, searches in configs:
         for search in sorted(searches, key=lambda s: s["repeat"]):

@@ -157,11 +157,14 @@ class CapacityResult:
         """Output throughput at the capacity (capacity.output_tok_s): the boundary probes' throughput per unit of
         load, interpolated to the capacity like the capacity itself; the feasible maximum's when that is all."""
         cap = self.capacity
+        if self.status == ABOVE_BOUNDS:
+            top = self.probe_at(self.high)
+            return top.output_tok_s if top else None
         below, above = self.probe_at(self.feasible_max), self.probe_at(self.infeasible_min)
         if cap is None or below is None or below.output_tok_s is None:
             return None
-        if self.status != FOUND or above is None or above.output_tok_s is None or above.load == below.load:
-            return below.output_tok_s if self.status == FOUND else self.probe_at(self.high).output_tok_s if self.probe_at(self.high) else None
+        if above is None or above.output_tok_s is None or above.load == below.load:
+            return below.output_tok_s
         frac = math.log(cap / below.load) / math.log(above.load / below.load)
         return below.output_tok_s + frac * (above.output_tok_s - below.output_tok_s)
 
@@ -177,13 +180,10 @@ class CapacityResult:
         ci = f", CI [{_num(self.ci[0])}, {_num(self.ci[1])}]" if self.ci[0] is not None else ""
         if self.status == FOUND:
             return f"{_num(self.capacity)} {u} (feasible max {lo}, infeasible min {hi}{ci})"
-        return (
-            f"indeterminate: between {lo} and {hi} {u}{ci}, not pinned within ±{self.precision:.0%} "
-            "in the time cap"
-        )
+        return f"indeterminate: between {lo} and {hi} {u}{ci}, not pinned within ±{self.precision:.0%} in the time cap"
 
     def binding_sentence(self) -> str:
-        """"TTFT breaks at 6.2 req/s (P95 TTFT 812 ms, SLO 500 ms); TPOT would hold until 9 req/s"."""
+        """ "TTFT breaks at 6.2 req/s (P95 TTFT 812 ms, SLO 500 ms); TPOT would hold until 9 req/s"."""
         if self.binding is None:
             probed = max((p.load for p in self.probes), default=None)
             return "no SLO broke within the bounds" + (f" (up to {_num(probed)} {self.unit})" if probed else "")
@@ -262,7 +262,7 @@ class CapacityResult:
             notes=tuple(d.get("notes", ())),
             per_slo_limits={k: dict(v) for k, v in (d.get("per_slo_limits") or {}).items()},
             estimate=d.get("estimate"),
-            ci=tuple(d.get("boundary_ci") or (None, None)),  # type: ignore[arg-type]
+            ci=tuple(d.get("boundary_ci") or (None, None)),
         )
 
 
@@ -295,8 +295,8 @@ def attainment_interval(runs: Sequence[Attainment], level: float) -> tuple[float
     low, high = centre - half, centre + half
     batches = run_batches(runs)
     if batches.size >= 2:
-        t_half = float(stats.t.ppf(0.5 + level / 2, batches.size - 1)) * float(batches.std(ddof=1)) / math.sqrt(
-            batches.size
+        t_half = (
+            float(stats.t.ppf(0.5 + level / 2, batches.size - 1)) * float(batches.std(ddof=1)) / math.sqrt(batches.size)
         )
         low, high = min(low, float(batches.mean()) - t_half), max(high, float(batches.mean()) + t_half)
     return share, max(0.0, low), min(1.0, high)
@@ -306,20 +306,23 @@ def crossing(probes: Sequence[ProbeVerdict], target: float) -> float | None:
     """The load where attainment crosses `target`: a decreasing isotonic fit (pool-adjacent-violators, weighted
     by requests) of the probes' attainment against load, interpolated on log load between the last load at or
     above the target and the next; None when the fit never crosses it."""
-    points = [(p.load, p.attainment, max(p.n_requests, 1)) for p in sorted(probes, key=lambda p: p.load)]
-    points = [(x, a, w) for x, a, w in points if a is not None]
+    points = [
+        (p.load, p.attainment, float(max(p.n_requests, 1)))
+        for p in sorted(probes, key=lambda p: p.load)
+        if p.attainment is not None
+    ]
     blocks: list[list[float]] = []  # [weighted sum, weight, first index, last index]
     for i, (_, a, w) in enumerate(points):
         blocks.append([a * w, w, i, i])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
-            s2, w2, _, j = blocks.pop()
-            blocks[-1][0] += s2
-            blocks[-1][1] += w2
-            blocks[-1][3] = j
+            merged = blocks.pop()
+            blocks[-1][0] += merged[0]
+            blocks[-1][1] += merged[1]
+            blocks[-1][3] = merged[3]
     fitted = [0.0] * len(points)
-    for total, weight, i, j in blocks:
-        for k in range(int(i), int(j) + 1):
-            fitted[k] = total / weight
+    for block in blocks:
+        for k in range(int(block[2]), int(block[3]) + 1):
+            fitted[k] = block[0] / block[1]
     for k in range(len(points) - 1):
         f1, f2 = fitted[k], fitted[k + 1]
         if f1 >= target > f2:
@@ -350,7 +353,7 @@ def boundary_interval(
             if len(p.batches) >= 2:
                 share = float(rng.choice(np.asarray(p.batches), size=len(p.batches)).mean())
             else:
-                share = float(rng.binomial(max(p.n_requests, 1), p.attainment)) / max(p.n_requests, 1)  # type: ignore[arg-type]
+                share = float(rng.binomial(max(p.n_requests, 1), p.attainment or 0.0)) / max(p.n_requests, 1)
             redrawn.append(replace(p, attainment=share))
         x = crossing(redrawn, target)
         if x is None:
@@ -407,7 +410,9 @@ Measure = Callable[[float, int], ProbeRun]
 
 
 class _Search:
-    def __init__(self, spec: CapacitySpec, slo_s: Mapping[str, float], measure: Measure, settle: Callable[[float], Any]):
+    def __init__(
+        self, spec: CapacitySpec, slo_s: Mapping[str, float], measure: Measure, settle: Callable[[float], Any]
+    ):
         self.spec, self.slo_s, self.measure, self.settle = spec, dict(slo_s), measure, settle
         self.runs: dict[float, list[ProbeRun]] = {}
         self.first: dict[float, int] = {}
@@ -584,7 +589,9 @@ class _Search:
             notes.append(f"not pinned within ±{spec.precision:.0%}: {why}")
         if zone:
             notes.append(
-                "indeterminate at " + ", ".join(_num(z) for z in zone) + f" {UNITS[spec.search]} (CI straddles the target)"
+                "indeterminate at "
+                + ", ".join(_num(z) for z in zone)
+                + f" {UNITS[spec.search]} (CI straddles the target)"
             )
         binding, binding_value = None, None
         broken = verdicts.get(i_min) if i_min is not None else None
@@ -595,7 +602,11 @@ class _Search:
         for key in self.slo_s:
             loads = sorted(verdicts)
             breaks = next((x for x in loads if verdicts[x].per_slo.get(key, 1.0) < spec.attainment), None)
-            held = [x for x in loads if verdicts[x].per_slo.get(key, 0.0) >= spec.attainment and (breaks is None or x < breaks)]
+            held = [
+                x
+                for x in loads
+                if verdicts[x].per_slo.get(key, 0.0) >= spec.attainment and (breaks is None or x < breaks)
+            ]
             limits[key] = {"holds_until": max(held) if held else None, "breaks_at": breaks}
         settle = f"; {spec.settle_s:g} s settle between probes" if spec.settle_s else ""
         engine = (

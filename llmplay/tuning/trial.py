@@ -14,13 +14,13 @@ import httpx
 import pandas as pd
 
 from llmplay.archive.model import TRIAL_FAILED, TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
-from llmplay.catalog import absence_reason, fmt_full, label_of, sample_count_key, thin_sample
+from llmplay.catalog import CAPACITY_METRICS, absence_reason, fmt_full, label_of, sample_count_key, thin_sample
 from llmplay.engines.base import Engine
 from llmplay.errors import EngineStartError, InfrastructureError
+from llmplay.loadgen.records import LoadResult
 from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
 from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.loadgen.workload import iter_requests
-from llmplay.loadgen.records import LoadResult
 from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
 from llmplay.redaction import resolve_env
 from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook
@@ -295,7 +295,9 @@ def capacity_search(
     def measure(load_value: float, replicate: int) -> ProbeRun:
         probe = probe_workload(workload, spec, load_value, replicate)
         t0 = time.perf_counter()
-        result = run_load_sync(url, probe, iter_requests(probe, tokenizer, model), progress=progress, tokenizer=tokenizer)
+        result = run_load_sync(
+            url, probe, iter_requests(probe, tokenizer, model), progress=progress, tokenizer=tokenizer
+        )
         attainment = slo_attainment(result.records, result.duration_s, slo_s, spec.attainment)
         return ProbeRun(load_value, replicate, attainment, result.duration_s, time.perf_counter() - t0, result)
 
@@ -348,5 +350,8 @@ def describe_trial(trial: TrialRecord) -> str:
     s: Mapping[str, Any] = trial.summary
     shown = ("ttft.p95", "tpot.p95", "errors.rate")
     figures = [f"output {figure('throughput.output_tok_s', s)}", *(f"{label_of(m)} {figure(m, s)}" for m in shown)]
+    if "capacity.runs" in s:  # a capacity search: its boundary first, the figures after are its boundary probe's
+        found = [f"{label_of(m)} {figure(m, s)}" for m in CAPACITY_METRICS if measured(s.get(m)) is not None]
+        figures = [*(found or ["capacity not measured (indeterminate, or outside its bounds)"]), "at it:", *figures]
     thin = [warning for m in shown if (warning := thin_warning(m, s)) is not None]
     return f"  trial {trial.trial_id} {role}: {', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")
