@@ -40,6 +40,7 @@ SLO_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2EL"}
 _REQUESTS_PER_BATCH = 10
 _MAX_BATCHES = 10
 _MAX_RECHECKS = 3
+_MIN_BATCHES = 5
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,9 @@ def attainment_interval(runs: Sequence[Attainment], level: float) -> tuple[float
     half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     low, high = centre - half, centre + half
     batches = run_batches(runs)
-    if batches.size >= 2:
+    # Fewer than _MIN_BATCHES batch means say nothing usable about the spread (a t quantile on 1 degree of freedom
+    # is 12.7): the interval is then Wilson's alone, the correlation inside the probe unaccounted for.
+    if batches.size >= _MIN_BATCHES:
         t_half = (
             float(stats.t.ppf(0.5 + level / 2, batches.size - 1)) * float(batches.std(ddof=1)) / math.sqrt(batches.size)
         )
@@ -498,7 +501,7 @@ class _Search:
         f_max, i_min, _ = self.bracket()
         if self.resolved(f_max, i_min):
             return True
-        if f_max is None or i_min is None:
+        if i_min is None:
             return False
         estimate, low, high = self.boundary()
         if estimate is None or low is None or high is None:
@@ -551,17 +554,19 @@ class _Search:
                     break
                 continue
             f_max, i_min, zone = self.bracket()
-            if f_max is None or i_min is None:
+            if i_min is None:
                 break
-            if f_max not in self.rechecked and len(self.rechecked) < _MAX_RECHECKS:
+            if f_max is not None and f_max not in self.rechecked and len(self.rechecked) < _MAX_RECHECKS:
                 self.rechecked.add(f_max)
                 if not self._run(f_max):
                     break
                 continue
             if self.pinned():
                 break
-            estimate = self.boundary()[0] or math.sqrt(f_max * i_min)
-            open_loads = [z for z in (f_max, *zone, i_min) if len(self.runs[z]) < spec.replicates]
+            lower = f_max if f_max is not None else (zone[0] if zone else i_min)
+            estimate = self.boundary()[0] or math.sqrt(lower * i_min)
+            edges = (*((f_max,) if f_max is not None else ()), *zone, i_min)
+            open_loads = [z for z in edges if len(self.runs[z]) < spec.replicates]
             if not open_loads:
                 break
             if not self._run(min(open_loads, key=lambda z: abs(math.log(z / estimate)))):

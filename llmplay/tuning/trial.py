@@ -153,6 +153,8 @@ def run_trial(
         "started_utc": started,
     }
     log = ""
+    if capacity is not None and capacity.engine == "fresh":
+        return _fresh_engine_search(playbook, config, engine, runtime_factory, spec, labels, base, capacity, t0)
     try:
         with runtime.start(spec, engine, labels) as endpoint:
             try:
@@ -276,6 +278,79 @@ def run_trial(
         trial_sample(playbook, config, trial, records),
         probes=probes,
         capacity=search,
+    )
+
+
+def _fresh_engine_search(
+    playbook: Playbook,
+    config: Config,
+    engine: Engine,
+    runtime_factory: Callable[..., Any],
+    spec: EngineSpec,
+    labels: Mapping[str, str],
+    base: Mapping[str, Any],
+    capacity: CapacitySpec,
+    t0: float,
+) -> TrialResult:
+    """goals.capacity.engine: fresh: a capacity search whose every probe has an engine start of its own (no
+    telemetry: no sampler outlives one probe). The engine-seconds count load only, not the starts."""
+    last: dict[str, Any] = {"describe": {}, "log": ""}
+
+    def measure(load_value: float, replicate: int) -> ProbeRun:
+        runtime = runtime_factory(playbook.runtime)
+        with runtime.start(spec, engine, dict(labels)) as endpoint:
+            tokenizer = make_tokenizer("auto", endpoint.base_url, model_dir=spec.model_dir)
+            try:
+                probe = probe_workload(config.workload, capacity, load_value, replicate)
+                started = time.perf_counter()
+                result = run_load_sync(
+                    endpoint.base_url, probe, iter_requests(probe, tokenizer, endpoint.model), tokenizer=tokenizer
+                )
+                engine_s = time.perf_counter() - started
+            finally:
+                getattr(tokenizer, "close", lambda: None)()
+            last.update(describe=dict(runtime.describe()), log=runtime.logs())
+        attainment = slo_attainment(result.records, result.duration_s, playbook.goals.slo_s, capacity.attainment)
+        return ProbeRun(load_value, replicate, attainment, result.duration_s, engine_s, result)
+
+    try:
+        search, runs = search_capacity(capacity, playbook.goals.slo_s, measure)
+    except (EngineStartError, InfrastructureError) as exc:
+        failed = TrialRecord(
+            **base,
+            status=TRIAL_FAILED,
+            wall_s=time.perf_counter() - t0,
+            summary={},
+            error=start_failure_cause(exc) if isinstance(exc, EngineStartError) else str(exc).splitlines()[0],
+            engine_describe=last["describe"],
+        )
+        return TrialResult(failed, engine_log=getattr(exc, "log_tail", None) or last["log"])
+    boundary = boundary_run(search, runs)
+    assert boundary is not None  # the first probe always runs
+    load = boundary.load_result
+    summary: dict[str, Any] = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
+    summary["duration_s"] = load.duration_s
+    price = price_per_hour(playbook, config)
+    cost = usd_per_1m_tokens(price, summary.get("throughput.output_tok_s"))
+    if cost is not None:
+        summary["cost.usd_per_1m_tokens"] = cost
+    summary.update(capacity_summary(search, price))
+    ok = summary.get("requests.completed", 0) > 0
+    trial = TrialRecord(
+        **base,
+        status=TRIAL_OK if ok else TRIAL_FAILED,
+        wall_s=time.perf_counter() - t0,
+        summary=summary,
+        engine_describe=last["describe"],
+        error=None if ok else "no request completed at the boundary probe",
+        notes=(
+            f"capacity search with a fresh engine start per probe: {search.boundary_text()}; {search.runs} probe "
+            f"run(s), {search.engine_s:.0f} s of load; no telemetry",
+        ),
+    )
+    records = per_request_frame(load.records)
+    return TrialResult(
+        trial, records, None, last["log"], trial_sample(playbook, config, trial, records), capacity=search
     )
 
 
