@@ -2,7 +2,7 @@
 TTFT SLO is the Erlang C boundary (llmplay_testing.queueing), searched by llmplay's search and priced against a
 plain grid of the same precision.
 
-    .venv/bin/python benchmarks/capacity.py                    # the README's table (about 10 minutes per seed)
+    .venv/bin/python benchmarks/capacity.py                    # the RESULTS.md table (about 5 minutes per seed)
     .venv/bin/python benchmarks/capacity.py --seeds 1 --probe 6 --json out.json
 
 For each seed: the boundary the search found, its interval, its error against the truth, the probe runs and the
@@ -19,6 +19,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from llmplay.loadgen.tokenizer import make_tokenizer
@@ -27,7 +28,7 @@ from llmplay.tuning.trial import capacity_search
 from llmplay_testing.instrument import InstrumentServer
 from llmplay_testing.queueing import mmc_capacity
 
-SERVERS, SERVICE_S, TTFT_S, WAIT_S = 4, 0.050, 0.010, 0.100
+SERVERS, SERVICE_S, TTFT_S, WAIT_S = 4, 0.100, 0.010, 0.200
 
 
 def grid_points(low: float, high: float, precision: float) -> list[float]:
@@ -42,12 +43,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--target", type=float, default=0.90)
-    parser.add_argument("--precision", type=float, default=0.05)
-    parser.add_argument("--probe", type=float, default=10.0, help="seconds of measured load per probe")
-    parser.add_argument("--warmup", type=float, default=4.0, help="seconds of warm-up at each probe's load")
-    parser.add_argument("--cap", type=float, default=900.0, help="engine-seconds cap of one search")
-    parser.add_argument("--low", type=float, default=4.0)
-    parser.add_argument("--high", type=float, default=256.0)
+    parser.add_argument("--precision", type=float, default=0.10)
+    parser.add_argument("--probe", type=float, default=8.0, help="seconds of measured load per probe")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up at each probe's load")
+    parser.add_argument("--cap", type=float, default=600.0, help="engine-seconds cap of one search")
+    parser.add_argument("--low", type=float, default=2.0)
+    parser.add_argument("--high", type=float, default=128.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     truth = mmc_capacity(SERVERS, SERVICE_S, WAIT_S, args.target)
@@ -82,7 +83,7 @@ def main() -> int:
             _, result = capacity_search(
                 url,
                 "instrument",
-                workload.__class__(**{**workload.__dict__, "seed": seed}),
+                replace(workload, seed=seed),
                 spec,
                 {"ttft": TTFT_S + WAIT_S},
                 make_tokenizer("word"),

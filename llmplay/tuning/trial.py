@@ -425,8 +425,10 @@ def describe_trial(trial: TrialRecord) -> str:
     s: Mapping[str, Any] = trial.summary
     shown = ("ttft.p95", "tpot.p95", "errors.rate")
     figures = [f"output {figure('throughput.output_tok_s', s)}", *(f"{label_of(m)} {figure(m, s)}" for m in shown)]
+    head = ""
     if "capacity.runs" in s:  # a capacity search: its boundary first, the figures after are its boundary probe's
         found = [f"{label_of(m)} {figure(m, s)}" for m in CAPACITY_METRICS if measured(s.get(m)) is not None]
-        figures = [*(found or ["capacity not measured (indeterminate, or outside its bounds)"]), "at it:", *figures]
+        head = ", ".join(found or ["capacity not measured (indeterminate, or outside its bounds)"])
+        head += "; at the boundary probe: "
     thin = [warning for m in shown if (warning := thin_warning(m, s)) is not None]
-    return f"  trial {trial.trial_id} {role}: {', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")
+    return f"  trial {trial.trial_id} {role}: {head}{', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")
