@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib import rcParams
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 BASELINE_COLOR, CANDIDATE_COLOR = "#3b6ea8", "#d9822b"
 ROLE_COLORS = {"baseline": BASELINE_COLOR, "candidate": CANDIDATE_COLOR}
@@ -335,8 +336,8 @@ def capacity_attainment(
                 continue
             x = np.asarray([p["load"] for p in probes], dtype=float)
             y = np.asarray([p["attainment"] for p in probes], dtype=float) * 100
-            lo = y - np.asarray([p["ci_low"] for p in probes], dtype=float) * 100
-            hi = np.asarray([p["ci_high"] for p in probes], dtype=float) * 100 - y
+            lo = np.clip(y - np.asarray([p["ci_low"] for p in probes], dtype=float) * 100, 0, None)
+            hi = np.clip(np.asarray([p["ci_high"] for p in probes], dtype=float) * 100 - y, 0, None)
             ax.errorbar(
                 x,
                 y,
@@ -360,6 +361,9 @@ def capacity_attainment(
         return to_svg(fig)
     ax.axhline(target * 100, color="#b03030", ls="--", lw=1, label=f"target {target:.0%}")
     ax.set_xscale("log")
+    plain = FuncFormatter(lambda x, _: f"{x:g}")  # 4, 8, 16 rather than 4×10⁰
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
     ax.set_xlabel(f"load ({unit}, log scale)")
     ax.set_ylabel("requests meeting every SLO (%)")
     ax.set_title("SLO attainment against load (band: boundary CI; line: capacity)")

@@ -302,7 +302,8 @@ def attainment_interval(runs: Sequence[Attainment], level: float) -> tuple[float
             float(stats.t.ppf(0.5 + level / 2, batches.size - 1)) * float(batches.std(ddof=1)) / math.sqrt(batches.size)
         )
         low, high = min(low, float(batches.mean()) - t_half), max(high, float(batches.mean()) + t_half)
-    return share, max(0.0, low), min(1.0, high)
+    # Batch means weight runs by batch, the share by request: keep the interval around the share it is printed with.
+    return share, max(0.0, min(low, share)), min(1.0, max(high, share))
 
 
 def crossing(probes: Sequence[ProbeVerdict], target: float) -> float | None:
