@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -363,12 +364,15 @@ def parse_capacity(
     if not 0 < precision < 1:
         problems.add((*path, "precision"), f"found {raw['precision']!r}; expected a relative width in (0, 1), e.g. 5%")
     low, high = (float(v) for v in raw["bounds"])
-    if low >= high:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        problems.add((*path, "bounds"), f"found {raw['bounds']}; expected finite loads [low, high]")
+    elif low >= high:
         problems.add(
             (*path, "bounds"),
             f"found [{raw['bounds'][0]}, {raw['bounds'][1]}]; expected [low, high] with low < high",
         )
-    if raw["search"] == "concurrency" and not all(float(v).is_integer() for v in raw["bounds"]):
+    finite = math.isfinite(low) and math.isfinite(high)
+    if raw["search"] == "concurrency" and finite and not all(float(v).is_integer() for v in raw["bounds"]):
         problems.add(
             (*path, "bounds"), f"found {raw['bounds']}; expected whole numbers of users for a concurrency search"
         )
@@ -377,7 +381,8 @@ def parse_capacity(
             path,
             "found no goals.slo; expected the per-request SLOs the capacity is attained under, e.g. slo: {ttft: 500ms}",
         )
-    probe_s = parse_duration(raw, "probe", path, problems, d.probe_s) or d.probe_s
+    probe_s = parse_duration(raw, "probe", path, problems, d.probe_s)
+    probe_s = d.probe_s if probe_s is None else probe_s
     if probe_s <= 0:
         problems.add((*path, "probe"), "found 0; expected a probe length above zero, e.g. 10s")
     max_engine_s = parse_duration(raw, "max_engine_time", path, problems, d.max_engine_s) or d.max_engine_s
