@@ -131,6 +131,20 @@ def test_missing_the_slo_at_the_lower_bound_says_so(instrument):
     assert result.boundary_text().startswith("< 60 req/s")
 
 
+def test_concurrency_search_probes_whole_users(instrument):
+    # Closed loop: each user waits for its answer, so past 4 users the queue holds the rest; whole users only.
+    spec = CapacitySpec(
+        "concurrency", 1, 64, attainment=TARGET, precision=0.25, probe_s=2, settle_s=0.1, max_engine_s=40, replicates=1
+    )
+    result = search(instrument, spec, {"ttft": TTFT_S + WAIT_S}, qseed=8)
+    assert all(float(x).is_integer() for x in result.run_loads), result.run_loads
+    assert result.unit == "users"
+    assert result.infeasible_min is not None and result.infeasible_min <= 64
+    if result.capacity is not None:
+        assert float(result.capacity).is_integer()
+        assert "capacity.concurrency" in capacity_summary(result, usd_per_hour=1.0)
+
+
 def test_isotonic_crossing_interpolates_on_log_load():
     def probe(load: float, attainment: float) -> ProbeVerdict:
         return ProbeVerdict(load, 0, 1, 100, attainment, 0.0, 1.0, "indeterminate", {}, {}, None, None, 0.0)
