@@ -15,6 +15,13 @@ means with few requests per batch are too coarse far from it. A probe is feasibl
 reaches the target, infeasible when its high end is below it, and indeterminate otherwise; only an indeterminate
 probe is replicated (pooled), up to `replicates` runs. The whole search stops at `max_engine_s` of load; a bracket
 still wider than the precision then is "indeterminate", never a number the data did not decide.
+
+A step decided on capacity (`maximize: capacity.rate`) makes each trial one whole search, so the trial stays the
+experimental unit: the runner interleaves baseline and candidate searches (A B B A), each repeat sends the same
+request sequence on both sides (common random numbers, the trial's seed), and tuning.decide puts the paired t
+interval of tuning.intervals on the per-repeat log ratio of the two boundaries, the rule every other metric uses.
+A bootstrap over probe replicates would treat the runs of one search as independent draws of the boundary, which
+they are not (one engine start, one bracket); a search without a boundary leaves its pair out, like a failed trial.
 """
 
 from __future__ import annotations
