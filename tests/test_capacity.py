@@ -334,14 +334,36 @@ def test_bench_capacity_searches_a_running_endpoint(tmp_path, instrument):
 # ------------------------------------------------------------------------------------------- real llama.cpp
 def test_llamacpp_capacity_ab_parallel_4_beats_parallel_1(tmp_path, cpu_engine, docker_client):
     """A capacity objective makes the step a capacity A/B: both sides searched interleaved, one boundary per trial,
-    the paired interval on their log ratio; four slots take more req/s within a TTFT SLO than one."""
+    the paired interval on their log ratio; four slots take more users within a TTFT SLO than one.
+
+    The shipped cpu-tiny-capacity playbook, searched closed loop: with one slot every user waits for the requests
+    ahead of it, so TTFT grows with each user; with four, a user waits only once all four slots are busy. The
+    boundary is whole users, which keeps the per-pair ratio steady on a machine shared with other work."""
+    from llmplay.report import publish_report
     from llmplay.tuning.run import RunOptions, run_playbook
 
-    pb = load_playbook(ROOT / "playbooks" / "cpu-tiny-capacity.yaml")
-    outcome = run_playbook(pb, RunOptions(archive_root=tmp_path / "reports", preflight=False), report=lambda _: None)
+    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny-capacity.yaml").read_text())
+    doc["metadata"]["name"] = "cpu-capacity-ab"
+    doc["goals"]["objective"] = {"maximize": "capacity.concurrency", "min_effect": "10%"}
+    doc["goals"]["gates"] = ["capacity.concurrency >= 1", "cost.usd_per_1m_tokens_at_slo < $1"]
+    doc["goals"]["slo"] = {"ttft": "300ms"}
+    doc["goals"]["capacity"].update(search="concurrency", bounds=[1, 32], precision="20%", max_engine_time="60s")
+    doc["workload"].pop("rate")
+    doc["workload"]["concurrency"] = 4
+    # Three pairs: a paired t interval on two has one degree of freedom (t = 12.7) and barely clears zero even at 2x.
+    doc["trials"]["repeats"] = 3
+    path = tmp_path / "cpu-capacity-ab.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    pb = load_playbook(path)
+    outcome = run_playbook(
+        pb,
+        RunOptions(archive_root=tmp_path / "reports", preflight=False),
+        publish=publish_report,
+        report=lambda _: None,
+    )
     assert outcome.status == "complete", outcome
     (verdict,) = outcome.verdicts
-    assert verdict.objective is not None and verdict.objective.metric == "capacity.rate"
+    assert verdict.objective is not None and verdict.objective.metric == "capacity.concurrency"
     assert verdict.verdict == "kept", verdict.reason
     assert verdict.objective.ci_low is not None and verdict.objective.ci_low > 0
     archived = ArchivedRun.open(outcome.run_dir)
@@ -349,7 +371,7 @@ def test_llamacpp_capacity_ab_parallel_4_beats_parallel_1(tmp_path, cpu_engine, 
     for trial in archived.trials():
         s = trial.summary
         assert archived.load_capacity(trial.trial_id) is not None
-        if "capacity.rate" in s:
+        if "capacity.concurrency" in s:
             # cost at the SLO is the price over the tokens the capacity produces in an hour
             assert s["cost.usd_per_1m_tokens_at_slo"] == pytest.approx(
                 usd_per_1m_tokens(price, s["capacity.output_tok_s"])
