@@ -531,6 +531,9 @@ class _Search:
             gaps.append((zone[-1], i_min))
         elif lower is not None:
             gaps.append((lower, i_min))
+        # The gap holding the current crossing estimate first (that is where the boundary most likely is), then
+        # the widest: with F=2, indeterminate 4..8, I=16 and the attainment crossing near 10, probe 11, not 3.
+        estimate = crossing([self.verdict(x) for x in self.runs], self.spec.attainment)
         best = None
         for a, b in gaps:
             if self.resolved(a, b):
@@ -538,8 +541,10 @@ class _Search:
             mid = self.load(math.sqrt(a * b))
             if mid in (a, b) or mid in self.runs:
                 continue
-            if best is None or b / a > best[1]:
-                best = (mid, b / a)
+            holds = estimate is not None and a <= estimate <= b
+            rank = (holds, b / a)
+            if best is None or rank > best[1]:
+                best = (mid, rank)
         return best[0] if best else None
 
     def run(self) -> CapacityResult:
