@@ -246,7 +246,8 @@ def test_capacity_metrics_are_gates_and_guards_like_any_metric(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- the command, end to end
-def test_capacity_command_against_an_endpoint_prints_the_boundary_and_archives_it(tmp_path, instrument):
+@pytest.mark.parametrize("engine", ["shared", "fresh"])
+def test_capacity_command_against_an_endpoint_prints_the_boundary_and_archives_it(tmp_path, instrument, engine):
     doc = {
         "apiVersion": "llmplay/v1",
         "kind": "Playbook",
@@ -264,6 +265,7 @@ def test_capacity_command_against_an_endpoint_prints_the_boundary_and_archives_i
                 "probe": "1s",
                 "settle": "0.1s",
                 "max_engine_time": "20s",
+                "engine": engine,
             },
         },
         "cost": {"host_usd_per_hour": 1.0},
@@ -286,6 +288,7 @@ def test_capacity_command_against_an_endpoint_prints_the_boundary_and_archives_i
     (trial,) = archived.trials()
     assert archived.load_capacity(trial.trial_id)["status"] == ABOVE_BOUNDS
     assert trial.summary["capacity.rate"] == 16
+    assert ("fresh engine start per probe" in " ".join(trial.notes)) == (engine == "fresh")
     html = (run_dir / "report.html").read_text()
     assert 'id="capacity"' in html and "SLO attainment against load" in html
     assert "throughput against P90 TTFT" in html
