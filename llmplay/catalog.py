@@ -69,6 +69,10 @@ for _info in (
     MetricInfo("engine.preemptions", "count", True, "preemptions"),
     MetricInfo("engine.kv_cache_usage_max", "fraction", True, "peak KV-cache usage"),
     MetricInfo("engine.waiting_mean", "count", True, "mean waiting requests"),
+    MetricInfo("capacity.rate", "req/s", False, "capacity under SLO (req/s)"),
+    MetricInfo("capacity.concurrency", "users", False, "capacity under SLO (users)"),
+    MetricInfo("capacity.output_tok_s", "tok/s", False, "output tokens/s at the SLO boundary"),
+    MetricInfo("cost.usd_per_1m_tokens_at_slo", "usd", True, "$ per 1M tokens at the SLO boundary"),
     MetricInfo("quality.exact_match", "fraction", False, "probes answered exactly as the baseline"),
     MetricInfo("quality.token_agreement", "fraction", False, "baseline tokens reproduced before divergence"),
     MetricInfo("quality.logprob_shift", "nats", True, "mean |change| of the baseline tokens' log-probabilities"),
@@ -81,6 +85,14 @@ def metric_info(path: str) -> MetricInfo | None:
 
 
 # ---------------------------------------------------------------------------------------------- metric lists
+# The figures only a capacity search measures (tuning.capacity): a goal naming one makes each trial a search of
+# the load one replica takes under goals.slo; each trial gives one value, the unit its intervals rest on.
+CAPACITY_METRICS: tuple[str, ...] = (
+    "capacity.rate",
+    "capacity.concurrency",
+    "capacity.output_tok_s",
+    "cost.usd_per_1m_tokens_at_slo",
+)
 # The greedy-probe figures (tuning.quality): measured per configuration against the baseline's answers, outside the
 # timed window; their tolerances are absolute in the metric's unit, not relative.
 QUALITY_METRICS: tuple[str, ...] = ("quality.exact_match", "quality.token_agreement", "quality.logprob_shift")
@@ -335,6 +347,10 @@ def absence_reason(metric: str) -> str:
         return "no request completed in the measured window"
     if family == "errors":
         return "no request was sent (every trial failed before its load)"
+    if metric == "cost.usd_per_1m_tokens_at_slo":
+        return "no price in the playbook, or no capacity found under the SLOs"
+    if family == "capacity":
+        return "no capacity search (goals.capacity), or no load within its bounds met the SLOs"
     if family == "cost":
         return "no price in the playbook, or no output tokens"
     if family == "engine":

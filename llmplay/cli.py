@@ -149,6 +149,23 @@ def retest(
 
 
 @cli.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
+@click.option(
+    "--repeats", type=click.IntRange(1, 50), help="Searches to run, each on its own engine start (default 1)."
+)
+@click.option("--allow-outside-extends", is_flag=True)
+@handles_errors
+def capacity(file: Path, archive_dir: str | None, repeats: int | None, allow_outside_extends: bool) -> None:
+    """Search the baseline's capacity under goals.slo (goals.capacity) and print the boundary table."""
+    from llmplay.commands.capacity import capacity_command  # deferred: loaded only when this command runs
+
+    sys.exit(
+        capacity_command(file, archive_dir=archive_dir, repeats=repeats, allow_outside_extends=allow_outside_extends)
+    )
+
+
+@cli.command()
 @click.option("--url", required=True, help="Base URL of a running OpenAI-compatible engine, e.g. http://127.0.0.1:8080")
 @click.option(
     "--workload",
@@ -159,12 +176,15 @@ def retest(
 )
 @click.option("--model", help="Model name to request (default: the first of GET /v1/models).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the summary as JSON.")
+@click.option(
+    "--capacity", "capacity", is_flag=True, help="Search the capacity under goals.slo (the playbook's goals.capacity)."
+)
 @handles_errors
-def bench(url: str, workload_file: Path, model: str | None, json_path: str | None) -> None:
+def bench(url: str, workload_file: Path, model: str | None, json_path: str | None, capacity: bool) -> None:
     """Run one workload against an already running endpoint and print the summary."""
     from llmplay.commands.bench import bench_command  # deferred: loaded only when this command runs
 
-    sys.exit(bench_command(url, workload_file, model=model, json_path=json_path))
+    sys.exit(bench_command(url, workload_file, model=model, json_path=json_path, capacity=capacity))
 
 
 @cli.command()

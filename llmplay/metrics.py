@@ -118,15 +118,82 @@ def per_request_frame(records: Sequence[RequestRecord]) -> Any:
     return df
 
 
-def meets_slo(r: RequestRecord, slo_s: Mapping[str, float]) -> bool:
+def _slo_values(r: RequestRecord) -> dict[str, float]:
+    """The figures a completed request is judged on by goals.slo (TTFT of a non-streamed request is its E2EL)."""
     e2el = _e2el_s(r)
     ttft = _ttft_s(r) if r.stream else e2el
     values = {"ttft": ttft, "e2el": e2el}
     tpot = _tpot_s(r, ttft, e2el)
     if tpot is not None:
         values["tpot"] = tpot
+    return values
+
+
+def meets_slo(r: RequestRecord, slo_s: Mapping[str, float]) -> bool:
+    values = _slo_values(r)
     # A metric undefined for this request (TPOT of a one-token reply) cannot violate its SLO.
     return all(values.get(k) is None or values[k] <= limit for k, limit in slo_s.items() if k in SLO_KEYS)
+
+
+@dataclass(frozen=True)
+class Attainment:
+    """SLO attainment of one load run: which measured requests met every SLO, in send order.
+
+    A request sent that failed or never finished is a miss: at a load past capacity the requests that time out are
+    exactly the ones that did not meet the SLO, and dropping them would make an overloaded engine look healthy."""
+
+    met: np.ndarray  # 1.0 / 0.0 per measured request sent, in send order
+    per_slo: Mapping[str, float]  # share of the requests sent meeting each SLO on its own
+    # Each SLO's figure at the attainment quantile over the completed requests (P95 TTFT for a 95% target).
+    at_quantile_s: Mapping[str, float | None]
+    output_tok_s: float | None
+    req_s: float | None
+
+    @property
+    def n(self) -> int:
+        return int(self.met.size)
+
+    @property
+    def share(self) -> float | None:
+        return float(self.met.mean()) if self.met.size else None
+
+
+def slo_attainment(records: Any, duration_s: float, slo_s: Mapping[str, float], target: float) -> Attainment:
+    """Attainment of every SLO in slo_s by the measured requests of one load run (capacity search probes)."""
+    recs = sorted((r for r in _as_records(records) if not r.is_warmup), key=lambda r: r.sent_ns)
+    done = [r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None for r in recs]
+    values = [_slo_values(r) if ok else {} for r, ok in zip(recs, done, strict=True)]
+    keys = [k for k in slo_s if k in SLO_KEYS]
+
+    def meets(v: Mapping[str, float], ok: bool, key: str) -> bool:
+        return ok and (v.get(key) is None or v[key] <= slo_s[key])
+
+    met = np.asarray(
+        [float(all(meets(v, ok, k) for k in keys)) for v, ok in zip(values, done, strict=True)], dtype=float
+    )
+    per_slo = {
+        k: float(np.mean([meets(v, ok, k) for v, ok in zip(values, done, strict=True)])) if recs else 0.0 for k in keys
+    }
+    at_q: dict[str, float | None] = {}
+    for k in keys:
+        observed = np.asarray([v[k] for v in values if v.get(k) is not None], dtype=float)
+        at_q[k] = float(np.percentile(observed, target * 100)) if observed.size else None
+    ok = [r for r, d in zip(recs, done, strict=True) if d]
+    dur = duration_s if duration_s > 0 else None
+    return Attainment(
+        met=met,
+        per_slo=MappingProxyType(per_slo),
+        at_quantile_s=MappingProxyType(at_q),
+        output_tok_s=sum(r.output_tokens for r in ok) / dur if dur else None,
+        req_s=len(ok) / dur if dur else None,
+    )
+
+
+def batch_shares(met: np.ndarray, n_batches: int) -> np.ndarray:
+    """The share met in each of `n_batches` consecutive runs of requests (send order): batch means, because
+    requests inside a probe share a queue and are not independent draws, while batches far enough apart nearly are."""
+    n_batches = max(1, min(n_batches, int(met.size)))
+    return np.asarray([chunk.mean() for chunk in np.array_split(met, n_batches)], dtype=float)
 
 
 def good_mask(records: Any, slo_s: Mapping[str, float]) -> np.ndarray:
@@ -241,6 +308,12 @@ def usd_per_1m_tokens(usd_per_hour: float, output_tok_s: float | None) -> float 
     if usd_per_hour <= 0 or not output_tok_s:
         return None
     return usd_per_hour / (output_tok_s * 3600) * 1e6
+
+
+def usd_per_1m_tokens_at_slo(usd_per_hour: float, capacity_output_tok_s: float | None) -> float | None:
+    """cost.usd_per_1m_tokens_at_slo: the same price per token, at the throughput of the capacity boundary (the most
+    load that still meets the SLOs) rather than at whatever load the playbook happened to run."""
+    return usd_per_1m_tokens(usd_per_hour, capacity_output_tok_s)
 
 
 def usd_per_hour_from_cost(usd_per_1m: float | None, output_tok_s: float | None) -> float:

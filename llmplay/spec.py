@@ -79,6 +79,27 @@ class QualitySpec:
 
 
 @dataclass(frozen=True)
+class CapacitySpec:
+    """goals.capacity: the most load one replica takes while `attainment` of its requests meet every goals.slo.
+
+    The search probes `search` (rate: open loop, req/s; concurrency: closed loop, users) between `low` and `high`,
+    each probe `probe_s` long, until the feasible maximum and the infeasible minimum are within `precision`
+    (relative) of each other, or `max_engine_s` of load has been spent."""
+
+    search: str  # "rate" | "concurrency"
+    low: float
+    high: float
+    attainment: float = 0.95  # share of requests meeting every SLO, in (0, 1]
+    precision: float = 0.05  # relative width of the final bracket
+    probe_s: float = 10.0
+    settle_s: float = 1.0  # idle time between probes on one engine, so one probe's backlog does not leak into the next
+    max_engine_s: float = 600.0  # cap on the load time (probes and settles) of one search
+    replicates: int = 3  # most runs of one load, spent only while its attainment CI straddles the target
+    confidence: float = 0.95  # of each probe's attainment interval
+    engine: str = "shared"  # "shared": one engine start serves the whole search | "fresh": one per probe
+
+
+@dataclass(frozen=True)
 class Goals:
     gates: tuple[Gate, ...] = ()
     objective: Objective = Objective("minimize", "ttft.p95")
@@ -86,6 +107,7 @@ class Goals:
     # per-request SLOs used for goodput, seconds: {"ttft": 0.5, "tpot": 0.03, "e2el": ...}
     slo_s: Mapping[str, float] = field(default_factory=frozen_map)
     quality: QualitySpec | None = None
+    capacity: CapacitySpec | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,11 @@ fault: none | 500 | 400 | close (FIN mid-stream) | stall (stop sending) | reset 
 fault_after (text chunks sent before the fault; 0 = before the response headers), fault_from (0: how
 many requests of this scenario, counted per path prefix since the last GET /_log, are served before
 the fault starts: one fast request and one that times out in the same run).
+Queueing (a known capacity): servers (0: off) and service_ms put each request through a virtual M/M/c queue
+per path prefix: it waits for the first of `servers` virtual servers to free, holds it for an exponential
+service time of mean service_ms (seeded by qseed), and its first chunk comes ttft_ms after its service starts.
+Under Poisson arrivals its TTFT minus ttft_ms is then the M/M/c waiting time, whose law (Erlang C) gives the true
+capacity under a TTFT SLO (llmplay_testing.queueing).
 
 Every text chunk's actual write time (time.perf_counter_ns, the same clock the client uses) is logged
 per request, keyed by the prompt (or the last user message); GET /_log returns and clears the log.
@@ -29,6 +34,7 @@ import contextlib
 import heapq
 import itertools
 import json
+import random
 import socket
 import struct
 import subprocess
@@ -51,6 +57,9 @@ DEFAULTS: dict[str, Any] = {
     "fault": "none",
     "fault_after": 0,
     "fault_from": 0,
+    "servers": 0,
+    "service_ms": 100.0,
+    "qseed": 0,
 }
 
 
@@ -111,9 +120,10 @@ class _Stream:
     log: dict
     finished: asyncio.Future
     sent: int = 0
+    queue_ns: int = 0  # the virtual queue's wait before service starts
 
     def deadline_ns(self, k: int) -> int:
-        return self.recv_ns + int(self.cfg["ttft_ms"] * 1e6) + int(k * self.cfg["itl_ms"] * 1e6)
+        return self.recv_ns + self.queue_ns + int(self.cfg["ttft_ms"] * 1e6) + int(k * self.cfg["itl_ms"] * 1e6)
 
 
 class InstrumentCore:
@@ -128,6 +138,8 @@ class InstrumentCore:
         self._words: list[str] = []
         self._seq = itertools.count()
         self._served: dict[str, int] = {}  # requests per scenario segment, for fault_from
+        # Per scenario segment: the virtual servers' free times (a heap) and the service-time generator.
+        self._queues: dict[str, tuple[list[int], random.Random]] = {}
         self._chunks: dict[tuple[bool, int, bool, int], bytes] = {}
 
     # --- connection handling -------------------------------------------------------------------
@@ -172,6 +184,7 @@ class InstrumentCore:
         if path == "/_log":
             entries, self.log = self.log, []
             self._served.clear()
+            self._queues.clear()
             writer.write(_response(200, json.dumps(entries).encode()))
             return True
         if path == "/health":
@@ -229,6 +242,9 @@ class InstrumentCore:
             return await self._fault(fault, reader, writer)
         loop = asyncio.get_running_loop()
         st = _Stream(writer, cfg, chat, stream, n_tokens, usage, recv_ns, log, loop.create_future())
+        if cfg["servers"] > 0:
+            st.queue_ns = self._enqueue(segment, cfg, recv_ns)
+            log["queue_ms"] = st.queue_ns / 1e6
         if stream:
             writer.write(_STREAM_HEAD)
             log["headers_ns"] = time.perf_counter_ns()
@@ -239,6 +255,16 @@ class InstrumentCore:
         if outcome in ("close", "reset", "stall"):
             return await self._fault(outcome, reader, writer)
         return True
+
+    def _enqueue(self, segment: str, cfg: dict[str, Any], recv_ns: int) -> int:
+        """FCFS on `servers` virtual servers: the wait until the first one frees; it is then held for an
+        exponential service time."""
+        if segment not in self._queues:
+            self._queues[segment] = ([0] * int(cfg["servers"]), random.Random(int(cfg["qseed"])))
+        free, rng = self._queues[segment]
+        start = max(recv_ns, heapq.heappop(free))
+        heapq.heappush(free, start + int(rng.expovariate(1.0 / cfg["service_ms"]) * 1e6))
+        return start - recv_ns
 
     async def _fault(self, fault: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         if fault == "reset":

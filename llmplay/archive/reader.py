@@ -180,6 +180,13 @@ class ArchivedRun:
         relpath = (self._trial_dict(trial_id).get("files") or {}).get("telemetry")
         return None if relpath is None else self._read_frame(relpath)
 
+    def load_capacity(self, trial_id: str) -> dict[str, Any] | None:
+        """The capacity search a trial archived (every probe, the bracket, the binding SLO); None when it ran none."""
+        rel = self._trial_dict(trial_id).get("files", {}).get("capacity")
+        if not rel or not (self.run_dir / rel).is_file():
+            return None
+        return dict(json.loads((self.run_dir / rel).read_text(encoding="utf-8")))
+
     def load_log(self, trial_id: str) -> str | None:
         relpath = (self._trial_dict(trial_id).get("files") or {}).get("log")
         if relpath is None or not (self.run_dir / relpath).is_file():

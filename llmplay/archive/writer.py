@@ -204,10 +204,21 @@ class RunArchive(ArchivedRun):
         return relpath
 
     def write_trial(
-        self, trial: TrialRecord, records: pd.DataFrame | None, telemetry: pd.DataFrame | None, engine_log: str
+        self,
+        trial: TrialRecord,
+        records: pd.DataFrame | None,
+        telemetry: pd.DataFrame | None,
+        engine_log: str,
+        capacity: Mapping[str, Any] | None = None,
     ) -> None:
+        """The trial's record and raw data; `capacity` is its capacity search (every probe), when it ran one."""
         base = f"trials/{safe_name(trial.trial_id)}"
         files = dict(trial.files)
+        if capacity is not None:
+            files["capacity"] = f"{base}/capacity.json"
+            self._write_text(
+                files["capacity"], json.dumps(self._redact(dict(capacity)), indent=1, ensure_ascii=False) + "\n"
+            )
         if records is not None:
             files["records"] = self._write_frame(f"{base}/requests", records)
         if telemetry is not None:

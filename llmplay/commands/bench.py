@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,15 +12,23 @@ from rich.table import Table
 
 from llmplay.catalog import absence_reason
 from llmplay.errors import ExitCode
+from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.metrics import Summary
 from llmplay.playbook.load import load_workload
-from llmplay.tuning.sweep import run_sweep
-from llmplay.tuning.trial import thin_warning
+from llmplay.playbook.source import located_error
+from llmplay.spec import Goals, Workload
+from llmplay.tuning.sweep import discover_model, run_sweep
+from llmplay.tuning.trial import capacity_search, thin_warning
 
 
-def bench_command(url: str, workload_file: Path, *, model: str | None, json_path: str | None) -> int:
-    """Run the workload file's workload against `url`; one summary table per sweep point."""
+def bench_command(
+    url: str, workload_file: Path, *, model: str | None, json_path: str | None, capacity: bool = False
+) -> int:
+    """Run the workload file's workload against `url`; one summary table per sweep point (with `capacity`, a
+    capacity search under the playbook's goals.slo and goals.capacity, and its boundary table)."""
     workload, goals = load_workload(workload_file)
+    if capacity:
+        return bench_capacity(url, workload_file, workload, goals, model=model, json_path=json_path)
     results = run_sweep(
         url, workload, model=model, json_path=json_path, slo_s=goals.slo_s, progress=sys.stderr.isatty()
     )
@@ -79,3 +88,30 @@ def format_summary_table(summary: Summary) -> Table:
     for label, value in rows:
         table.add_row(label, value, *([""] * 5))
     return table
+
+
+def bench_capacity(
+    url: str, workload_file: Path, workload: Workload, goals: Goals, *, model: str | None, json_path: str | None
+) -> int:
+    """One capacity search against a running endpoint (nothing archived: there is no engine of ours to record)."""
+    from llmplay.commands.capacity import print_boundaries  # deferred: rich tables of the capacity command
+
+    if goals.capacity is None:
+        raise located_error(
+            str(workload_file),
+            1,
+            "--capacity: found no goals.capacity; expected a playbook with goals.slo and goals.capacity",
+        )
+    model = model or discover_model(url)
+    tokenizer = make_tokenizer("auto", url)
+    try:
+        _, result = capacity_search(
+            url, model, workload, goals.capacity, goals.slo_s, tokenizer, progress=sys.stderr.isatty()
+        )
+    finally:
+        getattr(tokenizer, "close", lambda: None)()
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    print_boundaries(console, [(url, 0, result, {})])
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(result.as_dict(), indent=2, sort_keys=True) + "\n")
+    return ExitCode.OK

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from llmplay.archive.listing import archive_root
 from llmplay.archive.model import GateResult
-from llmplay.catalog import TUNING_RECORD_METRICS, absence_reason, fmt_bytes, fmt_full, label_of
+from llmplay.catalog import CAPACITY_METRICS, TUNING_RECORD_METRICS, absence_reason, fmt_bytes, fmt_full, label_of
 from llmplay.commands.plan import render_plan
 from llmplay.errors import ArchiveError, ExitCode, PlaybookError
 from llmplay.plan import build_plan
@@ -115,13 +115,18 @@ def print_outcome(console: Console, outcome: RunOutcome) -> None:
     table = Table(title="Tuning record", show_lines=False)
     table.add_column("configuration")
     table.add_column("verdict")
-    for metric in TUNING_RECORD_METRICS:
+    # A run of capacity searches shows their figures too (capacity, throughput and cost at the SLO).
+    shown = [
+        *TUNING_RECORD_METRICS,
+        *(m for m in CAPACITY_METRICS if any(m in (row.get("metrics") or {}) for row in outcome.tuning_record)),
+    ]
+    for metric in shown:
         table.add_column(label_of(metric), justify="right")
     notes: list[str] = []
     for row in outcome.tuning_record:
         figures = record_figures(row)
         cells = []
-        for metric in TUNING_RECORD_METRICS:
+        for metric in shown:
             value = measured(figures.get(metric))
             thin = thin_warning(metric, figures)
             cells.append("not measured" if value is None else fmt_full(metric, value) + (" *" if thin else ""))

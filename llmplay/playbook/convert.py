@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -12,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from llmplay import units
-from llmplay.catalog import METRICS, metric_info
+from llmplay.catalog import CAPACITY_METRICS, METRICS, metric_info
 from llmplay.playbook.problems import Problems, did_you_mean
 from llmplay.playbook.source import YamlPath, display_path, one_line
 from llmplay.redaction import ENV_REF, SECRET_NAME
 from llmplay.spec import (
+    CapacitySpec,
     Change,
     Cost,
     EngineSpec,
@@ -332,6 +334,110 @@ def parse_quality(
     return QualitySpec(tuple(prompts), source, raw.get("max_tokens", 32), checks, guards)
 
 
+def parse_capacity(
+    raw: Mapping[str, Any] | None, slo: Mapping[str, float], problems: Problems, *, slo_told: bool = False
+) -> CapacitySpec | None:
+    """goals.capacity, with the rules the schema cannot say: an attainment in (0, 1], bounds low < high, SLOs to
+    attain, whole users for a concurrency search."""
+    if raw is None:
+        return None
+    path: YamlPath = ("goals", "capacity")
+    before = len(problems.lines)
+    d = CapacitySpec(search="rate", low=1.0, high=2.0)
+
+    def fraction(key: str, default: float) -> float:
+        if key not in raw:
+            return default
+        try:
+            return units.parse_fraction(raw[key])
+        except units.UnitError as exc:
+            problems.add((*path, key), str(exc))
+            return default
+
+    attainment = fraction("attainment", d.attainment)
+    if not 0 < attainment <= 1:
+        problems.add(
+            (*path, "attainment"),
+            f"found {raw['attainment']!r}; expected a share of requests in (0, 1], e.g. 95% or 0.95",
+        )
+    precision = fraction("precision", d.precision)
+    if not 0 < precision < 1:
+        problems.add((*path, "precision"), f"found {raw['precision']!r}; expected a relative width in (0, 1), e.g. 5%")
+    low, high = (float(v) for v in raw["bounds"])
+    if not (math.isfinite(low) and math.isfinite(high)):
+        problems.add((*path, "bounds"), f"found {raw['bounds']}; expected finite loads [low, high]")
+    elif low >= high:
+        problems.add(
+            (*path, "bounds"),
+            f"found [{raw['bounds'][0]}, {raw['bounds'][1]}]; expected [low, high] with low < high",
+        )
+    finite = math.isfinite(low) and math.isfinite(high)
+    if raw["search"] == "concurrency" and finite and not all(float(v).is_integer() for v in raw["bounds"]):
+        problems.add(
+            (*path, "bounds"), f"found {raw['bounds']}; expected whole numbers of users for a concurrency search"
+        )
+    if not slo and not slo_told:
+        problems.add(
+            path,
+            "found no goals.slo; expected the per-request SLOs the capacity is attained under, e.g. slo: {ttft: 500ms}",
+        )
+    probe_s = parse_duration(raw, "probe", path, problems, d.probe_s)
+    probe_s = d.probe_s if probe_s is None else probe_s
+    if probe_s <= 0:
+        problems.add((*path, "probe"), "found 0; expected a probe length above zero, e.g. 10s")
+    max_engine_s = parse_duration(raw, "max_engine_time", path, problems, d.max_engine_s) or d.max_engine_s
+    if max_engine_s < probe_s:
+        problems.add(
+            (*path, "max_engine_time"),
+            f"found {max_engine_s:g}s, shorter than one {probe_s:g}s probe; expected at least a few probes' worth",
+        )
+    if len(problems.lines) > before:
+        return None
+    return CapacitySpec(
+        search=raw["search"],
+        low=low,
+        high=high,
+        attainment=attainment,
+        precision=precision,
+        probe_s=probe_s,
+        settle_s=parse_duration(raw, "settle", path, problems, d.settle_s) or 0.0,
+        max_engine_s=max_engine_s,
+        replicates=raw.get("replicates", d.replicates),
+        confidence=raw.get("confidence", d.confidence),
+        engine=raw.get("engine", d.engine),
+    )
+
+
+def _check_capacity_goals(goals: Goals, raw: Mapping[str, Any], problems: Problems) -> None:
+    """A goal on a capacity metric needs SLOs to attain and a goals.capacity to search with: one line at the goal."""
+    named: list[tuple[YamlPath, str]] = []
+    direction = goals.objective.direction
+    if goals.objective.metric in CAPACITY_METRICS and direction in raw.get("objective", {}):
+        named.append((("goals", "objective", direction), goals.objective.metric))
+    named += [(("goals", "gates", i), g.metric) for i, g in enumerate(goals.gates) if g.metric in CAPACITY_METRICS]
+    named += [(("goals", "guards", i), g.metric) for i, g in enumerate(goals.guards) if g.metric in CAPACITY_METRICS]
+    for path, metric in named:
+        if not goals.slo_s:
+            problems.add(
+                path,
+                f"{metric} is measured under SLOs, found no goals.slo; expected e.g. slo: {{ttft: 500ms, tpot: 50ms}}",
+            )
+        elif "capacity" not in raw:
+            problems.add(
+                path,
+                f"{metric} needs a capacity search, found no goals.capacity; expected e.g. "
+                "capacity: {search: rate, bounds: [0.5, 16]}",
+            )
+        elif metric == "capacity.rate" and raw["capacity"].get("search") == "concurrency":
+            problems.add(
+                path, "capacity.rate with search: concurrency; expected capacity.concurrency (or search: rate)"
+            )
+        elif metric == "capacity.concurrency" and raw["capacity"].get("search") == "rate":
+            problems.add(
+                path, "capacity.concurrency with search: rate; expected capacity.rate (or search: concurrency)"
+            )
+
+
 def parse_goals(
     raw: Mapping[str, Any], problems: Problems, base_dir: Path | None = None, dataset: str | None = None
 ) -> Goals:
@@ -374,13 +480,21 @@ def parse_goals(
     for key, value in raw.get("slo", {}).items():
         slo[key] = units.parse_duration_s(value)
     quality = parse_quality(raw.get("quality"), base_dir or Path("."), dataset, problems)
-    return Goals(
+    # A capacity goal without SLOs gets its one line at the goal, not a second one at goals.capacity.
+    names_capacity = metric in CAPACITY_METRICS or any(
+        m in CAPACITY_METRICS for m in (*(g.metric for g in gates), *(g.metric for g in guards))
+    )
+    capacity = parse_capacity(raw.get("capacity"), slo, problems, slo_told=names_capacity)
+    goals = Goals(
         gates=gates,
         objective=Objective(direction, metric, min_effect),
         guards=tuple(guards),
         slo_s=frozen_map(slo),
         quality=quality,
+        capacity=capacity,
     )
+    _check_capacity_goals(goals, raw, problems)
+    return goals
 
 
 def parse_trials(raw: Mapping[str, Any], problems: Problems) -> Trials:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib import rcParams
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 BASELINE_COLOR, CANDIDATE_COLOR = "#3b6ea8", "#d9822b"
 ROLE_COLORS = {"baseline": BASELINE_COLOR, "candidate": CANDIDATE_COLOR}
@@ -312,4 +313,98 @@ def histograms(panels: Sequence[tuple[str, str, np.ndarray]], width_in: float = 
             ax.hist(values, bins=min(40, max(5, int(np.sqrt(values.size)))), color="#3b6ea8")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("requests")
+    return to_svg(fig)
+
+
+_SEARCH_COLORS = ("#3b6ea8", "#d9822b", "#4d9a5b", "#a8456b", "#7a6bb0", "#8c8c3a")
+
+
+@_styled
+def capacity_attainment(
+    configs: Sequence[tuple[str, Sequence[Mapping]]], target: float, unit: str, width_in: float = 7.0
+) -> str:
+    """SLO attainment against load, one colour per configuration: each probe's attainment with its interval, the
+    target as a dashed line, and each search's boundary interval as a band with its estimate as a line."""
+    fig, (ax,) = _figure(width_in, 3.0)
+    drawn = False
+    for i, (label, searches) in enumerate(configs):
+        color = _SEARCH_COLORS[i % len(_SEARCH_COLORS)]
+        for j, search in enumerate(searches):
+            probes = sorted(search.get("probes") or [], key=lambda p: p["load"])
+            probes = [p for p in probes if p.get("attainment") is not None]
+            if not probes:
+                continue
+            x = np.asarray([p["load"] for p in probes], dtype=float)
+            y = np.asarray([p["attainment"] for p in probes], dtype=float) * 100
+            lo = np.clip(y - np.asarray([p["ci_low"] for p in probes], dtype=float) * 100, 0, None)
+            hi = np.clip(np.asarray([p["ci_high"] for p in probes], dtype=float) * 100 - y, 0, None)
+            ax.errorbar(
+                x,
+                y,
+                yerr=[lo, hi],
+                fmt="o-",
+                ms=3.5,
+                lw=1,
+                capsize=2,
+                color=color,
+                alpha=0.9,
+                label=label if j == 0 else None,
+            )
+            band = search.get("boundary_ci") or [None, None]
+            if band[0] is not None and band[1] is not None:
+                ax.axvspan(band[0], band[1], color=color, alpha=0.12, lw=0)
+            if search.get("capacity") is not None:
+                ax.axvline(search["capacity"], color=color, lw=1.2, ls="-", alpha=0.8)
+            drawn = True
+    if not drawn:
+        _not_measured(ax, "no capacity probe measured")
+        return to_svg(fig)
+    ax.axhline(target * 100, color="#b03030", ls="--", lw=1, label=f"target {target:.0%}")
+    ax.set_xscale("log")
+    plain = FuncFormatter(lambda x, _: f"{x:g}")  # 4, 8, 16 rather than 4×10⁰
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.set_xlabel(f"load ({unit}, log scale)")
+    ax.set_ylabel("requests meeting every SLO (%)")
+    ax.set_title("SLO attainment against load (band: boundary CI; line: capacity)")
+    ax.legend(loc="lower left")
+    return to_svg(fig)
+
+
+@_styled
+def capacity_knee(
+    configs: Sequence[tuple[str, Sequence[Mapping]]], slo_s: Mapping[str, float], target: float, width_in: float = 9.0
+) -> str:
+    """Output throughput against each SLO's latency at the target quantile (P95 for 95%), probe by probe: the knee
+    where more load stops buying throughput and starts buying latency; the SLO as a dashed line."""
+    keys = list(slo_s) or ["ttft"]
+    fig, axes = _figure(width_in, 2.8, ncols=len(keys))
+    q = f"P{target * 100:g}"
+    for ax, key in zip(axes, keys, strict=True):
+        drawn = False
+        for i, (label, searches) in enumerate(configs):
+            color = _SEARCH_COLORS[i % len(_SEARCH_COLORS)]
+            for j, search in enumerate(searches):
+                probes = sorted(search.get("probes") or [], key=lambda p: p["load"])
+                pts = [
+                    (p["output_tok_s"], (p.get("at_quantile_s") or {}).get(key))
+                    for p in probes
+                    if p.get("output_tok_s") is not None and (p.get("at_quantile_s") or {}).get(key) is not None
+                ]
+                if not pts:
+                    continue
+                x = np.asarray([a for a, _ in pts], dtype=float)
+                y = np.asarray([b for _, b in pts], dtype=float) * 1000
+                ax.plot(x, y, "o-", ms=3.5, lw=1, color=color, alpha=0.9, label=label if j == 0 else None)
+                drawn = True
+        if not drawn:
+            _not_measured(ax)
+            continue
+        if key in slo_s:
+            ax.axhline(slo_s[key] * 1000, color="#b03030", ls="--", lw=1, label="SLO")
+        ax.set_yscale("log")
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel(f"{q} {key.upper()} (ms, log scale)")
+        ax.set_title(f"throughput against {q} {key.upper()}")
+        ax.legend(loc="upper left")
     return to_svg(fig)

@@ -257,6 +257,64 @@ def _peak_memory(run: _ArchivedRunData, config_id: str, metrics: Mapping[str, An
     return fmt_value("memory.peak_frac", frac) if frac is not None else NOT_MEASURED
 
 
+# Tuning-record columns a run with capacity searches adds: cost at the SLO beside cost at the playbook's load.
+CAPACITY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("capacity.rate", "capacity req/s"),
+    ("capacity.concurrency", "capacity users"),
+    ("capacity.output_tok_s", "tok/s at SLO"),
+    ("cost.usd_per_1m_tokens_at_slo", "$ / 1M tok at SLO"),
+)
+
+
+def record_columns(run: _ArchivedRunData) -> list[tuple[str, str]]:
+    """The tuning record's columns: the catalog's, plus the capacity figures some trial of this run measured."""
+    measured = {m for t in run.trials.values() for m in t.summary}
+    return [*REPORT_RECORD_COLUMNS, *((m, label) for m, label in CAPACITY_COLUMNS if m in measured)]
+
+
+def _capacity(run: _ArchivedRunData) -> dict[str, Any] | None:
+    """Per configuration: its searches' attainment against load and throughput against latency, the binding
+    constraint in words, and each search's bracket; None when no trial ran a capacity search."""
+    by_config: dict[str, list[dict[str, Any]]] = {}
+    for tid, trial in run.trials.items():
+        found = run.archive.load_capacity(tid) if trial.files.get("capacity") else None
+        if found is not None:
+            by_config.setdefault(trial.config_id, []).append({**found, "trial_id": tid, "repeat": trial.repeat})
+    if not by_config:
+        return None
+    first = next(iter(by_config.values()))[0]
+    target, slo_s, unit = float(first["target"]), dict(first.get("slo_s") or {}), str(first.get("unit", ""))
+    configs = list(by_config.items())
+    rows = []
+    for config, searches in configs:
+        for search in sorted(searches, key=lambda s: s["repeat"]):
+            trial = run.trials[search["trial_id"]]
+            cost = trial.summary.get("cost.usd_per_1m_tokens_at_slo")
+            rows.append(
+                {
+                    "config_id": config,
+                    "trial_id": search["trial_id"],
+                    "repeat": search["repeat"] + 1,
+                    "status": search["status"],
+                    "boundary": search.get("boundary_text", ""),
+                    "binding": search.get("binding_sentence", ""),
+                    "probes": search.get("runs", 0),
+                    "engine_min": f"{float(search.get('engine_s', 0.0)) / 60:.1f}",
+                    "cost": fmt_full("cost.usd_per_1m_tokens_at_slo", cost) if cost is not None else NOT_MEASURED,
+                    "order": search.get("order", ""),
+                    "notes": list(search.get("notes") or []),
+                }
+            )
+    slo_text = ", ".join(f"{k.upper()} ≤ {fmt_full('ttft.p95', v)}" for k, v in slo_s.items())
+    return {
+        "target": f"{target:.0%} of requests within {slo_text}",
+        "unit": unit,
+        "rows": rows,
+        "attainment_chart": charts.capacity_attainment(configs, target, unit),
+        "knee_chart": charts.capacity_knee(configs, slo_s, target),
+    }
+
+
 def _record_rows(run: _ArchivedRunData) -> list[dict[str, Any]]:
     rows = list(run.manifest.get("tuning_record") or [])
     if not rows:  # an interrupted run has no record yet: rebuild it from the trials' own summaries
@@ -279,7 +337,7 @@ def _record_rows(run: _ArchivedRunData) -> list[dict[str, Any]]:
         )
         remarks = Remarks.new()
         cells = []
-        for metric, _ in REPORT_RECORD_COLUMNS:
+        for metric, _ in record_columns(run):
             if metric == PEAK_MEMORY_COLUMN:
                 text = _peak_memory(run, row["config_id"], metrics)
                 if text == NOT_MEASURED:
@@ -764,8 +822,9 @@ def build_context(archive: ArchivedRun) -> dict[str, Any]:
         "header": _header(run),
         "glance": _glance(run),
         "goals": _goals(run, playbook_doc),
-        "columns": [label for _, label in REPORT_RECORD_COLUMNS],
+        "columns": [label for _, label in record_columns(run)],
         "record": _record_rows(run),
+        "capacity": _capacity(run),
         "steps": _steps(run, descriptions),
         "diagnosis": _diagnosis(run),
         "method": _method(run, playbook_doc),

@@ -19,6 +19,7 @@ import numpy as np
 
 from llmplay.archive.model import FAILED, INCONCLUSIVE, KEPT, REJECTED, GateResult, MetricDelta
 from llmplay.catalog import (
+    CAPACITY_METRICS,
     METRICS,
     RECORD_METRICS,
     SAMPLE_COUNT_KEYS,
@@ -200,6 +201,11 @@ def _compare(
     if va is None or vb is None:
         return MetricDelta(metric, va, vb, None, None, None, better=None, n_baseline=na, n_candidate=nb), None
     matched = _pairs(a, b) if paired else None
+    if matched is not None and metric in CAPACITY_METRICS:
+        # A capacity search that pinned no boundary (indeterminate, or outside its bounds) has no value to pair:
+        # like a failed trial, its pair is left out whole rather than voiding the others.
+        kept = [(x, y) for x, y in zip(*matched, strict=True) if metric in x.scalars and metric in y.scalars]
+        matched = ([x for x, _ in kept], [y for _, y in kept])
     effect: Effect | None = None
     if matched is not None and matched[0]:
         xa, xb = _per_trial(matched[0], metric), _per_trial(matched[1], metric)

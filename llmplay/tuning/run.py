@@ -24,17 +24,19 @@ from llmplay.archive.model import (
     to_plain,
 )
 from llmplay.archive.writer import RunArchive
-from llmplay.catalog import RECORD_METRICS, SAMPLE_COUNT_KEYS
+from llmplay.catalog import CAPACITY_METRICS, RECORD_METRICS, SAMPLE_COUNT_KEYS
 from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
 from llmplay.errors import ExitCode, LlmplayError, PlaybookError
 from llmplay.plan import docker_run_argv, format_argv
+from llmplay.playbook.source import located_error
 from llmplay.redaction import redact, redact_text, referenced_values, resolve_env, secret_values
 from llmplay.runtime import make_runtime, stop_all
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.docker import gc as remove_containers
 from llmplay.runtime.image_flags import image_flags
-from llmplay.spec import Config, Playbook, Step, apply_step
+from llmplay.spec import CapacitySpec, Config, Playbook, Step, apply_step
+from llmplay.tuning.capacity import capacity_goal
 from llmplay.tuning.cluster import (
     Needs,
     NodeTrial,
@@ -67,6 +69,8 @@ class RunOptions:
     # Check every flag against the image's own `--help` before the first trial (docker runtime only).
     preflight: bool = True
     ray_address: str | None = None  # --ray: run the trials on this Ray cluster, whatever the playbook's runtime
+    # Every trial a capacity search (goals.capacity), whatever the goals name: `llmplay capacity`.
+    capacity: bool = False
 
     def overrides(self) -> dict[str, Any]:
         out = {
@@ -78,6 +82,7 @@ class RunOptions:
                 ("only", list(self.only) or None),
                 ("image", self.image),
                 ("ray", self.ray_address),
+                ("capacity", self.capacity or None),
             )
             if v is not None
         }
@@ -223,6 +228,19 @@ class TuningRun:
         # Handed-in trials start no engine, so there is no image to ask.
         self._starts_engines = measure_trial is None
         self._archive: RunArchive | None = None
+        # Trials are capacity searches when a goal names a capacity metric (or the capacity command asks): one
+        # boundary per trial, so a step's A/B compares boundaries pair by pair like any other per-trial figure.
+        goals = self.playbook.goals
+        self.capacity: CapacitySpec | None = (
+            goals.capacity if goals.capacity is not None and (options.capacity or capacity_goal(goals)) else None
+        )
+        if options.capacity and self.capacity is None:
+            raise located_error(
+                self.playbook.path,
+                1,
+                "goals.capacity: not found; expected goals.capacity (search, bounds, attainment) and goals.slo "
+                "to search the capacity under",
+            )
         self.done: dict[tuple[str, str, int], TrialRecord] = {}
         self.trial_counter = 0
         self.verdicts: list[StepVerdict] = []
@@ -300,6 +318,7 @@ class TuningRun:
             repeat=repeat,
             run_id=self.archive.run_id,
             progress=self.options.progress,
+            capacity=self.capacity,
         )
 
     def _trial(
@@ -332,7 +351,13 @@ class TuningRun:
         # Archived first: whatever fails from here on (a console line, a decision, the diagnosis), --resume
         # finds this trial on disk and does not measure it again.
         trial_id = result.trial.trial_id
-        self.archive.write_trial(result.trial, result.records, result.telemetry, result.engine_log)
+        self.archive.write_trial(
+            result.trial,
+            result.records,
+            result.telemetry,
+            result.engine_log,
+            capacity=result.capacity.as_dict() if result.capacity is not None else None,
+        )
         if result.probes is not None:
             self.archive.write_probes(trial_id, [p.as_dict() for p in result.probes])
         self._say(f"the progress line of trial {trial_id}", describe_trial, result.trial)
@@ -806,7 +831,7 @@ def _record_row(measured: ConfigTrials, verdict: StepVerdict | None) -> dict[str
         "config_id": measured.config.label,
         "trials": list(measured.trial_ids),
         "failed_trials": measured.failed,
-        "metrics": {m: summary[m] for m in RECORD_METRICS if m in summary},
+        "metrics": {m: summary[m] for m in (*RECORD_METRICS, *CAPACITY_METRICS) if m in summary},
         "samples": {k: int(summary[k]) for k in SAMPLE_COUNT_KEYS if k in summary},  # what the percentiles rest on
     }
     if verdict is not None:

@@ -14,19 +14,28 @@ import httpx
 import pandas as pd
 
 from llmplay.archive.model import TRIAL_FAILED, TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
-from llmplay.catalog import absence_reason, fmt_full, label_of, sample_count_key, thin_sample
+from llmplay.catalog import CAPACITY_METRICS, absence_reason, fmt_full, label_of, sample_count_key, thin_sample
 from llmplay.engines.base import Engine
 from llmplay.errors import EngineStartError, InfrastructureError
+from llmplay.loadgen.records import LoadResult
 from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
 from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.loadgen.workload import iter_requests
-from llmplay.metrics import per_request_frame, summarize, usd_per_1m_tokens
+from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
 from llmplay.redaction import resolve_env
-from llmplay.spec import Config, EngineSpec, Playbook
+from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook
 from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
 from llmplay.telemetry.prom import PrometheusSource
 from llmplay.telemetry.sampler import Source, TelemetrySampler
+from llmplay.tuning.capacity import (
+    CapacityResult,
+    ProbeRun,
+    boundary_run,
+    capacity_summary,
+    probe_workload,
+    search_capacity,
+)
 from llmplay.tuning.decide import TrialSample, sample_from_records
 from llmplay.tuning.quality import ProbeResult, run_probes
 from llmplay.tuning.signals import TrialInterrupted
@@ -42,6 +51,7 @@ class TrialResult:
     engine_log: str = ""
     sample: TrialSample | None = None  # None unless the trial is ok and measured at least one request
     probes: tuple[ProbeResult, ...] | None = None  # goals.quality's greedy answers, taken after the timed load
+    capacity: CapacityResult | None = None  # the trial's capacity search (capacity trials only)
 
 
 def utc_now() -> str:
@@ -119,9 +129,12 @@ def run_trial(
     repeat: int,
     run_id: str,
     progress: bool = False,
+    capacity: CapacitySpec | None = None,
 ) -> TrialResult:
     """One fresh engine start, warm-up, measured load, telemetry; failures become a failed TrialRecord.
 
+    With `capacity`, the measured load is a capacity search on this one engine start (tuning.capacity); the
+    trial's records and summary are then those of its boundary probe, with the capacity.* figures added.
     A signal mid-load raises TrialInterrupted carrying what finished, after the engine has stopped."""
     started, t0 = utc_now(), time.perf_counter()
     # Common random numbers: both trials of A/B pair `repeat` send the same request sequence (lengths, prompts,
@@ -140,6 +153,8 @@ def run_trial(
         "started_utc": started,
     }
     log = ""
+    if capacity is not None and capacity.engine == "fresh":
+        return _fresh_engine_search(playbook, config, engine, runtime_factory, spec, labels, base, capacity, t0)
     try:
         with runtime.start(spec, engine, labels) as endpoint:
             try:
@@ -150,12 +165,24 @@ def run_trial(
                     sampler_origin_ns = time.perf_counter_ns() - int(sampler.elapsed_s() * 1e9)
                     tokenizer = make_tokenizer("auto", endpoint.base_url, model_dir=spec.model_dir)
                     try:
-                        requests: Any = iter_requests(config.workload, tokenizer, endpoint.model)
-                        if config.workload.num_requests is not None:
-                            requests = tuple(requests)  # bounded: every prompt built before the clock starts
-                        load = run_load_sync(
-                            endpoint.base_url, config.workload, requests, progress=progress, tokenizer=tokenizer
-                        )
+                        search: CapacityResult | None = None
+                        if capacity is not None:
+                            load, search = capacity_search(
+                                endpoint.base_url,
+                                endpoint.model,
+                                config.workload,
+                                capacity,
+                                playbook.goals.slo_s,
+                                tokenizer,
+                                progress=progress,
+                            )
+                        else:
+                            requests: Any = iter_requests(config.workload, tokenizer, endpoint.model)
+                            if config.workload.num_requests is not None:
+                                requests = tuple(requests)  # bounded: every prompt built before the clock starts
+                            load = run_load_sync(
+                                endpoint.base_url, config.workload, requests, progress=progress, tokenizer=tokenizer
+                            )
                     finally:
                         getattr(tokenizer, "close", lambda: None)()
                 # After the timed window, before the engine stops: the probes cost seconds and no latency figure.
@@ -222,6 +249,12 @@ def run_trial(
     cost = usd_per_1m_tokens(price_per_hour(playbook, config), summary.get("throughput.output_tok_s"))
     if cost is not None:
         summary["cost.usd_per_1m_tokens"] = cost
+    if search is not None:
+        summary.update(capacity_summary(search, price_per_hour(playbook, config)))
+        notes.append(
+            f"capacity search: {search.boundary_text()}; {search.runs} probe run(s), {search.engine_s:.0f} s of load; "
+            "the trial's requests and figures are its boundary probe's"
+        )
     error = None
     status = TRIAL_OK
     if not alive:
@@ -238,8 +271,115 @@ def run_trial(
         notes=tuple(notes),
     )
     return TrialResult(
-        trial, records, telemetry_frame, log, trial_sample(playbook, config, trial, records), probes=probes
+        trial,
+        records,
+        telemetry_frame,
+        log,
+        trial_sample(playbook, config, trial, records),
+        probes=probes,
+        capacity=search,
     )
+
+
+def _fresh_engine_search(
+    playbook: Playbook,
+    config: Config,
+    engine: Engine,
+    runtime_factory: Callable[..., Any],
+    spec: EngineSpec,
+    labels: Mapping[str, str],
+    base: Mapping[str, Any],
+    capacity: CapacitySpec,
+    t0: float,
+) -> TrialResult:
+    """goals.capacity.engine: fresh: a capacity search whose every probe has an engine start of its own (no
+    telemetry: no sampler outlives one probe). The engine-seconds count load only, not the starts."""
+    last: dict[str, Any] = {"describe": {}, "log": ""}
+
+    def measure(load_value: float, replicate: int) -> ProbeRun:
+        runtime = runtime_factory(playbook.runtime)
+        with runtime.start(spec, engine, dict(labels)) as endpoint:
+            tokenizer = make_tokenizer("auto", endpoint.base_url, model_dir=spec.model_dir)
+            try:
+                probe = probe_workload(config.workload, capacity, load_value, replicate)
+                started = time.perf_counter()
+                result = run_load_sync(
+                    endpoint.base_url, probe, iter_requests(probe, tokenizer, endpoint.model), tokenizer=tokenizer
+                )
+                engine_s = time.perf_counter() - started
+            finally:
+                getattr(tokenizer, "close", lambda: None)()
+            last.update(describe=dict(runtime.describe()), log=runtime.logs())
+        attainment = slo_attainment(result.records, result.duration_s, playbook.goals.slo_s, capacity.attainment)
+        return ProbeRun(load_value, replicate, attainment, result.duration_s, engine_s, result)
+
+    try:
+        search, runs = search_capacity(capacity, playbook.goals.slo_s, measure)
+    except (EngineStartError, InfrastructureError) as exc:
+        failed = TrialRecord(
+            **base,
+            status=TRIAL_FAILED,
+            wall_s=time.perf_counter() - t0,
+            summary={},
+            error=start_failure_cause(exc) if isinstance(exc, EngineStartError) else str(exc).splitlines()[0],
+            engine_describe=last["describe"],
+        )
+        return TrialResult(failed, engine_log=getattr(exc, "log_tail", None) or last["log"])
+    boundary = boundary_run(search, runs)
+    assert boundary is not None  # the first probe always runs
+    load = boundary.load_result
+    summary: dict[str, Any] = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
+    summary["duration_s"] = load.duration_s
+    price = price_per_hour(playbook, config)
+    cost = usd_per_1m_tokens(price, summary.get("throughput.output_tok_s"))
+    if cost is not None:
+        summary["cost.usd_per_1m_tokens"] = cost
+    summary.update(capacity_summary(search, price))
+    ok = summary.get("requests.completed", 0) > 0
+    trial = TrialRecord(
+        **base,
+        status=TRIAL_OK if ok else TRIAL_FAILED,
+        wall_s=time.perf_counter() - t0,
+        summary=summary,
+        engine_describe=last["describe"],
+        error=None if ok else "no request completed at the boundary probe",
+        notes=(
+            f"capacity search with a fresh engine start per probe: {search.boundary_text()}; {search.runs} probe "
+            f"run(s), {search.engine_s:.0f} s of load; no telemetry",
+        ),
+    )
+    records = per_request_frame(load.records)
+    return TrialResult(
+        trial, records, None, last["log"], trial_sample(playbook, config, trial, records), capacity=search
+    )
+
+
+def capacity_search(
+    url: str,
+    model: str,
+    workload: Any,
+    spec: CapacitySpec,
+    slo_s: Mapping[str, float],
+    tokenizer: Any,
+    *,
+    progress: bool = False,
+) -> tuple[LoadResult, CapacityResult]:
+    """A capacity search against a running endpoint: each probe a load run of the workload at the probe's load.
+    Returns the boundary probe's load run (the records that stand for the configuration) and the search."""
+
+    def measure(load_value: float, replicate: int) -> ProbeRun:
+        probe = probe_workload(workload, spec, load_value, replicate)
+        t0 = time.perf_counter()
+        result = run_load_sync(
+            url, probe, iter_requests(probe, tokenizer, model), progress=progress, tokenizer=tokenizer
+        )
+        attainment = slo_attainment(result.records, result.duration_s, slo_s, spec.attainment)
+        return ProbeRun(load_value, replicate, attainment, result.duration_s, time.perf_counter() - t0, result)
+
+    search, runs = search_capacity(spec, slo_s, measure)
+    boundary = boundary_run(search, runs)
+    assert boundary is not None  # a search runs at least its lower bound, or its time cap is below one probe
+    return boundary.load_result, search
 
 
 def _answer_probes(playbook: Playbook, config: Config, endpoint: Any) -> tuple[ProbeResult, ...] | None:
@@ -285,5 +425,10 @@ def describe_trial(trial: TrialRecord) -> str:
     s: Mapping[str, Any] = trial.summary
     shown = ("ttft.p95", "tpot.p95", "errors.rate")
     figures = [f"output {figure('throughput.output_tok_s', s)}", *(f"{label_of(m)} {figure(m, s)}" for m in shown)]
+    head = ""
+    if "capacity.runs" in s:  # a capacity search: its boundary first, the figures after are its boundary probe's
+        found = [f"{label_of(m)} {figure(m, s)}" for m in CAPACITY_METRICS if measured(s.get(m)) is not None]
+        head = ", ".join(found or ["capacity not measured (indeterminate, or outside its bounds)"])
+        head += "; at the boundary probe: "
     thin = [warning for m in shown if (warning := thin_warning(m, s)) is not None]
-    return f"  trial {trial.trial_id} {role}: {', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")
+    return f"  trial {trial.trial_id} {role}: {head}{', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")

@@ -1,0 +1,736 @@
+"""Capacity under SLO: the search for the most load one replica takes while a target share of requests meets
+every goals.slo, each probe decided with an interval on its attainment.
+
+The search (AIPerf's and guidellm's shape, decided statistically):
+1. exponential probe: from the lower bound, double the load until a probe is infeasible or the upper bound is met;
+2. bisection of the bracket between the feasible maximum and the infeasible minimum (geometric midpoints, since
+   capacity is a ratio scale) until its relative width is within `precision`;
+3. a re-check of the feasible maximum (one more run pooled with the first): a boundary that does not hold twice
+   is demoted and the bisection goes on.
+
+Each probe is one run of `probe_s` at one load. Its attainment's interval is the wider of a Wilson interval over
+its requests and a t interval over batch means (consecutive runs of requests in send order): requests inside a
+probe share a queue, so they are positively correlated near capacity and Wilson alone is too narrow, while batch
+means with few requests per batch are too coarse far from it. A probe is feasible when the interval's low end
+reaches the target, infeasible when its high end is below it, and indeterminate otherwise; only an indeterminate
+probe is replicated (pooled), up to `replicates` runs. The whole search stops at `max_engine_s` of load; a bracket
+still wider than the precision then is "indeterminate", never a number the data did not decide.
+
+A step decided on capacity (`maximize: capacity.rate`) makes each trial one whole search, so the trial stays the
+experimental unit: the runner interleaves baseline and candidate searches (A B B A), each repeat sends the same
+request sequence on both sides (common random numbers, the trial's seed), and tuning.decide puts the paired t
+interval of tuning.intervals on the per-repeat log ratio of the two boundaries, the rule every other metric uses.
+A bootstrap over probe replicates would treat the runs of one search as independent draws of the boundary, which
+they are not (one engine start, one bracket); a search without a boundary leaves its pair out, like a failed trial.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from llmplay.catalog import CAPACITY_METRICS, fmt_full
+from llmplay.metrics import Attainment, batch_shares, usd_per_1m_tokens_at_slo
+from llmplay.spec import CapacitySpec, Goals, Workload
+
+FEASIBLE, INFEASIBLE, INDETERMINATE = "feasible", "infeasible", "indeterminate"
+FOUND, UNDECIDED, ABOVE_BOUNDS, BELOW_BOUNDS = "found", "indeterminate", "above_bounds", "below_bounds"
+STATUSES = (FOUND, UNDECIDED, ABOVE_BOUNDS, BELOW_BOUNDS)
+UNITS = {"rate": "req/s", "concurrency": "users"}
+SLO_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2EL"}
+_REQUESTS_PER_BATCH = 10
+_MAX_BATCHES = 10
+_MAX_RECHECKS = 3
+_MIN_BATCHES = 5
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One run of one load: its attainment, and what it cost."""
+
+    load: float
+    replicate: int
+    attainment: Attainment
+    duration_s: float  # the measured window
+    engine_s: float  # load time it took, its drain included
+    load_result: Any = None  # the run's LoadResult (raw records), kept for the trial's archive
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    """Every run at one load pooled, and what they decided."""
+
+    load: float
+    first_run: int  # position of its first run in the search, for "how probes were ordered"
+    runs: int
+    n_requests: int
+    attainment: float | None
+    ci_low: float
+    ci_high: float
+    verdict: str
+    per_slo: Mapping[str, float]
+    at_quantile_s: Mapping[str, float | None]
+    output_tok_s: float | None
+    req_s: float | None
+    engine_s: float
+    batches: tuple[float, ...] = ()  # batch-mean attainments, every run's, for the boundary's bootstrap
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batches": list(self.batches),
+            "load": self.load,
+            "first_run": self.first_run,
+            "runs": self.runs,
+            "n_requests": self.n_requests,
+            "attainment": self.attainment,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "verdict": self.verdict,
+            "per_slo": dict(self.per_slo),
+            "at_quantile_s": dict(self.at_quantile_s),
+            "output_tok_s": self.output_tok_s,
+            "req_s": self.req_s,
+            "engine_s": self.engine_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProbeVerdict:
+        return cls(
+            **{
+                **d,
+                "per_slo": dict(d.get("per_slo") or {}),
+                "at_quantile_s": dict(d.get("at_quantile_s") or {}),
+                "batches": tuple(d.get("batches") or ()),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class CapacityResult:
+    """A finished search: the bracket, what bound it, every probe, and what it cost."""
+
+    search: str  # rate | concurrency
+    status: str  # found | indeterminate | above_bounds | below_bounds
+    target: float
+    confidence: float
+    precision: float
+    low: float
+    high: float
+    slo_s: Mapping[str, float]
+    feasible_max: float | None
+    infeasible_min: float | None
+    probes: tuple[ProbeVerdict, ...]  # by load
+    runs: int  # load runs, replicates and the re-check included
+    engine_s: float  # load time of the search, settles included
+    binding: str | None  # the SLO that broke first (lowest attainment at the infeasible minimum)
+    binding_value_s: float | None  # its figure at the target quantile there
+    order: str  # how the probes were ordered, in words
+    run_loads: tuple[float, ...] = ()  # every run's load, in the order run
+    notes: tuple[str, ...] = ()
+    per_slo_limits: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)
+    estimate: float | None = None  # where the fitted attainment crosses the target, inside the bracket
+    ci: tuple[float | None, float | None] = (None, None)  # the boundary's bootstrap interval at `confidence`
+
+    @property
+    def unit(self) -> str:
+        return UNITS[self.search]
+
+    @property
+    def capacity(self) -> float | None:
+        """The figure capacity.* reports: once the bracket [feasible max, infeasible min] is within the precision,
+        the load where the attainment crosses the target inside it (estimate); the upper bound when even it met
+        the SLOs (a lower bound on capacity, flagged censored); None otherwise: an undecided bracket, or a
+        configuration that misses the SLOs at the lower bound, has no number to give."""
+        if self.status == FOUND:
+            return self.estimate if self.estimate is not None else self.feasible_max
+        if self.status == ABOVE_BOUNDS:
+            return self.high
+        return None
+
+    @property
+    def censored(self) -> bool:
+        return self.status == ABOVE_BOUNDS
+
+    def probe_at(self, load: float | None) -> ProbeVerdict | None:
+        return next((p for p in self.probes if load is not None and p.load == load), None)
+
+    @property
+    def output_tok_s(self) -> float | None:
+        """Output throughput at the capacity (capacity.output_tok_s): the boundary probes' throughput per unit of
+        load, interpolated to the capacity like the capacity itself; the feasible maximum's when that is all."""
+        cap = self.capacity
+        if self.status == ABOVE_BOUNDS:
+            top = self.probe_at(self.high)
+            return top.output_tok_s if top else None
+        below, above = self.probe_at(self.feasible_max), self.probe_at(self.infeasible_min)
+        if cap is None or below is None or below.output_tok_s is None:
+            return None
+        if above is None or above.output_tok_s is None or above.load == below.load:
+            return below.output_tok_s
+        frac = math.log(cap / below.load) / math.log(above.load / below.load)
+        return below.output_tok_s + frac * (above.output_tok_s - below.output_tok_s)
+
+    def boundary_text(self) -> str:
+        """The bracket in words: "6.0 req/s [6.0, 6.3]", "≥ 16 req/s", "< 0.5 req/s", "undecided in [4, 8]"."""
+        u = self.unit
+        if self.status == ABOVE_BOUNDS:
+            return f"≥ {_num(self.high)} {u} (met the SLOs at the upper bound)"
+        if self.status == BELOW_BOUNDS:
+            return f"< {_num(self.low)} {u} (missed the SLOs at the lower bound)"
+        lo = _num(self.feasible_max) if self.feasible_max is not None else f"< {_num(self.low)}"
+        hi = _num(self.infeasible_min) if self.infeasible_min is not None else f"> {_num(self.high)}"
+        ci = f", CI [{_num(self.ci[0])}, {_num(self.ci[1])}]" if self.ci[0] is not None else ""
+        if self.status == FOUND:
+            return f"{_num(self.capacity)} {u} (feasible max {lo}, infeasible min {hi}{ci})"
+        return f"indeterminate: between {lo} and {hi} {u}{ci}, not pinned within ±{self.precision:.0%} in the time cap"
+
+    def binding_sentence(self) -> str:
+        """ "TTFT breaks at 6.2 req/s (P95 TTFT 812 ms, SLO 500 ms); TPOT would hold until 9 req/s"."""
+        if self.binding is None:
+            probed = max((p.load for p in self.probes), default=None)
+            return "no SLO broke within the bounds" + (f" (up to {_num(probed)} {self.unit})" if probed else "")
+        q = f"P{self.target * 100:g}"
+        label = SLO_LABELS.get(self.binding, self.binding)
+        observed = "" if self.binding_value_s is None else f"{q} {label} {fmt_full('ttft.p95', self.binding_value_s)}, "
+        parts = [
+            f"{label} breaks at {_num(self.infeasible_min)} {self.unit} "
+            f"({observed}SLO {fmt_full('ttft.p95', self.slo_s.get(self.binding))})"
+        ]
+        for key, limits in self.per_slo_limits.items():
+            if key == self.binding:
+                continue
+            other = SLO_LABELS.get(key, key)
+            holds, breaks = limits.get("holds_until"), limits.get("breaks_at")
+            if breaks is None and holds is not None:
+                parts.append(f"{other} would hold until at least {_num(holds)} {self.unit} (held at every probe)")
+            elif holds is not None:
+                parts.append(f"{other} would hold until {_num(holds)} {self.unit} (breaks by {_num(breaks)})")
+            elif breaks is not None:
+                parts.append(f"{other} also breaks by {_num(breaks)} {self.unit}")
+        return "; ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "search": self.search,
+            "unit": self.unit,
+            "status": self.status,
+            "capacity": self.capacity,
+            "censored": self.censored,
+            "target": self.target,
+            "confidence": self.confidence,
+            "precision": self.precision,
+            "bounds": [self.low, self.high],
+            "slo_s": dict(self.slo_s),
+            "estimate": self.estimate,
+            "feasible_max": self.feasible_max,
+            "infeasible_min": self.infeasible_min,
+            "bracket": [self.feasible_max, self.infeasible_min],
+            "boundary_ci": list(self.ci),
+            "output_tok_s": self.output_tok_s,
+            "binding": self.binding,
+            "binding_value_s": self.binding_value_s,
+            "binding_sentence": self.binding_sentence(),
+            "boundary_text": self.boundary_text(),
+            "per_slo_limits": {k: dict(v) for k, v in self.per_slo_limits.items()},
+            "probes": [p.as_dict() for p in self.probes],
+            "runs": self.runs,
+            "run_loads": list(self.run_loads),
+            "engine_s": self.engine_s,
+            "order": self.order,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CapacityResult:
+        low, high = d["bounds"]
+        return cls(
+            search=d["search"],
+            status=d["status"],
+            target=d["target"],
+            confidence=d["confidence"],
+            precision=d["precision"],
+            low=low,
+            high=high,
+            slo_s=dict(d.get("slo_s") or {}),
+            feasible_max=d.get("feasible_max"),
+            infeasible_min=d.get("infeasible_min"),
+            probes=tuple(ProbeVerdict.from_dict(p) for p in d.get("probes", ())),
+            runs=d.get("runs", 0),
+            engine_s=d.get("engine_s", 0.0),
+            binding=d.get("binding"),
+            binding_value_s=d.get("binding_value_s"),
+            order=d.get("order", ""),
+            run_loads=tuple(d.get("run_loads", ())),
+            notes=tuple(d.get("notes", ())),
+            per_slo_limits={k: dict(v) for k, v in (d.get("per_slo_limits") or {}).items()},
+            estimate=d.get("estimate"),
+            ci=tuple(d.get("boundary_ci") or (None, None)),
+        )
+
+
+def _num(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+# ------------------------------------------------------------------------------------------- one probe's interval
+def run_batches(runs: Sequence[Attainment]) -> np.ndarray:
+    """Each run's batch means (at least _REQUESTS_PER_BATCH requests a batch), runs one after the other."""
+    parts = [
+        batch_shares(r.met, min(_MAX_BATCHES, r.n // _REQUESTS_PER_BATCH))
+        for r in runs
+        if r.n >= 2 * _REQUESTS_PER_BATCH
+    ]
+    return np.concatenate(parts) if parts else np.array([])
+
+
+def attainment_interval(runs: Sequence[Attainment], level: float) -> tuple[float | None, float, float]:
+    """(share, low, high) of the pooled runs' attainment at `level`: the wider of Wilson over requests and t over
+    batch means (see the module's docstring for why both)."""
+    met = np.concatenate([r.met for r in runs]) if runs else np.array([])
+    n = int(met.size)
+    if n == 0:
+        return None, 0.0, 1.0
+    share = float(met.mean())
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    low, high = centre - half, centre + half
+    batches = run_batches(runs)
+    # Fewer than _MIN_BATCHES batch means say nothing usable about the spread (a t quantile on 1 degree of freedom
+    # is 12.7): the interval is then Wilson's alone, the correlation inside the probe unaccounted for.
+    if batches.size >= _MIN_BATCHES:
+        t_half = (
+            float(stats.t.ppf(0.5 + level / 2, batches.size - 1)) * float(batches.std(ddof=1)) / math.sqrt(batches.size)
+        )
+        low, high = min(low, float(batches.mean()) - t_half), max(high, float(batches.mean()) + t_half)
+    # Batch means weight runs by batch, the share by request: keep the interval around the share it is printed with.
+    return share, max(0.0, min(low, share)), min(1.0, max(high, share))
+
+
+def crossing(probes: Sequence[ProbeVerdict], target: float) -> float | None:
+    """The load where attainment crosses `target`: a decreasing isotonic fit (pool-adjacent-violators, weighted
+    by requests) of the probes' attainment against load, interpolated on log load between the last load at or
+    above the target and the next; None when the fit never crosses it."""
+    points = [
+        (p.load, p.attainment, float(max(p.n_requests, 1)))
+        for p in sorted(probes, key=lambda p: p.load)
+        if p.attainment is not None
+    ]
+    blocks: list[list[float]] = []  # [weighted sum, weight, first index, last index]
+    for i, (_, a, w) in enumerate(points):
+        blocks.append([a * w, w, i, i])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            merged = blocks.pop()
+            blocks[-1][0] += merged[0]
+            blocks[-1][1] += merged[1]
+            blocks[-1][3] = merged[3]
+    fitted = [0.0] * len(points)
+    for block in blocks:
+        for k in range(int(block[2]), int(block[3]) + 1):
+            fitted[k] = block[0] / block[1]
+    for k in range(len(points) - 1):
+        f1, f2 = fitted[k], fitted[k + 1]
+        if f1 >= target > f2:
+            x1, x2 = points[k][0], points[k + 1][0]
+            return math.exp(math.log(x1) + (f1 - target) / (f1 - f2) * (math.log(x2) - math.log(x1)))
+    return None
+
+
+_BOOTSTRAP = 400
+
+
+def boundary_interval(
+    probes: Sequence[ProbeVerdict], target: float, level: float, seed: int = 0
+) -> tuple[float | None, float | None]:
+    """The crossing's interval at `level`: a bootstrap that redraws each probe's attainment from its own batch
+    means (the unit the per-probe interval rests on; a probe with too few requests for batches is redrawn as a
+    binomial share) and refits. A redraw whose fit never crosses counts at the edge it fell past (the lowest or
+    highest load probed), so a boundary the probes do not pin down gets a wide interval, not a narrow one."""
+    probes = [p for p in sorted(probes, key=lambda p: p.load) if p.attainment is not None]
+    if len(probes) < 2:
+        return None, None
+    rng = np.random.default_rng(seed)
+    lo_load, hi_load = probes[0].load, probes[-1].load
+    draws = []
+    for _ in range(_BOOTSTRAP):
+        redrawn = []
+        for p in probes:
+            if len(p.batches) >= 2:
+                share = float(rng.choice(np.asarray(p.batches), size=len(p.batches)).mean())
+            else:
+                share = float(rng.binomial(max(p.n_requests, 1), p.attainment or 0.0)) / max(p.n_requests, 1)
+            redrawn.append(replace(p, attainment=share))
+        x = crossing(redrawn, target)
+        if x is None:
+            x = hi_load if all((q.attainment or 0) >= target for q in redrawn[:1]) else lo_load
+        draws.append(math.log(x))
+    tail = (1 - level) / 2
+    return float(math.exp(np.quantile(draws, tail))), float(math.exp(np.quantile(draws, 1 - tail)))
+
+
+def classify(share: float | None, low: float, high: float, target: float) -> str:
+    if share is None:
+        return INDETERMINATE
+    if target >= 1.0:
+        # No interval's low end reaches 1 with finitely many requests: a 100% target is met only by every request.
+        return FEASIBLE if share >= 1.0 else INFEASIBLE
+    if low >= target:
+        return FEASIBLE
+    if high < target:
+        return INFEASIBLE
+    return INDETERMINATE
+
+
+def pool(load: float, runs: Sequence[ProbeRun], first_run: int, target: float, level: float) -> ProbeVerdict:
+    atts = [r.attainment for r in runs]
+    share, low, high = attainment_interval(atts, level)
+    n = sum(a.n for a in atts)
+    weights = [a.n for a in atts]
+
+    def mean_of(values: Sequence[float | None]) -> float | None:
+        pairs = [(v, w) for v, w in zip(values, weights, strict=True) if v is not None and w > 0]
+        return sum(v * w for v, w in pairs) / sum(w for _, w in pairs) if pairs else None
+
+    keys = list(atts[0].per_slo) if atts else []
+    return ProbeVerdict(
+        load=load,
+        first_run=first_run,
+        runs=len(runs),
+        n_requests=n,
+        attainment=share,
+        ci_low=low,
+        ci_high=high,
+        verdict=classify(share, low, high, target),
+        per_slo={k: mean_of([a.per_slo.get(k) for a in atts]) or 0.0 for k in keys},
+        at_quantile_s={k: mean_of([a.at_quantile_s.get(k) for a in atts]) for k in keys},
+        output_tok_s=mean_of([a.output_tok_s for a in atts]),
+        req_s=mean_of([a.req_s for a in atts]),
+        engine_s=sum(r.engine_s for r in runs),
+        batches=tuple(float(b) for b in run_batches(atts)),
+    )
+
+
+# ------------------------------------------------------------------------------------------------- the search
+Measure = Callable[[float, int], ProbeRun]
+
+
+class _Search:
+    def __init__(
+        self, spec: CapacitySpec, slo_s: Mapping[str, float], measure: Measure, settle: Callable[[float], Any]
+    ):
+        self.spec, self.slo_s, self.measure, self.settle = spec, dict(slo_s), measure, settle
+        self.runs: dict[float, list[ProbeRun]] = {}
+        self.first: dict[float, int] = {}
+        self.order: list[float] = []
+        self.spent_s = 0.0
+        self.rechecked: set[float] = set()
+        self.out_of_time = False
+
+    def load(self, x: float) -> float:
+        return float(max(1, round(x))) if self.spec.search == "concurrency" else float(x)
+
+    def verdict(self, x: float) -> ProbeVerdict:
+        return pool(x, self.runs[x], self.first[x], self.spec.attainment, self.spec.confidence)
+
+    def _run(self, x: float) -> bool:
+        """One more run at x; False when the time cap leaves no room for it."""
+        settle = self.spec.settle_s if self.order else 0.0
+        # The first run always happens: a search that measured nothing would have nothing to say.
+        if self.order and self.spent_s + settle + self.spec.probe_s > self.spec.max_engine_s:
+            self.out_of_time = True
+            return False
+        if settle:
+            self.settle(settle)
+            self.spent_s += settle
+        run = self.measure(x, len(self.runs.get(x, ())))
+        self.spent_s += run.engine_s
+        self.first.setdefault(x, len(self.order))
+        self.order.append(x)
+        self.runs.setdefault(x, []).append(run)
+        return True
+
+    def probe(self, x: float, *, rising: bool = False) -> str | None:
+        """The verdict at x, replicating only while it is indeterminate; None when no run at x fits the cap.
+
+        `rising` (the exponential phase): a load whose point estimate meets the target is not replicated, since
+        the next, higher probe decides it more cheaply (capacity is monotone: feasible there is feasible here)."""
+        while x not in self.runs or (
+            self.verdict(x).verdict == INDETERMINATE
+            and len(self.runs[x]) < self.spec.replicates
+            and not (rising and (self.verdict(x).attainment or 0.0) >= self.spec.attainment)
+        ):
+            if not self._run(x):
+                break
+        return self.verdict(x).verdict if x in self.runs else None
+
+    def bracket(self) -> tuple[float | None, float | None, list[float]]:
+        verdicts = {x: self.verdict(x).verdict for x in self.runs}
+        infeasible = [x for x, v in verdicts.items() if v == INFEASIBLE]
+        i_min = min(infeasible) if infeasible else None
+        feasible = [x for x, v in verdicts.items() if v == FEASIBLE and (i_min is None or x < i_min)]
+        f_max = max(feasible) if feasible else None
+        zone = sorted(
+            x
+            for x, v in verdicts.items()
+            if v == INDETERMINATE and (f_max is None or x > f_max) and (i_min is None or x < i_min)
+        )
+        return f_max, i_min, zone
+
+    def resolved(self, f_max: float | None, i_min: float | None) -> bool:
+        """The decided bracket is within the precision (or one user wide)."""
+        if f_max is None or i_min is None:
+            return False
+        if self.spec.search == "concurrency" and i_min - f_max <= 1:
+            return True
+        return i_min / f_max - 1 <= self.spec.precision * (1 + 1e-9)
+
+    def boundary(self) -> tuple[float | None, float | None, float | None]:
+        """(estimate, CI low, CI high) of the crossing, the estimate clipped into the decided bracket."""
+        probes = [self.verdict(x) for x in self.runs]
+        f_max, i_min, _ = self.bracket()
+        estimate = crossing(probes, self.spec.attainment)
+        if estimate is not None and f_max is not None and i_min is not None:
+            estimate = min(max(estimate, f_max), i_min)
+        low, high = boundary_interval(probes, self.spec.attainment, self.spec.confidence)
+        if low is not None and high is not None and f_max is not None and i_min is not None:
+            # The decided probes bound the boundary too: it cannot be below a feasible load or above an infeasible one.
+            low, high = max(low, f_max), min(high, i_min)
+        return estimate, low, high
+
+    def pinned(self) -> bool:
+        """The boundary is known within the precision: the decided bracket is, or the crossing's interval is
+        within +/- precision of the estimate."""
+        f_max, i_min, _ = self.bracket()
+        if self.resolved(f_max, i_min):
+            return True
+        if i_min is None:
+            return False
+        estimate, low, high = self.boundary()
+        if estimate is None or low is None or high is None:
+            return False
+        p = self.spec.precision * (1 + 1e-9)
+        return high / estimate - 1 <= p and 1 - low / estimate <= p
+
+    def next_load(self) -> float | None:
+        """The geometric midpoint of the widest gap next to a decided end of the bracket, or None when every such
+        gap is within the precision (an indeterminate zone may remain between them)."""
+        f_max, i_min, zone = self.bracket()
+        if i_min is None:
+            return None
+        lower = f_max if f_max is not None else None
+        gaps = []
+        if zone:
+            if lower is not None:
+                gaps.append((lower, zone[0]))
+            gaps.append((zone[-1], i_min))
+        elif lower is not None:
+            gaps.append((lower, i_min))
+        # The gap holding the current crossing estimate first (that is where the boundary most likely is), then
+        # the widest: with F=2, indeterminate 4..8, I=16 and the attainment crossing near 10, probe 11, not 3.
+        estimate = crossing([self.verdict(x) for x in self.runs], self.spec.attainment)
+        best = None
+        for a, b in gaps:
+            if self.resolved(a, b):
+                continue
+            mid = self.load(math.sqrt(a * b))
+            if mid in (a, b) or mid in self.runs:
+                continue
+            holds = estimate is not None and a <= estimate <= b
+            rank = (holds, b / a)
+            if best is None or rank > best[1]:
+                best = (mid, rank)
+        return best[0] if best else None
+
+    def run(self) -> CapacityResult:
+        spec = self.spec
+        low, high = self.load(spec.low), self.load(spec.high)
+        x = low
+        # 1. exponential probe, increasing load
+        while True:
+            verdict = self.probe(x, rising=x < high)
+            if verdict is None or verdict == INFEASIBLE or x >= high:
+                break
+            x = min(self.load(x * 2), high)
+        # 2. bisection; 3. a re-check of the feasible maximum (demoted if it does not hold twice); 4. while the
+        # boundary is not pinned within the precision, one more run at the load nearest the estimate that has
+        # runs left (the most informative place for it).
+        while not self.out_of_time:
+            mid = self.next_load()
+            if mid is not None:
+                if self.probe(mid) is None:
+                    break
+                continue
+            f_max, i_min, zone = self.bracket()
+            if i_min is None:
+                break
+            if f_max is not None and f_max not in self.rechecked and len(self.rechecked) < _MAX_RECHECKS:
+                self.rechecked.add(f_max)
+                if not self._run(f_max):
+                    break
+                continue
+            if self.pinned():
+                break
+            lower = f_max if f_max is not None else (zone[0] if zone else i_min)
+            estimate = self.boundary()[0] or math.sqrt(lower * i_min)
+            edges = (*((f_max,) if f_max is not None else ()), *zone, i_min)
+            open_loads = [z for z in edges if len(self.runs[z]) < spec.replicates]
+            if not open_loads:
+                break
+            if not self._run(min(open_loads, key=lambda z: abs(math.log(z / estimate)))):
+                break
+        return self.result(low, high)
+
+    def result(self, low: float, high: float) -> CapacityResult:
+        spec = self.spec
+        f_max, i_min, zone = self.bracket()
+        verdicts = {x: self.verdict(x) for x in self.runs}
+        notes = []
+        if low in verdicts and verdicts[low].verdict == INFEASIBLE:
+            status = BELOW_BOUNDS
+        elif i_min is None and high in verdicts and verdicts[high].verdict == FEASIBLE:
+            status = ABOVE_BOUNDS
+        elif self.pinned():
+            status = FOUND
+        else:
+            status = UNDECIDED
+            why = (
+                f"the time cap ({spec.max_engine_s:.0f} s of load) ran out"
+                if self.out_of_time
+                else f"attainment near the target stayed within noise after {spec.replicates} run(s) per load near it"
+            )
+            notes.append(f"not pinned within ±{spec.precision:.0%}: {why}")
+        if zone:
+            notes.append(
+                "indeterminate at "
+                + ", ".join(_num(z) for z in zone)
+                + f" {UNITS[spec.search]} (CI straddles the target)"
+            )
+        binding, binding_value = None, None
+        broken = verdicts.get(i_min) if i_min is not None else None
+        if broken is not None and broken.per_slo:
+            binding = min(broken.per_slo, key=lambda k: broken.per_slo[k])
+            binding_value = broken.at_quantile_s.get(binding)
+        limits: dict[str, dict[str, float | None]] = {}
+        for key in self.slo_s:
+            loads = sorted(verdicts)
+            breaks = next((x for x in loads if verdicts[x].per_slo.get(key, 1.0) < spec.attainment), None)
+            held = [
+                x
+                for x in loads
+                if verdicts[x].per_slo.get(key, 0.0) >= spec.attainment and (breaks is None or x < breaks)
+            ]
+            limits[key] = {"holds_until": max(held) if held else None, "breaks_at": breaks}
+        settle = f"; {spec.settle_s:g} s settle between probes" if spec.settle_s else ""
+        engine = (
+            "one engine start for the whole search"
+            if spec.engine == "shared"
+            else "a fresh engine start for every probe"
+        )
+        order = (
+            f"{engine}; exponential probe up from {_num(low)} {UNITS[spec.search]} (doubling) until a probe "
+            f"missed the target, then bisection of the bracket, a re-check of the feasible maximum, and more runs next to the "
+            f"estimate while its interval was wider than ±{spec.precision:.0%}{settle}; "
+            "runs in order: " + ", ".join(_num(x) for x in self.order)
+        )
+        estimate, ci_low, ci_high = self.boundary() if i_min is not None else (None, None, None)
+        if estimate is None and f_max is not None and i_min is not None:
+            estimate = f_max
+        if spec.search == "concurrency" and estimate is not None and f_max is not None:
+            estimate = float(max(f_max, math.floor(estimate)))  # whole users
+        return CapacityResult(
+            estimate=estimate,
+            ci=(ci_low, ci_high),
+            search=spec.search,
+            status=status,
+            target=spec.attainment,
+            confidence=spec.confidence,
+            precision=spec.precision,
+            low=low,
+            high=high,
+            slo_s=self.slo_s,
+            feasible_max=f_max,
+            infeasible_min=i_min,
+            probes=tuple(verdicts[x] for x in sorted(verdicts)),
+            runs=len(self.order),
+            engine_s=self.spent_s,
+            binding=binding,
+            binding_value_s=binding_value,
+            order=order,
+            run_loads=tuple(self.order),
+            notes=tuple(notes),
+            per_slo_limits=limits,
+        )
+
+
+def search_capacity(
+    spec: CapacitySpec,
+    slo_s: Mapping[str, float],
+    measure: Measure,
+    *,
+    settle: Callable[[float], Any] = time.sleep,
+) -> tuple[CapacityResult, dict[float, list[ProbeRun]]]:
+    """Search the capacity with `measure(load, replicate)` running one probe; the result and every run by load."""
+    search = _Search(spec, slo_s, measure, settle)
+    result = search.run()
+    return result, search.runs
+
+
+def boundary_run(result: CapacityResult, runs: Mapping[float, Sequence[ProbeRun]]) -> ProbeRun | None:
+    """The run whose raw records stand for the configuration at its capacity: the feasible maximum's last run, else
+    the highest feasible load's, else the lowest load's (a configuration below its bounds)."""
+    for load in (result.capacity, result.feasible_max, min(runs, default=None)):
+        if load is not None and runs.get(load):
+            return runs[load][-1]
+    return None
+
+
+def capacity_goal(goals: Goals) -> bool:
+    """Whether a goal names a capacity metric: then every trial of the run is a capacity search."""
+    named = [goals.objective.metric, *(g.metric for g in goals.gates), *(g.metric for g in goals.guards)]
+    return goals.capacity is not None and any(m in CAPACITY_METRICS for m in named)
+
+
+# Replicates of one load draw different request sequences (else a replicate repeats the same requests and adds
+# no information); replicate r of every load and of both sides of an A/B uses the same one (common random numbers).
+_REPLICATE_SEED_STRIDE = 7919
+
+
+def probe_workload(workload: Workload, spec: CapacitySpec, load: float, replicate: int) -> Workload:
+    """The workload of one probe: the playbook's requests at `load` for probe_s, after the workload's own warm-up
+    at that load (so each probe is measured in its steady state, not while the queue fills)."""
+    shape: dict[str, Any] = (
+        {"rate": float(load), "concurrency": None}
+        if spec.search == "rate"
+        else {"concurrency": int(load), "rate": None}
+    )
+    return replace(
+        workload,
+        **shape,
+        duration_s=spec.probe_s,
+        num_requests=None,
+        sweep=(),
+        seed=workload.seed + _REPLICATE_SEED_STRIDE * replicate,
+    )
+
+
+def capacity_summary(result: CapacityResult, usd_per_hour: float) -> dict[str, float]:
+    """The capacity.* figures of one search for a trial's summary (absent ones left out: not measured)."""
+    out: dict[str, float] = {
+        "capacity.runs": float(result.runs),
+        "capacity.engine_s": result.engine_s,
+        "capacity.censored": float(result.censored),
+    }
+    if result.capacity is not None:
+        out[f"capacity.{result.search}"] = result.capacity
+    if result.output_tok_s is not None and result.capacity is not None:
+        out["capacity.output_tok_s"] = result.output_tok_s
+        cost = usd_per_1m_tokens_at_slo(usd_per_hour, result.output_tok_s)
+        if cost is not None:
+            out["cost.usd_per_1m_tokens_at_slo"] = cost
+    return out
