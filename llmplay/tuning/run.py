@@ -36,7 +36,7 @@ from llmplay.runtime import make_runtime, stop_all
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.docker import gc as remove_containers
 from llmplay.runtime.image_flags import image_flags
-from llmplay.spec import CapacitySpec, Config, Playbook, Step, apply_step
+from llmplay.spec import CapacitySpec, Config, Playbook, Step, Trials, apply_step
 from llmplay.tuning.capacity import capacity_goal
 from llmplay.tuning.cluster import (
     Needs,
@@ -103,6 +103,7 @@ class RunOutcome:
     findings: tuple[Mapping[str, Any], ...] = ()
     diagnosis: Mapping[str, Any] = field(default_factory=dict)
     final_summary: Mapping[str, Any] = field(default_factory=dict)  # the final configuration's pooled figures
+    trials: Trials = field(default_factory=Trials)  # the design the verdicts were decided under
 
 
 @dataclass
@@ -767,6 +768,7 @@ class TuningRun:
             tuple(findings),
             diagnosis,
             final_summary,
+            pb.trials,
         )
 
     def _diagnose(self, final: ConfigTrials, summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
