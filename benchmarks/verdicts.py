@@ -63,6 +63,9 @@ class Row:
     sigmas: tuple[float, ...] = ()  # per step of the run, overriding sigma
     modes: tuple[str, ...] = ("fixed", "sequential")
     confidence: float = 0.95
+    requests: int = REQUESTS  # per trial
+    guard_sigma: float | None = None  # the guards' per-trial log-SD when it is not the objective's
+    max_repeats: int = 6  # sequential mode's last look
     note: str = field(default="", compare=False)
 
 
@@ -76,6 +79,8 @@ def _trial_values(rng: np.random.Generator, row: Row, sigma: float, n_trials: in
             e[t] = row.ar1 * e[t - 1] + np.sqrt(1 - row.ar1**2) * z[t]
         z = e
     noise = sigma * z
+    if row.guard_sigma is not None:
+        noise[:, 1:] *= row.guard_sigma / sigma
     if row.bimodal:
         slow = rng.random(n_trials) < 0.2
         noise[slow, 0] += np.log(1.4)
@@ -85,12 +90,13 @@ def _trial_values(rng: np.random.Generator, row: Row, sigma: float, n_trials: in
 
 
 def _sample(log_noise: np.ndarray, candidate: bool, row: Row, errors: int, repeat: int) -> TrialSample:
+    n = row.requests
     obj = np.log1p(row.objective_effect) if candidate else 0.0
     worse = np.log1p(row.guard_effect) if candidate else 0.0
     ttft = 0.1 * np.exp(obj + log_noise[0])
     tok_s = 1000.0 * np.exp(-worse + log_noise[1])
     tpot = 0.02 * np.exp(worse + log_noise[2])
-    ok = REQUESTS - errors
+    ok = n - errors
     return TrialSample(
         duration_s=DURATION,
         values={
@@ -99,7 +105,7 @@ def _sample(log_noise: np.ndarray, candidate: bool, row: Row, errors: int, repea
             "output_tokens": np.full(ok, tok_s * DURATION / ok),
             "total_tokens": np.full(ok, 2 * tok_s * DURATION / ok),
         },
-        n_requests=REQUESTS,
+        n_requests=n,
         n_errors=errors,
         repeat=repeat,
     )
@@ -118,7 +124,7 @@ def _run_step(
 ) -> tuple[StepOutcome, dict[str, Noise]]:
     most = trials.max_repeats if trials.sequential else trials.repeats
     noise = _trial_values(rng, row, sigma, 2 * most)
-    errors = rng.binomial(REQUESTS, row.error_rate, 2 * most) if row.error_rate else np.zeros(2 * most, dtype=int)
+    errors = rng.binomial(row.requests, row.error_rate, 2 * most) if row.error_rate else np.zeros(2 * most, dtype=int)
     a: list[TrialSample] = []
     b: list[TrialSample] = []
     for pair in range(most):
@@ -148,7 +154,7 @@ def run_row(row: Row, reps: int, seed: int) -> dict[str, dict[str, float]]:
             repeats=base.repeats,
             interleave=True,
             sequential=base.sequential,
-            max_repeats=base.max_repeats,
+            max_repeats=row.max_repeats if base.sequential else base.max_repeats,
             confidence=row.confidence,
             pool_noise=row.pool,
         )
@@ -183,6 +189,12 @@ def run_row(row: Row, reps: int, seed: int) -> dict[str, dict[str, float]]:
 
 
 SHIPPED = (THROUGHPUT_15, ERRORS_1PP)
+# cpu-tiny as shipped: P95 TTFT with a 10% minimum effect, throughput within 25%, errors within 2 points, about 160
+# requests a trial, 3 pairs then up to 5.
+CPU_TINY = (Guard("throughput.output_tok_s", 0.25, "maximize"), ERRORS_2PP)
+# Throughput over a trial is an average over thousands of tokens: its per-trial log-SD is about 0.045 in the real run
+# the README prints (-12.5% [-22.2%, -1.5%] over 5 pairs), where P95 TTFT's is about 0.155.
+CPU_TINY_ROW = {"min_effect": 0.10, "requests": 160, "max_repeats": 5, "sigma": 0.155, "guard_sigma": 0.045}
 ROWS: tuple[Row, ...] = (
     Row("A/A, throughput 15% + errors 1pp, 1e-3 errors", SHIPPED, error_rate=1e-3),
     Row(
@@ -191,6 +203,14 @@ ROWS: tuple[Row, ...] = (
         error_rate=1e-3,
     ),
     Row("A/A, 2 guards (throughput, TPOT 15%)", (THROUGHPUT_15, TPOT_15)),
+    Row("cpu-tiny goals, A/A, sigma .155, 1e-3 errors", CPU_TINY, error_rate=1e-3, **CPU_TINY_ROW),  # type: ignore[arg-type]
+    Row(
+        "cpu-tiny goals, parallel-4-like: TTFT -55%, throughput -12%",
+        CPU_TINY,
+        objective_effect=-0.55,
+        guard_effect=0.12,
+        **CPU_TINY_ROW,  # type: ignore[arg-type]
+    ),
     Row(
         "A/A, 3 guards (throughput, TPOT 15%, errors 0.5pp), 1e-3 errors",
         (THROUGHPUT_15, TPOT_15, ERRORS_05PP),
