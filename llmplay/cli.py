@@ -232,12 +232,19 @@ def ls(archive_dir: str | None) -> None:
 
 
 @cli.command()
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Also remove containers gc cannot prove orphaned: other hosts' (a shared daemon) and older llmplay's. "
+    "A container whose run is still going on this host is never removed.",
+)
+@click.option("--run", "run_id", metavar="RUN_ID", help="Only the containers of this run.")
 @handles_errors
-def gc() -> None:
-    """Remove containers left behind by llmplay runs that died."""
+def gc(force: bool, run_id: str | None) -> None:
+    """Remove containers of llmplay runs whose process is gone (never those of a run still going)."""
     from llmplay.commands.gc import gc_command  # deferred: loaded only when this command runs
 
-    sys.exit(gc_command())
+    sys.exit(gc_command(force=force, run_id=run_id))
 
 
 @cli.group()

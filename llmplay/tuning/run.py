@@ -593,7 +593,7 @@ class TuningRun:
         if self.playbook.runtime.kind != "docker":
             return
         try:
-            removed = remove_containers(orphans_only=True)
+            removed = remove_containers().removed_names()
         except LlmplayError as exc:
             self.report(f"could not look for orphaned containers: {exc}")
             return
