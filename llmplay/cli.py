@@ -24,7 +24,7 @@ def _echo_err(message: str) -> None:
 
 
 def handles_errors(func: F) -> F:
-    """Known errors become one line on stderr and their exit code; --debug shows the traceback."""
+    """Known errors become one line on stderr and their exit code, an interrupt exit 130; --debug shows the traceback."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -36,6 +36,11 @@ def handles_errors(func: F) -> F:
                 raise
             _echo_err(f"error: {exc}" if "\n" not in str(exc) else f"error:\n{exc}")
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            # Whenever it lands (loading, the preflight, before the first engine): click would call it an abort
+            # and exit 1, which a wrapper script cannot tell from an infrastructure failure.
+            _echo_err("interrupted")
+            ctx.exit(ExitCode.INTERRUPTED)
 
     return cast(F, wrapper)
 

@@ -72,6 +72,24 @@ def image_hint(image: str) -> str:
     return CPU_IMAGE_HINT if image == CPU_IMAGE else f"pull it: `docker pull {image}`"
 
 
+def image_missing(image: str) -> str:
+    return f"image {image} not found locally; {image_hint(image)}"
+
+
+def require_images(client: Any, images: list[str]) -> None:
+    """An InfrastructureError naming every image not on this daemon, and how to get each, before anything starts."""
+    missing = []
+    for image in images:
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            missing.append(image_missing(image))
+        except docker.errors.APIError as exc:
+            raise InfrastructureError(f"Docker could not inspect image {image}: {exc.explanation or exc}") from None
+    if missing:
+        raise InfrastructureError("; ".join(missing))
+
+
 def image_version_labels(image: Any) -> dict[str, str]:
     """The labels of `image` that say what it is (llmplay's own and the OCI ones), for the archive."""
     labels = image.labels or {}
@@ -121,7 +139,7 @@ class DockerRuntime(Runtime):
         try:
             image = client.images.get(image_ref)
         except docker.errors.ImageNotFound:
-            raise InfrastructureError(f"image {image_ref} not found locally; {image_hint(image_ref)}") from None
+            raise InfrastructureError(image_missing(image_ref)) from None
         except docker.errors.APIError as exc:
             raise InfrastructureError(f"Docker could not inspect image {image_ref}: {exc.explanation or exc}") from None
 
