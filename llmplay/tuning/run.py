@@ -349,7 +349,8 @@ class TuningRun:
             raise
         except Exception as exc:  # inside the measurement: nothing of this trial is on disk to resume from
             raise _MeasurementCrashed(exc) from exc
-        self._archive_result(replace(result, trial=self._with_sharers(result.trial, since, live_before)))
+        result = replace(result, trial=self._with_sharers(result.trial, since, live_before))
+        self._archive_result(result)
         if self.playbook.trials.cooldown_s:
             time.sleep(self.playbook.trials.cooldown_s)
         return result.trial, result.sample
@@ -718,7 +719,8 @@ class TuningRun:
         except live_runs.RunTaken:
             raise  # another process is continuing this run: its archive is not ours to write
         except (KeyboardInterrupt, asyncio.CancelledError) as exc:
-            stopped, status, exit_code = exc, "interrupted", ExitCode.INTERRUPTED
+            stopped = exc if isinstance(exc, KeyboardInterrupt) else KeyboardInterrupt("cancelled")
+            status, exit_code = "interrupted", ExitCode.INTERRUPTED
         except StopRun as exc:
             status, exit_code = "failed", ExitCode.INFRA
             self.report(f"stopped: {exc}")
