@@ -81,7 +81,7 @@ def playbook(tmp_path: Path) -> Any:
 @pytest.fixture(autouse=True)
 def own_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """This test's registry only: the machine's real one lists whatever else runs here now."""
-    monkeypatch.setenv("LLMPLAY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LLMPLAY_LIVE_RUNS", str(tmp_path / "live-runs"))
 
 
 def test_trials_record_the_runs_that_shared_the_host_and_the_report_warns(tmp_path: Path) -> None:

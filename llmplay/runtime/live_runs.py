@@ -1,9 +1,11 @@
-"""The llmplay runs on this host: a registry in the cache directory where each run holds a lock for as long as it lives.
+"""The llmplay runs on this host: a registry where each run holds a lock for as long as it lives.
 
 Two runs on one machine share its CPUs, memory bandwidth and GPUs, and each measures the other's load as its own
 engine's slowness; a run reads this registry around every trial to record which others were live meanwhile.
 The lock (flock, released by the kernel however its holder dies) also tells a run killed with -9 from a live one,
-and refuses a second process continuing the same run at once.
+and refuses a second process continuing the same run at once. The registry is host-wide (in the temporary
+directory, sticky and writable by all, like /tmp itself): colleagues sharing a GPU box run as different users, and a
+per-user cache directory would hide their runs from each other.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from llmplay.errors import InfrastructureError
-from llmplay.runtime.cache import default_cache_dir
 from llmplay.runtime.owner import Owner
 
 # Entries of runs that ended are kept this long, so a trial still learns of a run that came and went meanwhile.
@@ -29,8 +32,21 @@ class RunTaken(InfrastructureError):
     """Another live process holds this run (two processes writing one archive would interleave their trials)."""
 
 
+ENV_REGISTRY = "LLMPLAY_LIVE_RUNS"
+
+
 def registry_dir() -> Path:
-    return default_cache_dir() / "live-runs"
+    """$LLMPLAY_LIVE_RUNS, or llmplay-live-runs in the temporary directory; read at each call (tests point it away)."""
+    return Path(os.environ.get(ENV_REGISTRY) or Path(tempfile.gettempdir()) / "llmplay-live-runs")
+
+
+def _make_registry(directory: Path) -> None:
+    if directory.is_dir():
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(PermissionError):  # another user made it first, and made it so
+        # Every user's runs register here; sticky, so none can remove another's entries.
+        os.chmod(directory, 0o777 | stat.S_ISVTX)
 
 
 @dataclass(frozen=True)
@@ -56,7 +72,7 @@ def lock_held(run_id: str, directory: Path | None = None) -> bool | None:
     """Whether a live process holds `run_id`'s lock on this host; None when the run never registered here."""
     path = _lock_path(directory or registry_dir(), run_id)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -115,9 +131,17 @@ def others_during(run_id: str, since: float, live_at_start: set[str], directory:
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    tmp.replace(path)
+    # mkstemp's unguessable name: in a directory everyone may write to, a predictable one could be a planted link.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(data))
+        os.chmod(tmp, 0o644)  # other users' runs read it
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _prune(directory: Path) -> None:
@@ -144,24 +168,26 @@ class LiveRun:
         self.directory = directory or registry_dir()
         self.run_id, self.playbook = run_id, playbook
         self.entry_path = self.directory / f"{run_id}.json"
-        self._lock: TextIO | None = None
+        self._lock: int | None = None  # the lock file's descriptor, held open (and so locked) until __exit__
         self._data: dict[str, Any] = {}
 
     def __enter__(self) -> LiveRun:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        _make_registry(self.directory)
         _prune(self.directory)
-        lock = open(_lock_path(self.directory, self.run_id), "a")  # held until __exit__: the lock lives with it
+        fd = os.open(_lock_path(self.directory, self.run_id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            lock.close()
+            os.close(fd)
             holder = _read(self.entry_path)
             by = f" ({holder.owner.describe()})" if holder else ""
             raise RunTaken(
                 f"run {self.run_id} is going on in another llmplay process{by}; wait for it to end (or stop it) "
                 "before resuming it"
             ) from None
-        self._lock = lock
+        self._lock = fd
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o644)  # whatever the umask: other users' runs open it to test the lock
         owner = Owner.current()
         self._data = {
             "run_id": self.run_id,
@@ -169,7 +195,11 @@ class LiveRun:
             "owner": owner.as_dict(),
             "started": time.time(),
         }
-        _write(self.entry_path, {**self._data, "ended": None})
+        try:
+            _write(self.entry_path, {**self._data, "ended": None})
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -179,5 +209,5 @@ class LiveRun:
             _write(self.entry_path, {**self._data, "ended": time.time()})
         with contextlib.suppress(OSError):
             _lock_path(self.directory, self.run_id).unlink()
-        self._lock.close()
+        os.close(self._lock)
         self._lock = None

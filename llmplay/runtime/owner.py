@@ -48,8 +48,8 @@ class Owner:
     def from_fields(cls, host: Any, pid: Any, started: Any) -> Owner | None:
         """From stored values (labels, a manifest); None when any is missing or malformed (an older llmplay)."""
         try:
-            if not isinstance(host, str) or not host:
-                return None
+            if not isinstance(host, str) or not host or float(started) <= 0:
+                return None  # a start time never read: without it the pid proves nothing either way
             return cls(host, int(pid), float(started))
         except (TypeError, ValueError):
             return None
