@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from llmplay.cli import cli
-from llmplay.commands import run as run_command_module
-from llmplay.tuning.run import run_playbook
+from llmplay.playbook.load import load_playbook
+from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay_testing.cpu_runs import cli as cli_process
 from llmplay_testing.cpu_runs import reap_cli_processes, run_dir_of, tiny_playbook, wait_for
 
@@ -70,21 +70,26 @@ def test_sigint_before_the_first_engine_exits_130_and_leaves_no_archive(tmp_path
     assert not (tmp_path / "reports").exists()
 
 
-def test_an_interrupt_before_the_first_trial_leaves_no_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """After the archive is made and before a trial is archived (an engine starting, say): exit 130, nothing kept."""
+def test_an_interrupt_before_the_first_trial_leaves_no_archive(tmp_path: Path) -> None:
+    """After the archive is made, before a trial begins (the Ctrl-C lands as the first step's line is printed): the
+    interrupt goes on to the CLI (exit 130) and the archive of nothing is removed."""
+    path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], runtime="process")
+    lines: list[str] = []
 
-    def interrupted(config, **_):
-        raise KeyboardInterrupt("Ctrl-C while the first engine starts")
+    def console(line: str) -> None:
+        lines.append(line)
+        if line.startswith("step 1/1"):
+            raise KeyboardInterrupt("Ctrl-C")
 
-    monkeypatch.setattr(
-        run_command_module,
-        "run_playbook",
-        lambda playbook, options, **kw: run_playbook(playbook, options, measure_trial=interrupted, **kw),
+    def never(config, **_):
+        raise AssertionError("no trial may begin")
+
+    run = TuningRun(
+        load_playbook(path), RunOptions(archive_root=tmp_path / "reports"), report=console, measure_trial=never
     )
-    path = tiny_playbook(tmp_path, steps=[], runtime="process")
-    result = CliRunner().invoke(cli, ["run", str(path), "--archive", str(tmp_path / "reports")])
-    assert result.exit_code == 130, result.output
-    assert "no trial started; the archive " in result.output and result.output.endswith("interrupted\n")
+    with pytest.raises(KeyboardInterrupt):
+        run.execute()
+    assert lines[-1].startswith("no trial started; the archive ") and lines[-1].endswith(" was removed")
     assert run_dir_of(tmp_path / "reports") is None and list((tmp_path / "reports").iterdir()) == []
 
 

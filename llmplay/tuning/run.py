@@ -249,6 +249,7 @@ class TuningRun:
         self.verdicts: list[StepVerdict] = []
         self._signals: SignalGuard | None = None
         self._registered = False  # in this host's registry of live runs (llmplay.runtime.live_runs)
+        self._began = False  # a trial was handed to its measurement (an engine may have started)
         self._sharers_told: set[str] = set()
 
     @property
@@ -339,6 +340,7 @@ class TuningRun:
         self.trial_counter += 1
         trial_id = f"t{self.trial_counter:03d}"
         since, live_before = time.time(), self._other_runs_live()
+        self._began = True
         try:
             result = self.measure_trial(config, trial_id=trial_id, step=step, role=role, repeat=repeat)
         except TrialInterrupted as stopped:
@@ -594,6 +596,7 @@ class TuningRun:
         measured, role, rep = run.items[run.next_index]
         self.trial_counter += 1
         trial_id = f"t{self.trial_counter:03d}"
+        self._began = True
         cluster.submit(TrialJob(measured.config, trial_id, step, role, rep), node_id, run.needs)
         run.inflight = trial_id
         run.started = (utc_now(), time.perf_counter())
@@ -738,9 +741,9 @@ class TuningRun:
             # prints its one line (traceback with --debug).
             status, exit_code, crash = "interrupted", ExitCode.INFRA, exc
             self._say("the stop line", _stopped_by_bug, exc, archive.run_dir)
-        if stopped is not None and not self.options.resume and not archive.trials():
-            # Stopped before its first trial (a signal, Docker gone): an archive of nothing would list a "failed" or
-            # "interrupted" run that measured nothing; the error itself is the whole story.
+        if stopped is not None and not self.options.resume and not self._began:
+            # Stopped before its first trial began (a signal, Docker gone): an archive of nothing would list a
+            # "failed" or "interrupted" run that measured nothing; the error itself is the whole story.
             shutil.rmtree(archive.run_dir, ignore_errors=True)
             with contextlib.suppress(OSError):
                 archive.run_dir.parent.rmdir()  # the playbook's folder, when this was its only run
