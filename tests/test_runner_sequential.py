@@ -80,7 +80,7 @@ def synthetic_playbook(tmp_path: Path, **trials) -> Path:
 def test_interleaved_trials_and_carry_forward(tmp_path):
     trials = SyntheticTrials()
     run = TuningRun(
-        load_playbook(synthetic_playbook(tmp_path)),
+        load_playbook(synthetic_playbook(tmp_path, repeats=3)),
         RunOptions(archive_root=tmp_path / "r"),
         report=lambda line: None,
         measure_trial=trials,

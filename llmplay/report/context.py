@@ -216,6 +216,19 @@ def _header(run: _ArchivedRunData) -> dict[str, Any]:
     }
 
 
+def _shared_host(run: _ArchivedRunData) -> dict[str, Any] | None:
+    """Which trials other llmplay runs shared the host with: their load was in those trials' figures."""
+    shared = [t for t in run.trials.values() if t.shared_with]
+    if not shared:
+        return None
+    runs = {str(o.get("run_id")): o for t in shared for o in t.shared_with or ()}
+    return {
+        "trials": len(shared),
+        "of": len(run.trials),
+        "runs": [f"{rid} ({o.get('playbook') or '?'}, pid {o.get('pid', '?')})" for rid, o in sorted(runs.items())],
+    }
+
+
 def _glance(run: _ArchivedRunData) -> dict[str, Any]:
     gates = []
     for g in run.archive.gates():
@@ -873,6 +886,7 @@ def build_context(archive: ArchivedRun) -> dict[str, Any]:
         "diagnosis": _diagnosis(run),
         "method": _method(run, playbook_doc),
         "overridden": bool(manifest.get("overrides")),
+        "shared_host": _shared_host(run),
         "audit": {
             "run_dir": str(archive.run_dir),
             "files": len(manifest.get("files") or {}),
