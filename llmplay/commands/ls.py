@@ -39,8 +39,10 @@ def gates_cell(row: Mapping[str, Any]) -> str:
     if row.get("status") == "unreadable":
         return str(row.get("gates", ""))
     try:
-        gates = read_manifest(Path(row["path"])).get("gates") or []
+        gates = read_manifest(Path(row["path"])).get("gates")
     except ArchiveError:
+        return str(row.get("gates", ""))
+    if not isinstance(gates, list):
         return str(row.get("gates", ""))
     unmeasured = sum(1 for g in gates if isinstance(g, Mapping) and g.get("met") is None)
     return str(row.get("gates", "")) + (f" ({unmeasured} not measured)" if unmeasured else "")
