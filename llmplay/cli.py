@@ -270,12 +270,16 @@ def keygen(private_key: Path) -> None:
 
 @cli.command("ls")
 @click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
+@click.option(
+    "--verify", "verify_runs", is_flag=True, help="Also verify each run (hashes every file); exit 1 if any fails."
+)
+@click.option("--public-key", "public_key", type=_KEY, help="With --verify: check signatures with this PEM public key.")
 @handles_errors
-def ls(archive_dir: str | None) -> None:
+def ls(archive_dir: str | None, verify_runs: bool, public_key: Path | None) -> None:
     """List archived runs, newest first: playbook, date, status, engine, GPU, gates met, path."""
     from llmplay.commands.ls import ls_command  # deferred: loaded only when this command runs
 
-    sys.exit(ls_command(archive_dir))
+    sys.exit(ls_command(archive_dir, verify=verify_runs, public_key=public_key))
 
 
 @cli.command()

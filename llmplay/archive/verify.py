@@ -172,7 +172,7 @@ def check(run_dir: Path, public_key: Ed25519PublicKey | None = None) -> Verifica
             if _sha256_inside(root, relpath) != digest:
                 problems.append(f"{relpath}: changed (sha256 differs from {MANIFEST})")
         except OutsideError as exc:
-            problems.append(f"{relpath}: missing (listed in {MANIFEST})" if exc.missing else f"files: {exc}")
+            problems.append(f"{relpath}: missing (listed in {MANIFEST})" if exc.missing else str(exc))
     for where, relpath in _referenced_paths(manifest):
         if not isinstance(relpath, str) or relpath not in listed or relpath == REPORT_FILE:
             problems.append(f"{where}: {relpath!r} is not a file listed in {MANIFEST} files (no hash covers it)")

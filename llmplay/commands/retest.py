@@ -10,9 +10,10 @@ from typing import Any
 
 from llmplay.archive.listing import archive_root
 from llmplay.archive.paths import MAX_TEXT_BYTES
+from llmplay.archive.reader import read_manifest
 from llmplay.archive.signing import public_key_from
 from llmplay.archive.verify import require_verified
-from llmplay.commands.run import duration_option_s, playbook_path_of, print_gates, read_manifest, stdout_console
+from llmplay.commands.run import duration_option_s, print_gates, stdout_console
 from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
 from llmplay.engines import get_engine
 from llmplay.errors import ArchiveError, ExitCode
@@ -28,6 +29,8 @@ from llmplay.tuning.run import RunOptions, run_playbook
 def _unchanged_since(path: Path, manifest: dict[str, Any], run_dir: Path) -> None:
     """The playbook file (on the host, named by the manifest) hashes as the run recorded, before anything parses
     it: a parse error would otherwise echo a file the archive merely named."""
+    if not path.is_file():  # also refuses a FIFO or a device, which a read would block on or never finish
+        raise ArchiveError(f"{path}: the playbook of {run_dir} is not a file here; restore it to re-test")
     try:
         with open(path, "rb") as fh:
             text = fh.read(MAX_TEXT_BYTES + 1).decode("utf-8", errors="replace")
@@ -44,7 +47,7 @@ def _unchanged_since(path: Path, manifest: dict[str, Any], run_dir: Path) -> Non
 def final_playbook_of(run_dir: Path, playbook_file: Path | None = None) -> tuple[Playbook, dict[str, Any]]:
     """The archived run's final configuration as a step-less playbook: the baseline with every carried step applied."""
     manifest = read_manifest(run_dir)
-    path = playbook_file or playbook_path_of(run_dir)
+    path = playbook_file or Path(manifest["playbook"]["path"])  # the file it was run from, on this host
     _unchanged_since(path, manifest, run_dir)
     playbook = load_playbook(path)
     carried = [v["step"] for v in manifest.get("verdicts", []) if v.get("carried")]
