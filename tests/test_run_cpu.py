@@ -48,7 +48,7 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
     doc["trials"].update({"sequential": True, "max_repeats": 5})
     doc["goals"]["guards"] = [
         {"metric": "throughput.output_tok_s", "tolerance": "35%"},
-        {"metric": "errors.rate", "tolerance": "0%"},
+        {"metric": "errors.rate", "tolerance": "2pp"},
     ]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     playbook = load_playbook(path)

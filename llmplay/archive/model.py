@@ -68,6 +68,11 @@ class MetricDelta:
     units: int | None = None
     method: str | None = None
     confidence: float | None = None
+    # A rate of requests (catalog.RATE_METRICS): the change in points (candidate - baseline, 0.01 == 1pp) with its
+    # interval over the pooled requests at `confidence`; what a guard in points is judged on. None elsewhere.
+    points: float | None = None
+    points_low: float | None = None
+    points_high: float | None = None
 
     def __post_init__(self, p_value: float | None) -> None:
         del p_value  # read from old archives, ignored (see above)

@@ -19,6 +19,7 @@ from llmplay.errors import ArchiveError, ExitCode, PlaybookError
 from llmplay.plan import build_plan
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
+from llmplay.tuning.decide import error_rates_text
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
 from llmplay.tuning.trial import figure, measured, thin_warning
 from llmplay.units import UnitError, parse_duration_s
@@ -138,6 +139,13 @@ def print_outcome(console: Console, outcome: RunOutcome) -> None:
     for verdict in outcome.verdicts:
         console.print(
             f"step {verdict.index} {verdict.step} [{', '.join(verdict.changes)}]: {verdict.verdict} — {verdict.reason}",
+            markup=False,
+        )
+    if outcome.verdicts:
+        trials = outcome.trials
+        console.print(
+            "verdicts: "
+            + error_rates_text([v.verdict for v in outcome.verdicts], trials.confidence, trials.sequential),
             markup=False,
         )
     console.print(f"final configuration: {outcome.final_config_id}", markup=False)

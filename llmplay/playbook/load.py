@@ -41,7 +41,7 @@ def _check_api_version(doc: dict, problems: Problems) -> None:
         problems.raise_if_any()
 
 
-def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = False) -> Playbook:
+def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = False, archived: bool = False) -> Playbook:
     """The one loader: CLI, runner, retest and tests all come through here."""
     file = Path(path).absolute()
     root_dir = file.parent.resolve()
@@ -66,7 +66,7 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
             description=metadata.get("description", ""),
             tags=tuple(metadata.get("tags", ())),
         ),
-        goals=parse_goals(doc.get("goals", {}), problems, base_dir, workload.dataset),
+        goals=parse_goals(doc.get("goals", {}), problems, base_dir, workload.dataset, archived=archived),
         workload=workload,
         engine=parse_engine(doc["engine"], base_dir, ("engine",), problems),
         steps=parse_steps(doc.get("steps", []), ("steps",), problems),

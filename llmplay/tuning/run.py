@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +36,7 @@ from llmplay.runtime import make_runtime, stop_all
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.docker import gc as remove_containers
 from llmplay.runtime.image_flags import image_flags
-from llmplay.spec import CapacitySpec, Config, Playbook, Step, apply_step
+from llmplay.spec import CapacitySpec, Config, Playbook, Step, Trials, apply_step
 from llmplay.tuning.capacity import capacity_goal
 from llmplay.tuning.cluster import (
     Needs,
@@ -50,6 +51,7 @@ from llmplay.tuning.cluster import (
 from llmplay.tuning.decide import Decision, TrialSample, decide_step, evaluate_gates, pooled_summary
 from llmplay.tuning.diagnose.from_trials import diagnose_run
 from llmplay.tuning.environment import describe_environment
+from llmplay.tuning.intervals import Noise
 from llmplay.tuning.preflight import preflight
 from llmplay.tuning.quality import ProbeResult, judge_quality, load_probes, speed_goals
 from llmplay.tuning.signals import SignalGuard, StopRun, TrialInterrupted
@@ -101,6 +103,7 @@ class RunOutcome:
     findings: tuple[Mapping[str, Any], ...] = ()
     diagnosis: Mapping[str, Any] = field(default_factory=dict)
     final_summary: Mapping[str, Any] = field(default_factory=dict)  # the final configuration's pooled figures
+    trials: Trials = field(default_factory=Trials)  # the design the verdicts were decided under
 
 
 @dataclass
@@ -244,6 +247,8 @@ class TuningRun:
         self.done: dict[tuple[str, str, int], TrialRecord] = {}
         self.trial_counter = 0
         self.verdicts: list[StepVerdict] = []
+        # Each decided step's own noise per metric, what later steps borrow when trials.pool_noise is on.
+        self.noise: dict[str, list[Noise]] = {}
         self._signals: SignalGuard | None = None
 
     @property
@@ -381,16 +386,13 @@ class TuningRun:
             raise StopRun(f"trial {trial.trial_id} failed and on_failure is stop: {trial.error}")
 
     def _measure_pair(self, reference: ConfigTrials, cand: ConfigTrials, step: Step) -> None:
-        """A B B A A B ... (or A A B B); in sequential mode, more pairs until the verdict is no longer inconclusive.
-
-        Interleaved pairs alternate which side goes first: with A B A B the candidate always follows the reference,
-        so anything that favours the second start of a pair (warm page cache, a cooling CPU) reads as its effect.
-        """
+        """A B, B A, B A, A B ... in an order drawn per pair (candidate_first), or A A B B; in sequential mode, more
+        pairs until the verdict is no longer inconclusive."""
         trials = self.playbook.trials
         pairs = [(reference, "baseline"), (cand, "candidate")]
 
         def pair_in_order(rep: int) -> list[tuple[ConfigTrials, str]]:
-            return pairs if rep % 2 == 0 else pairs[::-1]
+            return pairs[::-1] if candidate_first(self.archive.run_id, step.name, rep) else pairs
 
         def pair(r: int) -> list[tuple[ConfigTrials, str, int]]:
             return [(m, role, r) for m, role in (pair_in_order(r) if trials.interleave else pairs)]
@@ -434,6 +436,7 @@ class TuningRun:
             speed_goals(self.playbook.goals),
             self.playbook.trials,
             failed_candidate_trials=cand.failed,
+            borrowed=self.noise,
         )
         return _node_blocks(decision, reference, cand)
 
@@ -692,6 +695,8 @@ class TuningRun:
                     )
                     archive.write_verdict(verdict)
                     self.verdicts.append(verdict)
+                    for metric, noise in decision.noise.items():
+                        self.noise.setdefault(metric, []).append(noise)
                     self._say(f"the verdict line of step {step.name}", _verdict_line, decision)
                     if index == 1:
                         record_rows.append(_record_row(reference, None))
@@ -763,6 +768,7 @@ class TuningRun:
             tuple(findings),
             diagnosis,
             final_summary,
+            pb.trials,
         )
 
     def _diagnose(self, final: ConfigTrials, summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -793,6 +799,14 @@ def _node_blocks(decision: Decision, reference: ConfigTrials, cand: ConfigTrials
         guards=tuple(blocked(d) for d in decision.guards),
         deltas=tuple(blocked(d) for d in decision.deltas),
     )
+
+
+def candidate_first(run_id: str, step: str, repeat: int) -> bool:
+    """Which side of pair `repeat` starts, drawn per pair from the run id (archived): alternating A B | B A puts the
+    candidates of consecutive pairs next to each other, so trials that drift together make those pairs alike and
+    their spread too small; a random order leaves any advantage of starting second as noise, not as an effect."""
+    digest = hashlib.sha256(f"{run_id}\0{step}\0{repeat}".encode()).digest()
+    return bool(digest[0] & 1)
 
 
 def _step_line(head: str, effects: Sequence[Any]) -> str:
