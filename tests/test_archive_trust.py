@@ -27,6 +27,7 @@ from llmplay.archive.paths import OutsideError, inside, read_text_inside
 from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.signing import keygen, load_private_key, signature_document
 from llmplay.archive.verify import manifest_sha256, verify
+from llmplay.archive.writer import RunArchive
 from llmplay.cli import cli
 from llmplay.errors import ArchiveError
 from llmplay_testing.make_archive import make_archive, shared_archive
@@ -317,6 +318,13 @@ def test_a_signed_run_verifies_with_its_public_key_and_fails_after_any_byte_chan
         signature_document((forged / MANIFEST).read_bytes(), load_private_key(tmp_path / "other.key"))
     )
     assert invoke("verify", str(forged), "--public-key", str(public)).exit_code == 1
+
+
+def test_a_signed_run_is_never_written_on_without_its_key(signed_src: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.delenv(ENV_SIGNING_KEY, raising=False)
+    run_dir = copy_run(signed_src, tmp_path)
+    with pytest.raises(ArchiveError, match=f"is signed \\(manifest.sig\\); expected \\${ENV_SIGNING_KEY} set"):
+        RunArchive.open(run_dir)  # --resume would rewrite the manifest and leave a signature that no longer matches
 
 
 def test_a_broken_signing_key_stops_the_run_before_its_directory_exists(tmp_path: Path, monkeypatch):

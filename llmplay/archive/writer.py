@@ -26,6 +26,7 @@ import yaml
 
 from llmplay.archive.layout import (
     ENV_ARCHIVE,
+    ENV_SIGNING_KEY,
     MANIFEST,
     PLAYBOOK_FILE,
     RESOLVED_FILE,
@@ -177,7 +178,13 @@ class RunArchive(ArchivedRun):
     def open(cls, run_dir: Path, *, secrets: Sequence[str] = ()) -> RunArchive:
         """Open an existing archive (for --resume, or to record its report). Redaction on later writes is then by
         name and URL pattern, plus any `secrets` the caller passes again (values are never stored)."""
-        return cls(Path(run_dir), read_manifest(Path(run_dir)), secrets, signing_key_from_env())
+        key = signing_key_from_env()
+        if key is None and (Path(run_dir) / SIGNATURE_FILE).exists():  # writing on would leave a stale signature
+            raise ArchiveError(
+                f"{run_dir} is signed ({SIGNATURE_FILE}); expected ${ENV_SIGNING_KEY} set to its signing key to "
+                "write to it"
+            )
+        return cls(Path(run_dir), read_manifest(Path(run_dir)), secrets, key)
 
     # -------------------------------------------------------------------- writing
     def _write_text(self, relpath: str, text: str) -> None:
