@@ -17,6 +17,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 _ARCHIVE_HELP = "Archive root (default $LLMPLAY_ARCHIVE or ./reports)."
+_KEY = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+def _trust_options(func: F) -> F:
+    """--unverified and --public-key: the commands that read an archived run refuse one that fails verification."""
+    func = click.option(
+        "--public-key",
+        "public_key",
+        type=_KEY,
+        help="Also check the run's signature with this PEM public key (default $LLMPLAY_PUBLIC_KEY).",
+    )(func)
+    return click.option(
+        "--unverified",
+        is_flag=True,
+        help="Read a run that fails verification anyway; the output opens with what failed.",
+    )(func)
 
 
 def _echo_err(message: str) -> None:
@@ -136,6 +152,7 @@ def run(
 @click.option("--repeats", type=click.IntRange(1, 50))
 @click.option("--duration")
 @click.option("--html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML.")
+@_trust_options
 @handles_errors
 def retest(
     run_dir: Path,
@@ -144,12 +161,23 @@ def retest(
     repeats: int | None,
     duration: str | None,
     html: Path | None,
+    unverified: bool,
+    public_key: Path | None,
 ) -> None:
     """Re-run an archived run's final configuration and compare; exit 4 on regression."""
     from llmplay.commands.retest import retest_command  # deferred: loaded only when this command runs
 
     sys.exit(
-        retest_command(run_dir, image=image, archive_dir=archive_dir, repeats=repeats, duration=duration, html=html)
+        retest_command(
+            run_dir,
+            image=image,
+            archive_dir=archive_dir,
+            repeats=repeats,
+            duration=duration,
+            html=html,
+            unverified=unverified,
+            public_key=public_key,
+        )
     )
 
 
@@ -194,12 +222,13 @@ def bench(url: str, workload_file: Path, model: str | None, json_path: str | Non
 
 @cli.command()
 @click.argument("run_dir", type=_RUN_DIR)
+@_trust_options
 @handles_errors
-def report(run_dir: Path) -> None:
-    """Re-render RUN_DIR/report.html from the archive alone and print its path."""
+def report(run_dir: Path, unverified: bool, public_key: Path | None) -> None:
+    """Re-render RUN_DIR/report.html from a run that verifies and print its path; the manifest is never rewritten."""
     from llmplay.commands.report import report_command  # deferred: loaded only when this command runs
 
-    sys.exit(report_command(run_dir))
+    sys.exit(report_command(run_dir, unverified=unverified, public_key=public_key))
 
 
 @cli.command()
@@ -208,32 +237,54 @@ def report(run_dir: Path) -> None:
 @click.option(
     "--html", "html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML."
 )
+@_trust_options
 @handles_errors
-def compare(run_a: Path, run_b: Path, html: Path | None) -> None:
+def compare(run_a: Path, run_b: Path, html: Path | None, unverified: bool, public_key: Path | None) -> None:
     """Compare the final configurations of two runs; exit 4 when B regressed against A's playbook tolerances."""
     from llmplay.commands.compare import compare_command  # deferred: loaded only when this command runs
 
-    sys.exit(compare_command(run_a, run_b, html=html))
+    sys.exit(compare_command(run_a, run_b, html=html, unverified=unverified, public_key=public_key))
 
 
 @cli.command()
 @click.argument("run_dir", type=_RUN_DIR)
+@click.option(
+    "--public-key",
+    "public_key",
+    type=_KEY,
+    help="PEM public key the run must be signed by (default $LLMPLAY_PUBLIC_KEY); without one, integrity only.",
+)
 @handles_errors
-def verify(run_dir: Path) -> None:
-    """Recompute the sha256 of every archived file and check the manifest; exit 1 listing each problem."""
+def verify(run_dir: Path, public_key: Path | None) -> None:
+    """Recompute the sha256 of every archived file, check the manifest and every path in it, and, given a public
+    key, its signature; exit 1 listing each problem."""
     from llmplay.commands.verify import verify_command  # deferred: loaded only when this command runs
 
-    sys.exit(verify_command(run_dir))
+    sys.exit(verify_command(run_dir, public_key=public_key))
+
+
+@cli.command()
+@click.argument("private_key", type=click.Path(dir_okay=False, path_type=Path))
+@handles_errors
+def keygen(private_key: Path) -> None:
+    """Write a new Ed25519 signing key to PRIVATE_KEY (mode 0600) and its public key to PRIVATE_KEY.pub."""
+    from llmplay.commands.keygen import keygen_command  # deferred: loaded only when this command runs
+
+    sys.exit(keygen_command(private_key))
 
 
 @cli.command("ls")
 @click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
+@click.option(
+    "--verify", "verify_runs", is_flag=True, help="Also verify each run (hashes every file); exit 1 if any fails."
+)
+@click.option("--public-key", "public_key", type=_KEY, help="With --verify: check signatures with this PEM public key.")
 @handles_errors
-def ls(archive_dir: str | None) -> None:
+def ls(archive_dir: str | None, verify_runs: bool, public_key: Path | None) -> None:
     """List archived runs, newest first: playbook, date, status, engine, GPU, gates met, path."""
     from llmplay.commands.ls import ls_command  # deferred: loaded only when this command runs
 
-    sys.exit(ls_command(archive_dir))
+    sys.exit(ls_command(archive_dir, verify=verify_runs, public_key=public_key))
 
 
 @cli.command()

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from llmplay.archive.layout import RESOLVED_FILE
+from llmplay.archive.layout import PLAYBOOK_FILE, RESOLVED_FILE
 from llmplay.archive.model import TRIAL_OK, GateResult, MetricDelta, TrialRecord
+from llmplay.archive.paths import MAX_TEXT_BYTES, OutsideError, inside
 from llmplay.archive.reader import ArchivedRun, engine_label
 from llmplay.archive.writer import atomic_write_text
 from llmplay.catalog import COMPARED_METRICS, absence_reason, fmt_full, fmt_pct, label_of, metric_info, thin_comparison
@@ -87,6 +88,8 @@ class Comparison:
     notes: tuple[str, ...] = ()
     cdf: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # for the HTML: per metric, per side, values
     confidence: float = DEFAULT_CONFIDENCE  # run A's trials.confidence: the level of every interval
+    # ("A" or "B", what verification found) for a run compared anyway (--unverified); empty when both verify
+    unverified: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def ci_label(self) -> str:
@@ -110,16 +113,15 @@ class Comparison:
 
 # ---------------------------------------------------------------------------------------------- inputs
 def _playbook_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
-    """Run A's playbook from its archive (resolved first, as written next, the original file last)."""
+    """Run A's playbook from its archive (resolved first, then as written); never a path outside the run."""
     manifest = archive.manifest()
-    candidates = [
-        archive.run_dir / RESOLVED_FILE,
-        archive.run_dir / (manifest["playbook"].get("file") or ""),
-        Path(manifest["playbook"].get("path") or ""),
-    ]
     errors = []
-    for path in candidates:
-        if not path.is_file():
+    for relpath in (RESOLVED_FILE, manifest["playbook"].get("file") or PLAYBOOK_FILE):
+        try:
+            path = inside(archive.run_dir, relpath, max_bytes=MAX_TEXT_BYTES)
+        except OutsideError as exc:
+            if not exc.missing:
+                errors.append(str(exc))
             continue
         try:
             return load_playbook(path, archived=True), None
@@ -292,6 +294,12 @@ def format_comparison_table(comparison: Comparison) -> str:
     """Plain text for a terminal or a CI log: metrics, gates, verdict line."""
     a, b = comparison.a, comparison.b
     out = [
+        f"WARNING: run {side} ({(a if side == 'A' else b).run_dir}) failed verification: {problems[0]}"
+        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        + "; compared anyway (--unverified)"
+        for side, problems in comparison.unverified
+    ]
+    out += [
         f"A: {a.run_dir} ({a.config_id}, {len(a.trials)} trials, {a.engine})",
         f"B: {b.run_dir} ({b.config_id}, {len(b.trials)} trials, {b.engine})",
         "",
@@ -375,6 +383,7 @@ def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
         "unmeasured": comparison.unmeasured,
         "ci_label": f"{comparison.ci_label} (Welch t over trials)",
         "cdf": charts.latency_cdfs(panels) if panels else "",
+        "unverified": [(side, list(problems)) for side, problems in comparison.unverified],
     }
     html = render_html("compare.html.j2", context)
     out_path = Path(out_path)

@@ -12,8 +12,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from llmplay.archive.layout import MANIFEST
-from llmplay.archive.verify import verify
+from llmplay.archive.layout import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, MANIFEST
+from llmplay.archive.signing import keygen, load_public_key
+from llmplay.archive.verify import manifest_sha256, verify
 from llmplay.archive.writer import RunArchive
 from llmplay.catalog import fmt_value
 from llmplay.cli import cli
@@ -200,8 +201,12 @@ def test_cell_formats():
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_report_from_a_real_cpu_run(cpu_engine, tmp_path):
-    """A real llama.cpp run (one step, one repeat): its report holds every row and verdict, and renders offline."""
+def test_report_from_a_real_cpu_run(cpu_engine, tmp_path, monkeypatch):
+    """A real llama.cpp run (one step, one repeat): its report holds every row and verdict, and renders offline;
+    signed as it is written, and a tampered copy fails verification before and after `llmplay report`."""
+    private, public, _ = keygen(tmp_path / "keys" / "team.key")
+    monkeypatch.setenv(ENV_SIGNING_KEY, str(private))
+    monkeypatch.delenv(ENV_PUBLIC_KEY, raising=False)
     root = Path(__file__).resolve().parents[1]
     doc = yaml.safe_load((root / "playbooks" / "cpu-tiny.yaml").read_text())
     doc["metadata"]["name"] = "cpu-report"
@@ -227,6 +232,25 @@ def test_report_from_a_real_cpu_run(cpu_engine, tmp_path):
         assert verdict.reason.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") in record
     assert html.count("<svg") >= 5 and "CPU only" in html and "step-1" in html
     assert not compare_runs(outcome.run_dir, outcome.run_dir).has_regression
+    assert verify(outcome.run_dir, load_public_key(public)) == []
+
+    copy = tmp_path / "copy" / outcome.run_dir.name
+    shutil.copytree(outcome.run_dir, copy)
+    manifest = json.loads((copy / MANIFEST).read_text())
+    manifest["verdicts"][0]["verdict"] = "rejected" if manifest["verdicts"][0]["verdict"] == "kept" else "kept"
+    (copy / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    assert CliRunner().invoke(cli, ["verify", str(copy)]).exit_code == 1
+    result = CliRunner().invoke(cli, ["report", str(copy)])
+    assert result.exit_code == 1 and "fails verification" in result.output
+    assert CliRunner().invoke(cli, ["verify", str(copy)]).exit_code == 1
+    manifest["manifest_sha256"] = manifest_sha256(manifest)  # re-sealed by hand: only the signature tells
+    (copy / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    monkeypatch.setenv(ENV_PUBLIC_KEY, str(public))
+    assert CliRunner().invoke(cli, ["verify", str(copy)]).exit_code == 1
+    assert CliRunner().invoke(cli, ["report", str(copy)]).exit_code == 1
+    assert CliRunner().invoke(cli, ["verify", str(copy)]).exit_code == 1
+    assert CliRunner().invoke(cli, ["verify", str(outcome.run_dir)]).exit_code == 0
+
     (outcome.run_dir / "trials" / "t001" / "requests.parquet").write_bytes(b"tampered")
     assert verify(outcome.run_dir) == ["trials/t001/requests.parquet: changed (sha256 differs from manifest.json)"]
 

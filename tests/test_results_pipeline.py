@@ -27,7 +27,6 @@ from rich.console import Console
 from llmplay.archive.layout import MANIFEST, REPORT_FILE
 from llmplay.archive.model import TRIAL_FAILED, TRIAL_OK, TrialRecord
 from llmplay.archive.verify import verify
-from llmplay.archive.writer import RunArchive
 from llmplay.catalog import PEAK_MEMORY_COLUMN, REPORT_RECORD_COLUMNS, absence_reason, thin_sample
 from llmplay.commands.run import print_diagnosis, print_gates, print_outcome
 from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
@@ -216,7 +215,6 @@ def run_pipeline(playbook: Playbook, root: Path, inputs: Sequence[tuple[list[Req
         measure_trial=ScriptedTrials(playbook, inputs),
     ).execute()
     render_report(outcome.run_dir)  # not publish_report: that one would turn a rendering bug into a warning
-    RunArchive.open(outcome.run_dir).record_report(REPORT_FILE)
     return outcome, lines
 
 

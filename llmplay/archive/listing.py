@@ -4,58 +4,71 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from llmplay.archive.layout import ENV_ARCHIVE, MANIFEST, SCHEMA_ID
+from llmplay.archive.paths import MAX_MANIFEST_BYTES, read_bytes_inside
 from llmplay.archive.reader import engine_label, gpu_label
+from llmplay.errors import ArchiveError
 from llmplay.runtime.live_runs import lock_held
 from llmplay.runtime.owner import Owner
 
 
+def _unreadable(run_dir: Path, why: str) -> dict[str, Any]:
+    return {
+        "playbook": run_dir.parent.name,
+        "version": "",
+        "date": "",
+        "status": "unreadable",
+        "engine": "",
+        "gpu": "",
+        "gates": "",
+        "path": str(run_dir),
+        "run_id": run_dir.name,
+        "why": why,
+    }
+
+
+def _row(run_dir: Path, m: dict[str, Any]) -> dict[str, Any]:
+    gates: list[Any] = m["gates"] if isinstance(m.get("gates"), list) else []
+    met = sum(1 for g in gates if isinstance(g, Mapping) and g.get("met") is True)
+    env: Mapping[str, Any] = m["environment"] if isinstance(m.get("environment"), Mapping) else {}
+    playbook: Mapping[str, Any] = m["playbook"] if isinstance(m.get("playbook"), Mapping) else {}
+    stale = m.get("status") == "running" and not still_running(m)
+    return {
+        "playbook": str(playbook.get("name") or run_dir.parent.name),
+        "version": str(playbook.get("version") or ""),
+        "date": str(env.get("started_utc") or ""),
+        "status": "interrupted" if stale else str(m.get("status") or "?"),
+        "stale": stale,
+        "engine": engine_label(m),
+        "gpu": gpu_label(env),
+        "gates": f"{met}/{len(gates)}" if gates else "-",
+        "path": str(run_dir),
+        "run_id": str(m.get("run_id") or run_dir.name),
+        "overridden": bool(m.get("overrides")),
+    }
+
+
 def list_runs(root: Path) -> list[dict[str, Any]]:
-    """One row per run under root, newest first: playbook, date, status, engine, GPU, gates met, path."""
+    """One row per run under root, newest first: playbook, date, status, engine, GPU, gates met, path.
+
+    A listing reads manifests only (verifying every run would hash every file); a manifest that cannot be read,
+    or that leaves its run directory through a symlink, is listed as "unreadable"."""
     rows: list[dict[str, Any]] = []
     for manifest_path in sorted(Path(root).glob(f"*/*/{MANIFEST}")):
         run_dir = manifest_path.parent
         try:
-            m = json.loads(manifest_path.read_text(encoding="utf-8"))
+            m = json.loads(read_bytes_inside(run_dir, MANIFEST, max_bytes=MAX_MANIFEST_BYTES).decode("utf-8"))
             if not isinstance(m, dict) or m.get("schema") != SCHEMA_ID:
                 raise ValueError("not an llmplay manifest")
-        except (OSError, ValueError):
-            rows.append(
-                {
-                    "playbook": run_dir.parent.name,
-                    "version": "",
-                    "date": "",
-                    "status": "unreadable",
-                    "engine": "",
-                    "gpu": "",
-                    "gates": "",
-                    "path": str(run_dir),
-                    "run_id": run_dir.name,
-                }
-            )
-            continue
-        gates = m.get("gates") or []
-        met = sum(1 for g in gates if g.get("met"))
-        env = m.get("environment") or {}
-        stale = m.get("status") == "running" and not still_running(m)
-        rows.append(
-            {
-                "playbook": m.get("playbook", {}).get("name", run_dir.parent.name),
-                "version": m.get("playbook", {}).get("version", ""),
-                "date": env.get("started_utc", ""),
-                "status": "interrupted" if stale else m.get("status", "?"),
-                "stale": stale,
-                "engine": engine_label(m),
-                "gpu": gpu_label(env),
-                "gates": f"{met}/{len(gates)}" if gates else "-",
-                "path": str(run_dir),
-                "run_id": m.get("run_id", run_dir.name),
-                "overridden": bool(m.get("overrides")),
-            }
-        )
+            rows.append(_row(run_dir, m))
+        except (OSError, ValueError, RecursionError, ArchiveError) as exc:
+            rows.append(_unreadable(run_dir, str(exc)))
+        except (TypeError, KeyError, AttributeError) as exc:  # a field of the wrong type: damaged, not a crash
+            rows.append(_unreadable(run_dir, f"damaged manifest ({type(exc).__name__}: {exc})"))
     rows.sort(key=lambda r: (r["date"], r["run_id"]), reverse=True)
     return rows
 

@@ -10,8 +10,16 @@ from typing import Any
 
 import pandas as pd
 
-from llmplay.archive.layout import MANIFEST, SCHEMA_ID
+from llmplay.archive.layout import MANIFEST, SCHEMA_ID, SIGNATURE_FILE
 from llmplay.archive.model import ConfigRecord, Finding, GateResult, MetricDelta, StepVerdict, TrialRecord
+from llmplay.archive.paths import (
+    MAX_DATA_BYTES,
+    MAX_MANIFEST_BYTES,
+    OutsideError,
+    open_inside,
+    read_bytes_inside,
+    read_text_inside,
+)
 from llmplay.errors import ArchiveError
 
 
@@ -95,11 +103,15 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     path = run_dir / MANIFEST
     if not run_dir.is_dir():
         raise ArchiveError(f"{run_dir}: no such directory; expected a run directory made by llmplay run")
-    if not path.is_file():
-        raise ArchiveError(f"{run_dir}: no {MANIFEST}; expected a run directory made by llmplay run")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = read_bytes_inside(run_dir, MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+    except OutsideError as exc:
+        if exc.missing:
+            raise ArchiveError(f"{run_dir}: no {MANIFEST}; expected a run directory made by llmplay run") from None
+        raise ArchiveError(f"{run_dir}: {exc}") from None
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ArchiveError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA_ID:
         found = manifest.get("schema") if isinstance(manifest, dict) else type(manifest).__name__
@@ -128,6 +140,10 @@ class ArchivedRun:
         """A deep copy: callers may change it without touching the archive."""
         return json.loads(json.dumps(self._manifest))
 
+    def signed(self) -> bool:
+        """Whether the run carries a signature file (whether it is valid is `llmplay verify --public-key`'s job)."""
+        return (self.run_dir / SIGNATURE_FILE).is_file()
+
     def trials(self) -> list[TrialRecord]:
         return [trial_from(t) for t in self._manifest.get("trials", [])]
 
@@ -149,16 +165,36 @@ class ArchivedRun:
                 return trial
         raise ArchiveError(f"{self.run_dir}: no trial {trial_id!r} in {MANIFEST}")
 
-    def _read_frame(self, relpath: str) -> pd.DataFrame:
-        path = self.run_dir / relpath
-        if not path.is_file():
-            raise ArchiveError(f"{path}: listed in {MANIFEST} but missing (llmplay verify {self.run_dir})")
-        if path.suffix == ".parquet":
-            if not have_pyarrow():
-                raise ArchiveError(f"{path}: reading Parquet needs pyarrow; expected `pip install pyarrow`")
-            frame = pd.read_parquet(path)
-        else:
-            frame = pd.read_csv(path)
+    def _inside_error(self, exc: OutsideError) -> ArchiveError:
+        if exc.missing:
+            return ArchiveError(f"{self.run_dir / str(exc.entry)}: listed in {MANIFEST} but missing (llmplay verify)")
+        return ArchiveError(f"{self.run_dir}: {exc} (llmplay verify {self.run_dir})")
+
+    def read_text(self, relpath: object) -> str | None:
+        """A text file of the run (a playbook copy) by the path its manifest gives, kept inside the run; None when
+        it is missing, ArchiveError when the path may not be read."""
+        try:
+            return read_text_inside(self.run_dir, relpath)
+        except OutsideError as exc:
+            if exc.missing:
+                return None
+            raise self._inside_error(exc) from None
+
+    def _read_frame(self, relpath: object) -> pd.DataFrame:
+        try:
+            fh = open_inside(self.run_dir, relpath, max_bytes=MAX_DATA_BYTES)
+        except OutsideError as exc:
+            raise self._inside_error(exc) from None
+        with fh:
+            if str(relpath).endswith(".parquet"):
+                if not have_pyarrow():
+                    raise ArchiveError(
+                        f"{self.run_dir / str(relpath)}: reading Parquet needs pyarrow; expected `pip install pyarrow`"
+                    )
+                frame = pd.read_parquet(fh)
+            else:
+                frame = pd.read_csv(fh)
+        if not str(relpath).endswith(".parquet"):
             for column in frame.columns:  # CSV loses nullable ints; ns timestamps need all 64 bits
                 if (column.endswith("_ns") and column != "chunk_ns") or column in ("http_status", "gpu"):
                     frame[column] = pd.to_numeric(frame[column], errors="coerce").round().astype("Int64")
@@ -171,24 +207,41 @@ class ArchivedRun:
             ]
         return frame
 
+    def _file_of(self, trial_id: str, role: str) -> object | None:
+        files = self._trial_dict(trial_id).get("files")
+        return files.get(role) if isinstance(files, Mapping) else None
+
     def load_records(self, trial_id: str) -> pd.DataFrame:
         """The trial's per-request records; an empty frame when the trial produced none (it failed to start)."""
-        relpath = (self._trial_dict(trial_id).get("files") or {}).get("records")
+        relpath = self._file_of(trial_id, "records")
         return pd.DataFrame() if relpath is None else self._read_frame(relpath)
 
     def load_telemetry(self, trial_id: str) -> pd.DataFrame | None:
-        relpath = (self._trial_dict(trial_id).get("files") or {}).get("telemetry")
+        relpath = self._file_of(trial_id, "telemetry")
         return None if relpath is None else self._read_frame(relpath)
 
     def load_capacity(self, trial_id: str) -> dict[str, Any] | None:
         """The capacity search a trial archived (every probe, the bracket, the binding SLO); None when it ran none."""
-        rel = self._trial_dict(trial_id).get("files", {}).get("capacity")
-        if not rel or not (self.run_dir / rel).is_file():
+        relpath = self._file_of(trial_id, "capacity")
+        if not relpath:
             return None
-        return dict(json.loads((self.run_dir / rel).read_text(encoding="utf-8")))
+        try:
+            found = json.loads(read_text_inside(self.run_dir, relpath))
+        except OutsideError as exc:
+            if exc.missing:
+                return None
+            raise self._inside_error(exc) from None
+        except ValueError as exc:
+            raise ArchiveError(f"{self.run_dir / str(relpath)}: not readable JSON ({exc})") from None
+        return dict(found) if isinstance(found, dict) else None
 
     def load_log(self, trial_id: str) -> str | None:
-        relpath = (self._trial_dict(trial_id).get("files") or {}).get("log")
-        if relpath is None or not (self.run_dir / relpath).is_file():
+        relpath = self._file_of(trial_id, "log")
+        if relpath is None:
             return None
-        return (self.run_dir / relpath).read_text(encoding="utf-8", errors="replace")
+        try:
+            return read_text_inside(self.run_dir, relpath)
+        except OutsideError as exc:
+            if exc.missing:
+                return None
+            raise self._inside_error(exc) from None

@@ -2,8 +2,10 @@
 
 Every write is atomic (temp file in the same directory, then os.replace) and the manifest is rewritten after every
 trial, so a crash loses at most the trial in flight. The manifest carries its own hash (`manifest_sha256`, over its
-canonical JSON without that key) so an edited manifest fails `verify` too. Secrets are redacted before anything
-reaches the disk: known values, URL credentials and secret-named keys (llmplay.redaction).
+canonical JSON without that key) so an edited manifest fails `verify` too; with $LLMPLAY_SIGNING_KEY set, every
+manifest written is also signed (`manifest.sig`, archive.signing), which is what makes an edit detectable by someone
+who recomputes that hash. Only this class writes a manifest: re-rendering a report never does. Secrets are redacted
+before anything reaches the disk: known values, URL credentials and secret-named keys (llmplay.redaction).
 """
 
 from __future__ import annotations
@@ -22,9 +24,20 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from llmplay.archive.layout import ENV_ARCHIVE, MANIFEST, PLAYBOOK_FILE, RESOLVED_FILE, SCHEMA_ID, STATUSES, safe_name
+from llmplay.archive.layout import (
+    ENV_ARCHIVE,
+    ENV_SIGNING_KEY,
+    MANIFEST,
+    PLAYBOOK_FILE,
+    RESOLVED_FILE,
+    SCHEMA_ID,
+    SIGNATURE_FILE,
+    STATUSES,
+    safe_name,
+)
 from llmplay.archive.model import ConfigRecord, GateResult, StepVerdict, TrialRecord, to_plain
 from llmplay.archive.reader import ArchivedRun, have_pyarrow, read_manifest
+from llmplay.archive.signing import Ed25519PrivateKey, signature_document, signing_key_from_env
 from llmplay.archive.verify import manifest_sha256, schema_problems
 from llmplay.errors import ArchiveError
 from llmplay.hashing import sha256_file
@@ -88,9 +101,16 @@ def _upsert(items: list[dict[str, Any]], key: str, item: dict[str, Any]) -> None
 class RunArchive(ArchivedRun):
     """One run directory the runner writes through (and reads back from, for --resume)."""
 
-    def __init__(self, run_dir: Path, manifest: dict[str, Any], secrets: Sequence[str] = ()):
+    def __init__(
+        self,
+        run_dir: Path,
+        manifest: dict[str, Any],
+        secrets: Sequence[str] = (),
+        signing_key: Ed25519PrivateKey | None = None,
+    ):
         super().__init__(run_dir, manifest)
         self._secrets = [s for s in secrets if s]
+        self._signing_key = signing_key
 
     # -------------------------------------------------------------------- creating and opening
     @classmethod
@@ -103,6 +123,7 @@ class RunArchive(ArchivedRun):
         environment: Mapping[str, Any],
         secrets: list[str],
     ) -> RunArchive:
+        signing_key = signing_key_from_env()  # a set but broken key fails here, before the run directory exists
         stamp, iso = _utc_stamp()
         short = _secrets.token_hex(3)
         run_dir = Path(root) / safe_name(playbook.metadata.name) / f"{stamp}-{short}"
@@ -142,7 +163,7 @@ class RunArchive(ArchivedRun):
             "tuning_record": [],
             "files": {},
         }
-        archive = cls(run_dir, manifest, secrets)
+        archive = cls(run_dir, manifest, secrets, signing_key)
         archive._write_text(PLAYBOOK_FILE, redact_yaml_text(playbook.text, archive._secrets))
         resolved = getattr(playbook, "resolved", None)
         if resolved:
@@ -157,7 +178,13 @@ class RunArchive(ArchivedRun):
     def open(cls, run_dir: Path, *, secrets: Sequence[str] = ()) -> RunArchive:
         """Open an existing archive (for --resume, or to record its report). Redaction on later writes is then by
         name and URL pattern, plus any `secrets` the caller passes again (values are never stored)."""
-        return cls(Path(run_dir), read_manifest(Path(run_dir)), secrets)
+        key = signing_key_from_env()
+        if key is None and (Path(run_dir) / SIGNATURE_FILE).exists():  # writing on would leave a stale signature
+            raise ArchiveError(
+                f"{run_dir} is signed ({SIGNATURE_FILE}); expected ${ENV_SIGNING_KEY} set to its signing key to "
+                "write to it"
+            )
+        return cls(Path(run_dir), read_manifest(Path(run_dir)), secrets, key)
 
     def set_owner(self, owner: Mapping[str, Any]) -> None:
         """The process writing this archive from now on (a resumed run has a new one): host, pid, start time, so a
@@ -182,9 +209,11 @@ class RunArchive(ArchivedRun):
             raise ArchiveError(f"refusing to write an invalid manifest to {self.run_dir}: {problems[0]}")
         manifest["manifest_sha256"] = manifest_sha256(manifest)
         self._manifest = manifest
-        atomic_write_text(
-            self.run_dir / MANIFEST, json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
-        )
+        data = (json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
+        _atomic_write(self.run_dir / MANIFEST, lambda tmp: tmp.write_bytes(data))
+        if self._signing_key is not None:  # over the bytes just written; a crash between the two fails verify loudly
+            signature = signature_document(data, self._signing_key)
+            _atomic_write(self.run_dir / SIGNATURE_FILE, lambda tmp: tmp.write_bytes(signature))
 
     def write_config(self, config: ConfigRecord) -> None:
         _upsert(self._manifest["configs"], "config_id", self._redact(config))
@@ -278,17 +307,8 @@ class RunArchive(ArchivedRun):
         )
         self._save()
 
-    def record_report(self, relpath: str) -> None:
-        """The report renderer wrote `relpath`: hash it into the manifest and clear any earlier rendering error."""
-        self._manifest.pop("report_error", None)
-        self.record_file(relpath)
-
     def record_report_error(self, error: str) -> None:
-        """Rendering failed; the measurements are safe on disk and the manifest says why there is no report."""
+        """Rendering failed as the run finished; the measurements are safe on disk and the manifest says why there is
+        no report. (The report itself is not hashed: it is derived, and `llmplay report` rewrites it.)"""
         self._manifest["report_error"] = error
-        self._save()
-
-    def record_file(self, relpath: str) -> None:
-        """Hash a file written by someone else (e.g. the report renderer) into the manifest."""
-        self._manifest["files"][relpath] = sha256_file(self.run_dir / relpath)
         self._save()

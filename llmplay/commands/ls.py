@@ -13,22 +13,33 @@ from rich.table import Table
 
 from llmplay.archive.listing import archive_root, list_runs
 from llmplay.archive.reader import read_manifest
+from llmplay.archive.signing import public_key_from
+from llmplay.archive.verify import check
 from llmplay.errors import ArchiveError, ExitCode
 
 
-def ls_command(archive_dir: str | None) -> int:
-    """A table of playbook, date, status, engine, GPU, gates met and path per run."""
+def ls_command(archive_dir: str | None, *, verify: bool = False, public_key: Path | None = None) -> int:
+    """A table of playbook, date, status, engine, GPU, gates met and path per run; with `verify`, each run is also
+    verified (every file hashed) and the exit status is ExitCode.INFRA when any fails."""
     root = archive_root(archive_dir)
     rows = list_runs(root)
     if not rows:
         click.echo(f"no runs under {root}")
         return ExitCode.OK
+    key = public_key_from(public_key) if verify else None
     table = Table(title=f"runs under {root}")
-    for column in ("playbook", "date", "status", "engine", "GPU", "gates met", "path"):
+    columns = ["playbook", "date", "status", "engine", "GPU", "gates met", *(["verified"] if verify else []), "path"]
+    for column in columns:
         table.add_column(column, overflow="fold", no_wrap=column in ("path", "date"))
+    failed = 0
     for r in rows:
         name = f"{r['playbook']} {r['version']}".strip() + (" (overridden)" if r.get("overridden") else "")
-        table.add_row(name, r["date"], r["status"], r["engine"], r["gpu"], gates_cell(r), r["path"])
+        cells = [name, r["date"], r["status"], r["engine"], r["gpu"], gates_cell(r)]
+        if verify:
+            result = check(Path(r["path"]), key)
+            failed += not result.ok
+            cells.append("ok" if result.ok else f"FAILED: {result.one_line()}")
+        table.add_row(*cells, r["path"])
     Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None).print(table)
     stale = [r for r in rows if r.get("stale")]
     if stale:
@@ -36,6 +47,9 @@ def ls_command(archive_dir: str | None) -> int:
             f"{len(stale)} run(s) shown interrupted: their manifest says running, but the llmplay process writing it "
             f"is gone (killed?); `llmplay run --resume {stale[0]['path']}` continues one"
         )
+    if failed:
+        click.echo(f"{failed} run(s) under {root} fail verification", err=True)
+        return ExitCode.INFRA
     return ExitCode.OK
 
 
@@ -45,8 +59,10 @@ def gates_cell(row: Mapping[str, Any]) -> str:
     if row.get("status") == "unreadable":
         return str(row.get("gates", ""))
     try:
-        gates = read_manifest(Path(row["path"])).get("gates") or []
+        gates = read_manifest(Path(row["path"])).get("gates")
     except ArchiveError:
+        return str(row.get("gates", ""))
+    if not isinstance(gates, list):
         return str(row.get("gates", ""))
     unmeasured = sum(1 for g in gates if isinstance(g, Mapping) and g.get("met") is None)
     return str(row.get("gates", "")) + (f" ({unmeasured} not measured)" if unmeasured else "")

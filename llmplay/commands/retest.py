@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from llmplay.archive.listing import archive_root
-from llmplay.commands.run import duration_option_s, playbook_path_of, print_gates, read_manifest, stdout_console
+from llmplay.archive.paths import MAX_TEXT_BYTES
+from llmplay.archive.reader import read_manifest
+from llmplay.archive.signing import public_key_from
+from llmplay.archive.verify import require_verified
+from llmplay.commands.run import duration_option_s, print_gates, stdout_console
 from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
 from llmplay.engines import get_engine
 from llmplay.errors import ArchiveError, ExitCode
@@ -21,15 +26,30 @@ from llmplay.tuning.quality import changed_outputs
 from llmplay.tuning.run import RunOptions, run_playbook
 
 
+def _unchanged_since(path: Path, manifest: dict[str, Any], run_dir: Path) -> None:
+    """The playbook file (on the host, named by the manifest) hashes as the run recorded, before anything parses
+    it: a parse error would otherwise echo a file the archive merely named."""
+    if not path.is_file():  # also refuses a FIFO or a device, which a read would block on or never finish
+        raise ArchiveError(f"{path}: the playbook of {run_dir} is not a file here; restore it to re-test")
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(MAX_TEXT_BYTES + 1).decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise ArchiveError(f"{path}: cannot read the playbook of {run_dir} ({exc.strerror})") from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # as load_playbook reads it (universal newlines)
+    if hashlib.sha256(text.encode()).hexdigest() != manifest["playbook"]["sha256"]:
+        raise ArchiveError(
+            f"{path} changed since {run_dir} was run (sha256 differs); "
+            "restore it or re-run the playbook instead of re-testing"
+        )
+
+
 def final_playbook_of(run_dir: Path, playbook_file: Path | None = None) -> tuple[Playbook, dict[str, Any]]:
     """The archived run's final configuration as a step-less playbook: the baseline with every carried step applied."""
     manifest = read_manifest(run_dir)
-    playbook = load_playbook(playbook_file or playbook_path_of(run_dir), archived=playbook_file is None)
-    if playbook.sha256 != manifest["playbook"]["sha256"]:
-        raise ArchiveError(
-            f"{playbook.path} changed since {run_dir} was run (sha256 differs); "
-            "restore it or re-run the playbook instead of re-testing"
-        )
+    path = playbook_file or Path(manifest["playbook"]["path"])  # the file it was run from, on this host
+    _unchanged_since(path, manifest, run_dir)
+    playbook = load_playbook(path, archived=playbook_file is None)
     carried = [v["step"] for v in manifest.get("verdicts", []) if v.get("carried")]
     config = Config("baseline", playbook.engine, playbook.workload)
     for step in playbook.steps:
@@ -68,10 +88,20 @@ def retest_command(
     repeats: int | None,
     duration: str | None,
     html: Path | None = None,
+    unverified: bool = False,
+    public_key: Path | None = None,
 ) -> int:
-    """Re-run the archived final configuration and compare; ExitCode.REGRESSION when the new run regressed."""
-    playbook, manifest = final_playbook_of(run_dir)
+    """Re-run the archived final configuration and compare; ExitCode.REGRESSION when the new run regressed.
+
+    The archived run must verify first (nothing of it is read before), unless `unverified`, which says so."""
+    verification = require_verified(run_dir, allow_unverified=unverified, public_key=public_key_from(public_key))
     console = stdout_console()
+    if not verification.ok:
+        console.print(
+            f"WARNING: {run_dir}: this archive failed verification: {verification.one_line()}; re-testing anyway",
+            markup=False,
+        )
+    playbook, manifest = final_playbook_of(run_dir)
     console.print(
         f"re-testing {run_dir} final configuration '{manifest.get('final_config_id')}'"
         + (f" on image {image}" if image else ""),

@@ -742,8 +742,8 @@ def _describe_length(dist: Any) -> str:
 def _archived_playbook(run: _ArchivedRunData) -> dict[str, Any]:
     for name in (RESOLVED_FILE, run.manifest["playbook"].get("file") or PLAYBOOK_FILE):
         try:
-            doc = yaml.safe_load((run.archive.run_dir / name).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
+            doc = yaml.safe_load(run.archive.read_text(name) or "")
+        except yaml.YAMLError:
             continue
         if isinstance(doc, dict):
             return doc
@@ -865,8 +865,10 @@ def _goals(run: _ArchivedRunData, playbook_doc: Mapping[str, Any]) -> dict[str, 
     return {"objective": obj, "guards": "; ".join(guards) or "none"}
 
 
-def build_context(archive: ArchivedRun) -> dict[str, Any]:
-    """Everything the template shows, as strings, lists and inline SVG; nothing here touches the network."""
+def build_context(archive: ArchivedRun, *, unverified: Sequence[str] = ()) -> dict[str, Any]:
+    """Everything the template shows, as strings, lists and inline SVG; nothing here touches the network.
+
+    `unverified`: what verification found wrong with a run rendered anyway (the page opens with it)."""
     run = _ArchivedRunData(archive)
     playbook_doc = _archived_playbook(run)
     descriptions = {
@@ -892,10 +894,8 @@ def build_context(archive: ArchivedRun) -> dict[str, Any]:
             "files": len(manifest.get("files") or {}),
             "manifest_sha256": manifest.get("manifest_sha256", ""),
             "report_error": manifest.get("report_error"),
+            "signed": archive.signed(),
         },
-        "playbook_text": (archive.run_dir / (manifest["playbook"].get("file") or PLAYBOOK_FILE)).read_text(
-            encoding="utf-8"
-        )
-        if (archive.run_dir / (manifest["playbook"].get("file") or PLAYBOOK_FILE)).is_file()
-        else "",
+        "unverified": list(unverified),
+        "playbook_text": archive.read_text(manifest["playbook"].get("file") or PLAYBOOK_FILE) or "",
     }

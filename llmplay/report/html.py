@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +33,20 @@ def render_html(template: str, context: Mapping[str, Any]) -> str:
     return _environment().get_template(template).render(**context)
 
 
-def render_report(run_dir: Path) -> Path:
-    """Write run_dir/report.html from the archive alone and return its path (the manifest hash is the archive's job)."""
+def render_report(run_dir: Path, *, unverified: Sequence[str] = ()) -> Path:
+    """Write run_dir/report.html from the archive alone and return its path; the manifest is never touched.
+
+    `unverified`: the problems verification found, for a run rendered anyway; the page opens with them."""
     archive = ArchivedRun.open(Path(run_dir))
-    html = render_html("report.html.j2", build_context(archive))
+    html = render_html("report.html.j2", build_context(archive, unverified=unverified))
     path = archive.run_dir / REPORT_FILE
     atomic_write_text(path, html)
     return path
 
 
 def publish_report(run_dir: Path) -> Path:
-    """(Re-)write report.html and record its hash in the archive; a rendering bug never loses the run."""
+    """The runner's last act on a run it wrote: report.html; a rendering bug never loses the run, and the manifest
+    (written here only because this is still the run's writer) says why there is no report."""
     archive = RunArchive.open(Path(run_dir))
     try:
         path = render_report(archive.run_dir)
@@ -56,5 +59,4 @@ def publish_report(run_dir: Path) -> Path:
             f"complete, re-render with `llmplay report {archive.run_dir}`\n"
         )
         return archive.run_dir / REPORT_FILE
-    archive.record_report(REPORT_FILE)
     return path

@@ -14,8 +14,11 @@ import httpx
 import numpy as np
 from scipy import stats
 
+from llmplay.archive.layout import MANIFEST, safe_name
 from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED, MetricDelta
+from llmplay.archive.paths import MAX_MANIFEST_BYTES, OutsideError, read_bytes_inside, read_text_inside
 from llmplay.catalog import QUALITY_METRICS, fmt_full, label_of
+from llmplay.errors import ArchiveError
 from llmplay.spec import Goals, Guard, QualitySpec
 from llmplay.tuning.decide import BEYOND, HOLDS, Decision, guard_outcome
 
@@ -337,16 +340,27 @@ PROBES_FILE = "probes.json"
 
 def load_probes(run_dir: Path, trial_id: str) -> tuple[ProbeResult, ...] | None:
     """The probe answers a trial archived (RunArchive.write_probes); None when it took none."""
-    file = Path(run_dir) / "trials" / trial_id / PROBES_FILE
-    if not file.exists():
-        return None
-    return tuple(ProbeResult.from_dict(row) for row in json.loads(file.read_text(encoding="utf-8")))
+    try:  # the trial id comes from a manifest: the path it makes must stay inside the run (archive.paths)
+        text = read_text_inside(Path(run_dir), f"trials/{safe_name(trial_id)}/{PROBES_FILE}")
+    except OutsideError as exc:
+        if exc.missing:
+            return None
+        raise ArchiveError(f"{run_dir}: {exc}") from None
+    return tuple(ProbeResult.from_dict(row) for row in json.loads(text))
 
 
 def archived_probes(run_dir: Path, config_id: str) -> tuple[ProbeResult, ...] | None:
     """The probe answers of `config_id`'s first ok trial that took them in an archived run; None when there are none."""
-    manifest = json.loads((Path(run_dir) / "manifest.json").read_text(encoding="utf-8"))
-    for trial in manifest.get("trials", []):
+    try:
+        manifest = json.loads(read_bytes_inside(Path(run_dir), MANIFEST, max_bytes=MAX_MANIFEST_BYTES))
+    except OutsideError as exc:
+        raise ArchiveError(f"{run_dir}: {exc}") from None
+    except ValueError as exc:
+        raise ArchiveError(f"{run_dir}: {MANIFEST}: not readable JSON ({exc})") from None
+    trials = manifest.get("trials") if isinstance(manifest, dict) else None
+    for trial in trials if isinstance(trials, list) else []:
+        if not isinstance(trial, dict):
+            continue
         if trial.get("config_id") == config_id and trial.get("status") == "ok":
             found = load_probes(Path(run_dir), str(trial["trial_id"]))
             if found is not None:
