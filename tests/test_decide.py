@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -26,7 +27,7 @@ from llmplay.tuning.decide import (
     regressed_beyond,
     sample_from_records,
 )
-from llmplay.tuning.intervals import PAIRED_LOG, Effect, paired_effect, sequential_level
+from llmplay.tuning.intervals import PAIRED_LOG, Effect, paired_effect, sequential_level, sequential_levels
 
 TRIALS = Trials(repeats=3)
 
@@ -393,9 +394,11 @@ def test_paired_t_covers_at_three_pairs():
 
 def test_sequential_looks_keep_their_error_rate():
     """Looking after 3, 4, ... 8 pairs at the confidence level each time is wrong about a quarter more often than
-    the level says; at sequential_level the chance of any false decision over all looks stays at 5%."""
-    level = sequential_level(0.95, 3, 8)
-    assert 0.95 < level < 0.995 and sequential_level(0.95, 3, 3) == 0.95
+    the level says; at sequential_levels the chance of any false decision over all looks stays at 5%, strict at
+    the first looks and near the fixed design's level at the last (O'Brien-Fleming's shape)."""
+    levels = sequential_levels(0.95, 3, 8)
+    assert len(levels) == 6 and all(x > y for x, y in itertools.pairwise(levels))
+    assert levels[0] > 0.99 and 0.95 < levels[-1] < 0.975 and sequential_levels(0.95, 3, 3) == (0.95,)
     rng = np.random.default_rng(26)
     naive = corrected = 0
     for _ in range(1500):
@@ -404,13 +407,13 @@ def test_sequential_looks_keep_their_error_rate():
 
         def decides(lv, a=a, b=b):
             for n in range(3, 9):
-                e = paired_effect(a[:n], b[:n], lv)
+                e = paired_effect(a[:n], b[:n], lv if isinstance(lv, float) else lv[n - 3])
                 if e.low > 0 or e.high < 0:
                     return True
             return False
 
         naive += decides(0.95)
-        corrected += decides(level)
+        corrected += decides(levels)
     assert corrected / 1500 <= 0.065 and naive / 1500 > 0.08
 
 
@@ -421,4 +424,4 @@ def test_the_stopping_check_and_the_verdict_are_one_computation():
     seq = Trials(repeats=3, sequential=True, max_repeats=8)
     first, again = decide_step(a, b, goals(), seq), decide_step(a, b, goals(), seq)
     assert (first.verdict, first.reason) == (again.verdict, again.reason)
-    assert first.objective.confidence == pytest.approx(sequential_level(0.95, 3, 8))
+    assert first.objective.confidence == pytest.approx(sequential_level(0.95, 3, 8, 4))

@@ -181,12 +181,20 @@ def _pairs(a: Sequence[TrialSample], b: Sequence[TrialSample]) -> tuple[list[Tri
     return [by_a[r] for r in common], [by_b[r] for r in common]
 
 
-def decision_level(trials: Trials) -> float:
-    """The nominal level of every interval a step's verdict uses: the confidence for a fixed number of trials; in
-    sequential mode, the level that keeps the whole sequence of looks (repeats .. max_repeats pairs) at it."""
+def decision_level(trials: Trials, units: int | None = None) -> float:
+    """The nominal level of every interval a step's verdict uses at the look with `units` complete pairs (trials per
+    side): the confidence for a fixed number of trials; in sequential mode, that look's level of the boundary that
+    keeps the whole sequence of looks (repeats .. max_repeats pairs) at the confidence."""
     if trials.sequential and trials.max_repeats > trials.repeats:
-        return sequential_level(trials.confidence, max(trials.repeats, MIN_TRIALS_TO_DECIDE), trials.max_repeats)
+        first = max(trials.repeats, MIN_TRIALS_TO_DECIDE)
+        return sequential_level(trials.confidence, first, trials.max_repeats, units if units is not None else first)
     return trials.confidence
+
+
+def decision_units(a: Sequence[TrialSample], b: Sequence[TrialSample], paired: bool) -> int:
+    """The experimental units a comparison rests on: complete pairs, or the smaller side's trials."""
+    matched = _pairs(a, b) if paired else None
+    return len(matched[0]) if matched is not None else min(len(a), len(b))
 
 
 def compare_metric(
@@ -508,7 +516,8 @@ def decide_step(
         )
     if not a:
         return Decision(FAILED, "every trial of the configuration it is compared with failed", None, (), (), None)
-    level, paired = decision_level(trials), trials.interleave
+    paired = trials.interleave
+    level = decision_level(trials, decision_units(a, b, paired))
     pool = borrowed if (borrowed and trials.pool_noise and paired) else {}
     obj, obj_effect = _compare(a, b, objective.metric, level, paired, pool.get(objective.metric, ()))
     guard_results = [_compare(a, b, g.metric, level, paired, pool.get(g.metric, ())) for g in goals.guards]
