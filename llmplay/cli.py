@@ -17,6 +17,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 _ARCHIVE_HELP = "Archive root (default $LLMPLAY_ARCHIVE or ./reports)."
+# One flag for every file a playbook names (extends:, workload.dataset, goals.quality.probes); the old name stays.
+_OUTSIDE_HELP = (
+    "Allow extends:, datasets and probe files outside the playbook's directory (alias --allow-outside-extends)."
+)
 
 
 def _echo_err(message: str) -> None:
@@ -51,7 +55,9 @@ def cli(debug: bool) -> None:
 
 @cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--allow-outside-extends", is_flag=True, help="Allow extends: to leave the playbook's directory.")
+@click.option(
+    "--allow-outside-tree", "--allow-outside-extends", "allow_outside_extends", is_flag=True, help=_OUTSIDE_HELP
+)
 def validate(files: tuple[Path, ...], allow_outside_extends: bool) -> None:
     """Check playbooks against the llmplay/v1 schema and the engine's knobs."""
     from llmplay.commands.validate import validate_command  # deferred: loaded only when this command runs
@@ -61,7 +67,9 @@ def validate(files: tuple[Path, ...], allow_outside_extends: bool) -> None:
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--allow-outside-extends", is_flag=True)
+@click.option(
+    "--allow-outside-tree", "--allow-outside-extends", "allow_outside_extends", is_flag=True, help=_OUTSIDE_HELP
+)
 @handles_errors
 def plan(file: Path, allow_outside_extends: bool) -> None:
     """Print the baseline, each step's configuration and command line, and the gates; starts nothing."""
@@ -79,7 +87,9 @@ def plan(file: Path, allow_outside_extends: bool) -> None:
 @click.option("--repeats", type=click.IntRange(1, 50), help="Override trials.repeats.")
 @click.option("--duration", "duration", help="Override workload.duration (e.g. 10s).")
 @click.option("--warmup", "warmup", help="Override workload.warmup (e.g. 2s).")
-@click.option("--allow-outside-extends", is_flag=True)
+@click.option(
+    "--allow-outside-tree", "--allow-outside-extends", "allow_outside_extends", is_flag=True, help=_OUTSIDE_HELP
+)
 @click.option(
     "--ray",
     "ray_address",
@@ -154,7 +164,9 @@ def retest(
 @click.option(
     "--repeats", type=click.IntRange(1, 50), help="Searches to run, each on its own engine start (default 1)."
 )
-@click.option("--allow-outside-extends", is_flag=True)
+@click.option(
+    "--allow-outside-tree", "--allow-outside-extends", "allow_outside_extends", is_flag=True, help=_OUTSIDE_HELP
+)
 @handles_errors
 def capacity(file: Path, archive_dir: str | None, repeats: int | None, allow_outside_extends: bool) -> None:
     """Search the baseline's capacity under goals.slo (goals.capacity) and print the boundary table."""

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from llmplay.playbook.convert import (
+    PromptFiles,
     parse_cost,
     parse_engine,
     parse_goals,
@@ -25,7 +26,7 @@ from llmplay.playbook.extends import resolve_extends
 from llmplay.playbook.knobs import check_knobs, knob_sites
 from llmplay.playbook.problems import Problems
 from llmplay.playbook.schema import schema_problems
-from llmplay.playbook.source import API_VERSION, display_path, located_error, read_yaml
+from llmplay.playbook.source import API_VERSION, MAX_FILE_BYTES, display_path, located_error, read_bounded, read_yaml
 from llmplay.spec import Goals, Metadata, Playbook, Workload, frozen_map
 
 
@@ -46,14 +47,15 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
     file = Path(path).absolute()
     root_dir = file.parent.resolve()
     doc, sources = resolve_extends(file, root_dir, allow_outside_extends, (file.resolve(),))
-    text = file.read_text(encoding="utf-8")
+    text = read_bounded(file, MAX_FILE_BYTES, "a playbook YAML file").decode("utf-8")
     problems = Problems(sources, display_path(str(file)))
     _check_api_version(doc, problems)
     schema_problems(doc, problems)
     problems.raise_if_any()
     base_dir = file.parent
     metadata = doc["metadata"]
-    workload = parse_workload(doc["workload"], base_dir, ("workload",), problems)
+    files = PromptFiles(None if allow_outside_extends else root_dir)
+    workload = parse_workload(doc["workload"], base_dir, ("workload",), problems, files)
     playbook = Playbook(
         path=str(file),
         text=text,
@@ -66,7 +68,7 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
             description=metadata.get("description", ""),
             tags=tuple(metadata.get("tags", ())),
         ),
-        goals=parse_goals(doc.get("goals", {}), problems, base_dir, workload.dataset),
+        goals=parse_goals(doc.get("goals", {}), problems, base_dir, workload.dataset, files),
         workload=workload,
         engine=parse_engine(doc["engine"], base_dir, ("engine",), problems),
         steps=parse_steps(doc.get("steps", []), ("steps",), problems),

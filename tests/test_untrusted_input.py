@@ -1,0 +1,167 @@
+"""Untrusted playbooks and datasets (issue #25): whatever a shared playbook or dataset holds, `llmplay validate`
+refuses it with exit 2 and one line per problem naming FILE:LINE and the YAML path, before any engine starts.
+
+Each case here reproduces a defect: reading a device or FIFO, datasets outside the tree or malformed, workload
+and knob values the load generator or the engine would choke on, literal secrets, dangerous mounts."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from llmplay.cli import cli
+from llmplay.errors import PlaybookError
+from llmplay.playbook.dataset import read_dataset
+from llmplay.playbook.load import load_playbook
+from llmplay.playbook.source import MAX_FILE_BYTES, read_bounded
+
+BASE: dict[str, Any] = {
+    "apiVersion": "llmplay/v1",
+    "kind": "Playbook",
+    "metadata": {"name": "p"},
+    "engine": {"kind": "llamacpp", "model": "/models/tiny.gguf", "args": {"parallel": 1, "ctx_size": 4096}},
+    "workload": {"concurrency": 1, "num_requests": 2, "input": {"fixed": 16}, "output": {"fixed": 8}},
+}
+
+
+def playbook(tmp_path: Path, **sections: Any) -> Path:
+    """BASE with `sections` merged one level deep (a None value deletes the key), written block style."""
+    doc = copy.deepcopy(BASE)
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(doc.get(key), dict):
+            doc[key].update(value)
+            doc[key] = {k: v for k, v in doc[key].items() if v is not None}
+        else:
+            doc[key] = value
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def validate(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["validate", *args], catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def assert_refused(path: Path, yaml_path: str, fragment: str, *flags: str) -> str:
+    """validate exits 2 with a line `...p.yaml:LINE: YAML_PATH: ...fragment...` and no traceback."""
+    code, out = validate(str(path), *flags)
+    assert code == 2, out
+    assert "Traceback" not in out and "internal error" not in out
+    pattern = rf"{re.escape(path.name)}:[1-9]\d*: {re.escape(yaml_path)}: .*{re.escape(fragment)}"
+    assert re.search(pattern, out), out
+    return out
+
+
+# ------------------------------------------------------------------------------------------ 7. bounded reads
+def test_a_device_is_refused_without_reading_it(tmp_path):
+    link = tmp_path / "zero.yaml"
+    link.symlink_to("/dev/zero")
+    for target in ("/dev/zero", str(link)):
+        code, out = validate(target)
+        assert code == 2 and "not a regular file (a character device)" in out, out
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "p.yaml"
+    os.mkfifo(fifo)
+    done: list[tuple[int, str]] = []
+    worker = threading.Thread(target=lambda: done.append(validate(str(fifo))), daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # unblock the reader so the test process can end, then fail
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("validate blocked on a FIFO")
+    assert done[0][0] == 2 and "not a regular file (a FIFO)" in done[0][1]
+
+
+def test_the_size_limit_applies_while_reading(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (MAX_FILE_BYTES + 1))
+    with pytest.raises(PlaybookError, match=rf"file is {MAX_FILE_BYTES + 1} bytes; expected at most"):
+        load_playbook(big)
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"x" * 100)
+    assert read_bounded(small, 100, "a file") == b"x" * 100
+    with pytest.raises(PlaybookError, match="expected at most 99"):
+        read_bounded(small, 99, "a file")
+
+
+def test_a_dataset_that_is_a_device_or_fifo_is_refused(tmp_path):
+    (tmp_path / "zero.jsonl").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    for name, kind in (("zero.jsonl", "a character device"), ("fifo.jsonl", "a FIFO")):
+        path = playbook(tmp_path, workload={"dataset": name})
+        assert_refused(path, "workload.dataset", f"not a regular file ({kind})", "--allow-outside-tree")
+
+
+# --------------------------------------------------------------------------------- 8. datasets at validate
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        (b'{"prompt": "a"}\n{broken\n', "data.jsonl:2: invalid JSON"),
+        (b'{"prompt": "a", "output_tokens": -5}\n', 'data.jsonl:1: "output_tokens": found -5; expected a whole number'),
+        (b'{"prompt": "a", "output_tokens": "many"}\n', "data.jsonl:1: \"output_tokens\": found 'many'"),
+        (b'{"prompt": "a", "output_tokens": 2.5}\n', 'data.jsonl:1: "output_tokens": found 2.5'),
+        (b'{"prompt": ""}\n', "data.jsonl:1: \"prompt\": found ''; expected non-empty text"),
+        (b'{"prompt": "a"}\n[1, 2]\n', "data.jsonl:2: found list; expected an object"),
+        (b'{"prompt": "a"}\n\x00\xff\xfe binary\n', "data.jsonl:2: not UTF-8 text (byte 17)"),
+        (b'{"text": "a"}\n', 'data.jsonl:1: no "prompt" or "conversations"'),
+        (b"", "workload.dataset: found no usable row"),
+        (b'[{"prompt": "a"},\n {"prompt": 7}]', 'data.jsonl:2: "prompt": found 7'),
+        (b'[{"prompt": "a"},\n {"prompt": "b"}', "data.jsonl:2: invalid JSON array"),
+    ],
+    ids=[
+        "bad-json",
+        "negative-output",
+        "text-output",
+        "float-output",
+        "empty-prompt",
+        "not-an-object",
+        "binary",
+        "no-prompt",
+        "empty-file",
+        "array-bad-row",
+        "array-unclosed",
+    ],
+)
+def test_a_bad_dataset_is_refused_at_validate_with_its_line(tmp_path, content, fragment):
+    (tmp_path / "data.jsonl").write_bytes(content)
+    code, out = validate(str(playbook(tmp_path, workload={"dataset": "data.jsonl"})))
+    assert code == 2 and fragment in out and "Traceback" not in out, out
+
+
+def test_a_good_dataset_and_sharegpt_validate(tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"prompt": "a", "output_tokens": 4}\n\n{"prompt": "b"}\n')
+    assert validate(str(playbook(tmp_path, workload={"dataset": "data.jsonl"})))[0] == 0
+    (tmp_path / "share.json").write_text(
+        '[\n{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},\n'
+        '{"conversations": [{"from": "gpt", "value": "no human turn"}]}\n]\n'
+    )
+    rows = read_dataset(tmp_path / "share.json")
+    assert [(r.line, r.prompt, r.reply) for r in rows] == [(2, "hi", "yo")]
+
+
+def test_a_dataset_outside_the_playbook_tree_is_refused_like_extends(tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"prompt": "a"}\n')
+    (tmp_path / "team").mkdir()
+    for written in ("../../../../etc/shadow", "../data.jsonl", "/etc/passwd"):
+        path = playbook(tmp_path / "team", workload={"dataset": written})
+        assert_refused(path, "workload.dataset", "points outside")
+    path = playbook(tmp_path / "team", workload={"dataset": "../data.jsonl"})
+    for flag in ("--allow-outside-tree", "--allow-outside-extends"):
+        assert validate(str(path), flag)[0] == 0
+
+
+def test_probe_files_are_confined_too(tmp_path):
+    path = playbook(tmp_path, goals={"quality": {"probes": "../../../../etc/passwd"}})
+    assert_refused(path, "goals.quality.probes", "points outside")
