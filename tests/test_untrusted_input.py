@@ -165,3 +165,148 @@ def test_a_dataset_outside_the_playbook_tree_is_refused_like_extends(tmp_path):
 def test_probe_files_are_confined_too(tmp_path):
     path = playbook(tmp_path, goals={"quality": {"probes": "../../../../etc/passwd"}})
     assert_refused(path, "goals.quality.probes", "points outside")
+
+
+# ------------------------------------------------------------------------ 8. workload and knob values at validate
+STEP = "steps"
+
+
+@pytest.mark.parametrize(
+    "sections,yaml_path,fragment",
+    [
+        ({"workload": {"concurrency": None, "rate": float("nan")}}, "workload.rate", "found nan; expected a finite"),
+        ({"workload": {"rate": float("inf"), "concurrency": None}}, "workload.rate", "found inf; expected a finite"),
+        ({"workload": {"input": {"fixed": 10**10}}}, "workload.input", "1 to 10000000"),
+        ({"workload": {"input": 10**10}}, "workload.input", "1 to 10000000"),
+        (
+            {"workload": {"output": {"lognormal": {"mean": 50, "sigma": 1e6}}}},
+            "workload.output",
+            "1 to 10000000",
+        ),
+        ({"workload": {"duration": "0s", "num_requests": None}}, "workload.duration", "a length of time above zero"),
+        ({"workload": {"duration": 0, "num_requests": None}}, "workload.duration", "a length of time above zero"),
+        ({"workload": {"request_timeout": "0ms"}}, "workload.request_timeout", "above zero"),
+        ({"engine": {"args": {"parallel": -4}}}, "engine.args.parallel", "expected an integer >= 1, or -1 for"),
+        ({"engine": {"args": {"threads": 0}}}, "engine.args.threads", "expected an integer >= 1, or -1 for"),
+        ({"engine": {"args": {"max_num_seqs": 0}}}, "engine.args.max_num_seqs", "expected an integer >= 1"),
+        ({"goals": {"gates": ["errors.rate < 150%"]}}, "goals.gates[0]", "expected a share from 0 to 100%"),
+        ({"goals": {"gates": ["memory.peak_frac < 200%"]}}, "goals.gates[0]", "expected a share from 0 to 100%"),
+        ({"goals": {"gates": [{"metric": "errors.rate", "op": "<", "value": -0.5}]}}, "goals.gates[0]", "share"),
+        ({STEP: [{"name": "zero", "set": {"workload.concurrency": 0}}]}, "steps[0].set.workload.concurrency", ">= 1"),
+        (
+            {STEP: [{"name": "nan", "set": {"workload.temperature": float("nan")}}]},
+            "steps[0].set.workload.temperature",
+            "finite",
+        ),
+        ({STEP: [{"name": "neg", "set": {"parallel": -4}}]}, "steps[0].set.parallel", "expected an integer >= 1"),
+        (
+            {STEP: [{"name": "neg", "set": {"args.threads": 0}}]},
+            "steps[0].set.args.threads",
+            "expected an integer >= 1",
+        ),
+        ({STEP: [{"name": "img", "set": {"image": ""}}]}, "steps[0].set.image", "a non-empty string"),
+        ({STEP: [{"name": "env", "set": {"env.X": [1]}}]}, "steps[0].set.env.X", "expected a string"),
+        (
+            {STEP: [{"name": "rate", "set": {"workload.rate": 4}}]},
+            "steps[0].set",
+            "with step 'rate', both workload.concurrency",
+        ),
+        (
+            {"workload": {"input": {"fixed": 4000}, "output": {"fixed": 200}}},
+            "workload",
+            "the longest request holds 4200 tokens (input 4000 + output 200); expected at most 4096, the context one "
+            "request gets with ctx_size 4096",
+        ),
+        (
+            {
+                "workload": {"input": {"uniform": {"min": 10, "max": 950}}, "prefix_tokens": 100},
+                STEP: [{"name": "p4", "set": {"parallel": 4}}],
+            },
+            "steps[0].set",
+            "with step 'p4', the longest request holds 1058 tokens (prefix 100 + input 950 + output 8); expected at "
+            "most 1024",
+        ),
+        (
+            {"workload": {"turns": 3, "input": {"choice": {"values": [100, 700]}}, "output": {"fixed": 800}}},
+            "workload",
+            "4500 tokens (3 turns x (input 700 + output 800))",
+        ),
+        (
+            {
+                "engine": {"kind": "vllm", "model": "m", "args": {"max_model_len": 2048}},
+                "workload": {"max_tokens": 4096},
+            },
+            "workload",
+            "with max_model_len 2048",
+        ),
+    ],
+    ids=[
+        "rate-nan",
+        "rate-inf",
+        "fixed-1e10",
+        "length-1e10",
+        "sigma-huge",
+        "duration-0s",
+        "duration-0",
+        "timeout-0",
+        "parallel-neg",
+        "threads-0",
+        "max-num-seqs-0",
+        "gate-150pct",
+        "gate-frac-2",
+        "gate-negative",
+        "step-concurrency-0",
+        "step-nan",
+        "step-parallel-neg",
+        "step-threads-0",
+        "step-image-empty",
+        "step-env-list",
+        "step-both-loads",
+        "ctx-base",
+        "ctx-step-slots",
+        "ctx-turns",
+        "vllm-max-model-len",
+    ],
+)
+def test_bad_values_are_refused_at_validate_with_line_and_path(tmp_path, sections, yaml_path, fragment):
+    assert_refused(playbook(tmp_path, **sections), yaml_path, fragment)
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"engine": {"args": {"parallel": -1, "threads": -1, "ctx_size": 0}}},  # llama.cpp's automatic choices
+        {"workload": {"input": {"lognormal": {"mean": 600, "sigma": 0.7}}}},  # an unbounded tail is not refused
+        {"workload": {"warmup": 0}},
+        {"goals": {"gates": ["errors.rate < 100%", "throughput.output_tok_s > 3000"]}},
+    ],
+    ids=["auto-counts", "unbounded-tail", "warmup-0", "gates-in-range"],
+)
+def test_ordinary_values_still_validate(tmp_path, sections):
+    code, out = validate(str(playbook(tmp_path, **sections)))
+    assert code == 0, out
+
+
+def test_a_dataset_output_longer_than_the_context_is_refused(tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"prompt": "a", "output_tokens": 8000}\n')
+    path = playbook(tmp_path, workload={"dataset": "data.jsonl"})
+    assert_refused(path, "workload", "8000 tokens (output 8000); expected at most 4096")
+
+
+@pytest.mark.parametrize(
+    "flags,fragment",
+    [
+        (["--duration", "0s"], "--duration: found '0s'; expected a length above zero"),
+        (["--duration", "0"], "--duration: found '0'"),
+        (["--duration", "soon"], "--duration:"),
+        (["--warmup", "-5"], "--warmup:"),
+        (["--only", "nope"], "--only nope: no such step"),
+    ],
+    ids=["duration-0s", "duration-0", "duration-word", "warmup-negative", "only-unknown"],
+)
+def test_dry_run_checks_overrides_as_a_run_would(tmp_path, flags, fragment):
+    path = playbook(tmp_path, steps=[{"name": "p2", "set": {"parallel": 2}}])
+    result = CliRunner().invoke(cli, ["run", str(path), "--dry-run", *flags], catch_exceptions=False)
+    assert result.exit_code == 2 and fragment in result.output and "Traceback" not in result.output, result.output
+    ok = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--duration", "5s", "--only", "p2"])
+    assert ok.exit_code == 0 and "duration 5s" in ok.output, ok.output

@@ -14,6 +14,8 @@ from llmplay.loadgen.tokenizer import Tokenizer
 from llmplay.playbook.dataset import read_dataset
 from llmplay.spec import LengthDist, Workload
 
+MAX_LENGTH_TOKENS = 10_000_000  # the playbook schema's `tokens` maximum: the longest length any request draws
+
 
 class WorkloadError(LlmplayError):
     """The workload cannot be turned into requests (bad dataset file, impossible lengths)."""
@@ -95,8 +97,8 @@ def draw_length(dist: LengthDist, rng: np.random.Generator) -> int:
             f"unknown length distribution {dist.kind!r}; expected fixed, uniform, normal, lognormal or choice"
         )
     value = max(value, float(lo), 1.0)
-    if hi is not None:
-        value = min(value, float(hi))
+    # An unbounded normal or lognormal tail must not ask for a prompt bigger than memory (or an infinite one).
+    value = min(value, float(hi if hi is not None else MAX_LENGTH_TOKENS), float(MAX_LENGTH_TOKENS))
     return int(value)
 
 

@@ -16,6 +16,7 @@ from llmplay.catalog import CAPACITY_METRICS, METRICS, metric_info
 from llmplay.errors import PlaybookError
 from llmplay.playbook.dataset import DatasetProblems, DatasetRow, read_dataset
 from llmplay.playbook.problems import Problems, did_you_mean
+from llmplay.playbook.schema import value_problems
 from llmplay.playbook.source import YamlPath, display_path
 from llmplay.redaction import ENV_REF, SECRET_NAME
 from llmplay.spec import (
@@ -78,6 +79,13 @@ def parse_gate(raw: Any, path: YamlPath, problems: Problems) -> Gate | None:
         value = info.parse_value(value_text)
     except units.UnitError as exc:
         problems.add(path, f"{metric}: found {exc.found!r}, expected {exc.expected}")
+        return None
+    if not math.isfinite(value):
+        problems.add(path, f"{metric}: found {value_text!r}; expected a finite threshold")
+        return None
+    if info.unit == "fraction" and not 0 <= value <= 1:
+        # A share cannot pass 100%: `errors.rate < 150%` would hold always, `> 150%` never; neither is a gate.
+        problems.add(path, f"{metric}: found {value_text!r}; expected a share from 0 to 100% (0 to 1)")
         return None
     return Gate(metric, op, value, text)
 
@@ -263,8 +271,16 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
         changes = []
         for key, value in item["set"].items():
             key = str(key)
-            if key in ENGINE_FIELDS_SETTABLE or key.startswith("env."):
+            # A step's value obeys the rule the same key obeys in the base (workload.concurrency: 0 is refused
+            # in a step as it is in workload:), so the schema's definition of that key checks it.
+            if key in ENGINE_FIELDS_SETTABLE:
                 target = key
+                value_problems(value, f"#/$defs/engine/properties/{key}", (*spath, "set", key), problems)
+            elif key.startswith("env."):
+                target = key
+                value_problems(
+                    value, "#/$defs/engine/properties/env/additionalProperties", (*spath, "set", key), problems
+                )
             elif key.startswith("workload."):
                 field_name = key.split(".", 1)[1]
                 if field_name not in WORKLOAD_FIELDS:
@@ -273,6 +289,8 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
                         f"workload field '{field_name}' cannot be a step"
                         f"{did_you_mean(field_name, WORKLOAD_FIELDS)}; expected one of: {', '.join(sorted(WORKLOAD_FIELDS))}",
                     )
+                else:
+                    value_problems(value, f"#/$defs/workload/properties/{field_name}", (*spath, "set", key), problems)
                 target = key
             elif key.startswith("args."):
                 target = key

@@ -12,6 +12,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from llmplay.engines import get_engine
 from llmplay.playbook.convert import (
     PromptFiles,
     parse_cost,
@@ -24,6 +25,7 @@ from llmplay.playbook.convert import (
 )
 from llmplay.playbook.extends import resolve_extends
 from llmplay.playbook.knobs import check_knobs, knob_sites
+from llmplay.playbook.limits import check_configurations
 from llmplay.playbook.problems import Problems
 from llmplay.playbook.schema import schema_problems
 from llmplay.playbook.source import API_VERSION, MAX_FILE_BYTES, display_path, located_error, read_bounded, read_yaml
@@ -79,6 +81,9 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
     )
     problems.raise_if_any()
     check_knobs(playbook, sources)
+    rows = files.rows.get(Path(workload.dataset), ()) if workload.dataset else ()
+    check_configurations(playbook, get_engine(playbook.engine.kind), rows, problems)
+    problems.raise_if_any()
     return replace(playbook, sites=frozen_map(knob_sites(playbook, sources)))
 
 
