@@ -310,3 +310,156 @@ def test_dry_run_checks_overrides_as_a_run_would(tmp_path, flags, fragment):
     assert result.exit_code == 2 and fragment in result.output and "Traceback" not in result.output, result.output
     ok = CliRunner().invoke(cli, ["run", str(path), "--dry-run", "--duration", "5s", "--only", "p2"])
     assert ok.exit_code == 0 and "duration 5s" in ok.output, ok.output
+
+
+# --------------------------------------------------------------------------------------------- 5. literal secrets
+GHP = "ghp_" + "A1b2C3d4" * 5  # a GitHub token's format (made up)
+RANDOM_KEY = "tQ5YWKfW34py5s2c8T8BEhlv6Z3e3fJVj1WbG7Z"
+
+
+@pytest.mark.parametrize(
+    "sections,yaml_path,fragment",
+    [
+        ({"engine": {"env": {"DB_PASS": "hunter2hunter2"}}}, "engine.env.DB_PASS", "${env:DB_PASS}"),
+        ({"engine": {"env": {"OPENAI_KEY": "plainvalue"}}}, "engine.env.OPENAI_KEY", "looks like a secret"),
+        ({"engine": {"env": {"GITHUB_PAT": "plainvalue"}}}, "engine.env.GITHUB_PAT", "looks like a secret"),
+        ({"engine": {"env": {"HF_TOKEN_VALUE": "x1"}}}, "engine.env.HF_TOKEN_VALUE", "looks like a secret"),
+        ({"engine": {"env": {"MIRROR_SETTING": GHP}}}, "engine.env.MIRROR_SETTING", "known credential format"),
+        ({"engine": {"env": {"EXTRA": RANDOM_KEY}}}, "engine.env.EXTRA", "random-looking string"),
+        ({"engine": {"extra_args": ["--api-key", "abc"]}}, "engine.extra_args[1]", "'--api-key' takes a secret"),
+        ({"engine": {"extra_args": ["--hf-token=abc"]}}, "engine.extra_args[0]", "${env:HF_TOKEN}"),
+        ({"engine": {"extra_args": ["--header", f"Bearer {GHP}"]}}, "engine.extra_args[1]", "known credential"),
+        ({"engine": {"args": {"parallel": 1, "flash_attn": GHP}}}, "engine.args.flash_attn", "known credential"),
+        ({STEP: [{"name": "s", "set": {"env.DB_PASSWORD": "x"}}]}, "steps[0].set.env.DB_PASSWORD", "looks like a"),
+        ({STEP: [{"name": "s", "set": {"extra_args": ["--api-key", "k"]}}]}, "steps[0].set.extra_args[1]", "secret"),
+        ({STEP: [{"name": "s", "set": {"env.X": RANDOM_KEY}}]}, "steps[0].set.env.X", "random-looking"),
+    ],
+    ids=[
+        "db-pass",
+        "openai-key",
+        "github-pat",
+        "token-part",
+        "known-format-any-name",
+        "random-any-name",
+        "flag-then-value",
+        "flag-equals",
+        "token-in-arg",
+        "token-in-knob",
+        "step-env",
+        "step-extra-args",
+        "step-random",
+    ],
+)
+def test_literal_secrets_are_refused_without_being_repeated(tmp_path, sections, yaml_path, fragment):
+    out = assert_refused(playbook(tmp_path, **sections), yaml_path, fragment)
+    for secret in ("hunter2hunter2", GHP, RANDOM_KEY, "plainvalue"):
+        assert secret not in out
+
+
+def test_a_token_in_a_comment_is_refused(tmp_path):
+    path = playbook(tmp_path)
+    path.write_text(path.read_text() + f"# my token, for later: {GHP}\n")
+    code, out = validate(str(path))
+    assert code == 2 and re.search(r"p\.yaml:\d+: found a token in a known credential format", out), out
+    assert GHP not in out
+
+
+def test_ordinary_values_are_not_taken_for_secrets(tmp_path):
+    digest = "sha256:" + "0123456789abcdef" * 4
+    path = playbook(
+        tmp_path,
+        engine={
+            "image": f"llmplay/llamacpp-cpu@{digest}",
+            "model": "/models/DeepSeekR1DistillQwen32B-Q4_K_M.gguf",
+            "served_model_name": "meta-llama/Meta-Llama-3.1-8B-Instruct",
+            "env": {
+                "HF_TOKEN": "${env:HF_TOKEN}",
+                "AUTH_HEADER": "Bearer ${env:SERVICE_TOKEN}",
+                "NCCL_PAT_ENABLE": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONPATH": "/opt/lib",
+                "PWD": "/app",
+                "HF_HUB_ENABLE_HF_TRANSFER": True,
+                "MODEL_REVISION": "0123456789abcdef0123456789abcdef01234567",
+                "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+            },
+            "extra_args": ["--api-key", "${env:API_KEY}", "--chat-template-file", "/models/turns.jinja", "--jinja"],
+        },
+    )
+    code, out = validate(str(path))
+    assert code == 0, out
+
+
+def test_redaction_covers_known_formats_names_and_references():
+    from llmplay.redaction import REDACTED, redact, redact_text, redact_yaml_text, resolve_args
+
+    assert redact_text(f"log: token={GHP} done") == f"log: token={REDACTED} done"
+    assert redact(
+        {"DB_PASS": "x", "GITHUB_PAT": "y", "OPENAI_KEY": "z", "max_tokens": "8", "num_key_value_heads": "8"}
+    ) == {
+        "DB_PASS": REDACTED,
+        "GITHUB_PAT": REDACTED,
+        "OPENAI_KEY": REDACTED,
+        "max_tokens": "8",
+        "num_key_value_heads": "8",
+    }
+    text = "env:\n  DB_PASS: hunter2\n  HF_TOKEN: ${env:HF_TOKEN}\n# old: " + GHP + "\n"
+    assert redact_yaml_text(text) == f"env:\n  DB_PASS: {REDACTED}\n  HF_TOKEN: ${{env:HF_TOKEN}}\n# old: {REDACTED}\n"
+    assert resolve_args(["--api-key", "${env:K}", "x"], {"K": "v"}) == ("--api-key", "v", "x")
+
+
+def test_referenced_secrets_never_reach_plan_manifest_playbook_copies_or_report(tmp_path, monkeypatch):
+    """Secrets by reference under names that do not look secret, in extra_args and in a base playbook: the run
+    (synthetic trials whose error text echoes them, as an engine log might) archives none of them anywhere."""
+    from llmplay.tuning.run import RunOptions, TuningRun
+    from llmplay_testing.synthetic import scripted_trial
+
+    values = {"MIRROR_URL_PART": "mv" + "Zq8" * 6, "API_KEY": "ak" + "Xw3" * 6, "BASE_VALUE": "bv" + "Lp7" * 6}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "base.yaml").write_text(
+        yaml.safe_dump({**BASE, "engine": {**BASE["engine"], "env": {"FROM_BASE": "${env:BASE_VALUE}"}}})
+    )
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "llmplay/v1",
+                "kind": "Playbook",
+                "extends": "base.yaml",
+                "metadata": {"name": "secrets"},
+                "runtime": "process",
+                "engine": {
+                    "env": {"MIRROR": "https://host/${env:MIRROR_URL_PART}"},
+                    "extra_args": ["--api-key", "${env:API_KEY}"],
+                },
+                "trials": {"repeats": 1},
+            }
+        )
+    )
+    plan = CliRunner().invoke(cli, ["plan", str(path)])
+    assert plan.exit_code == 0 and "${env:API_KEY}" in plan.output, plan.output
+    echo = " ".join(values.values())
+
+    def leaky_trial(config, *, trial_id, step, role, repeat):
+        from llmplay.tuning.trial import TrialResult
+
+        record = scripted_trial(
+            config, trial_id=trial_id, step=step, role=role, repeat=repeat, summary={}, status="failed",
+            error=f"engine said: {echo}",
+        )  # fmt: skip
+        return TrialResult(record, sample=None)
+
+    lines: list[str] = []
+    outcome = TuningRun(
+        load_playbook(path), RunOptions(archive_root=tmp_path / "r"), report=lines.append, measure_trial=leaky_trial
+    ).execute()
+    from llmplay.report import publish_report
+
+    publish_report(outcome.run_dir)
+    files = [p for p in outcome.run_dir.rglob("*") if p.is_file()]
+    assert {"manifest.json", "playbook.yaml", "report.html"} <= {p.name for p in files}, files
+    for value in values.values():
+        assert value not in plan.output and all(value not in line for line in lines)
+        for f in files:
+            assert value.encode() not in f.read_bytes(), f

@@ -14,11 +14,11 @@ import numpy as np
 from llmplay import units
 from llmplay.catalog import CAPACITY_METRICS, METRICS, metric_info
 from llmplay.errors import PlaybookError
+from llmplay.playbook.credentials import check_args, check_env, check_env_value, check_knob_value
 from llmplay.playbook.dataset import DatasetProblems, DatasetRow, read_dataset
 from llmplay.playbook.problems import Problems, did_you_mean
 from llmplay.playbook.schema import value_problems
 from llmplay.playbook.source import YamlPath, display_path
-from llmplay.redaction import ENV_REF, SECRET_NAME
 from llmplay.spec import (
     CapacitySpec,
     Change,
@@ -225,15 +225,13 @@ def parse_workload(
 
 
 def parse_engine(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problems: Problems) -> EngineSpec:
-    """The engine; a secret written literally into env is refused (a ${env:NAME} reference is expected)."""
+    """The engine; a secret written literally into env, extra_args or a knob is refused (a ${env:NAME} reference
+    is expected)."""
+    check_env(raw.get("env", {}), (*path, "env"), problems)
+    check_args(raw.get("extra_args", ()), (*path, "extra_args"), problems)
+    for knob, value in raw.get("args", {}).items():
+        check_knob_value(value, (*path, "args", str(knob)), problems)
     env = {str(k): str(v) if not isinstance(v, bool) else str(v).lower() for k, v in raw.get("env", {}).items()}
-    for name, value in env.items():
-        if SECRET_NAME.search(name) and not ENV_REF.fullmatch(value):
-            problems.add(
-                (*path, "env", name),
-                f"'{name}' looks like a secret written in the playbook; expected a "
-                f"reference like ${{env:{name}}} so the value never enters the file",
-            )
     gpus_raw = raw.get("gpus", 0)
     gpus: int | tuple[str, ...] = tuple(str(g) for g in gpus_raw) if isinstance(gpus_raw, list) else gpus_raw
     health = raw.get("health", {})
@@ -276,11 +274,14 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
             if key in ENGINE_FIELDS_SETTABLE:
                 target = key
                 value_problems(value, f"#/$defs/engine/properties/{key}", (*spath, "set", key), problems)
+                if key == "extra_args" and isinstance(value, list):
+                    check_args(value, (*spath, "set", key), problems)
             elif key.startswith("env."):
                 target = key
                 value_problems(
                     value, "#/$defs/engine/properties/env/additionalProperties", (*spath, "set", key), problems
                 )
+                check_env_value(key.removeprefix("env."), value, (*spath, "set", key), problems)
             elif key.startswith("workload."):
                 field_name = key.split(".", 1)[1]
                 if field_name not in WORKLOAD_FIELDS:
@@ -294,8 +295,10 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
                 target = key
             elif key.startswith("args."):
                 target = key
+                check_knob_value(value, (*spath, "set", key), problems)
             else:
                 target = f"args.{key}"
+                check_knob_value(value, (*spath, "set", key), problems)
             changes.append(Change(target, value))
         if not changes:
             problems.add(

@@ -23,6 +23,7 @@ from llmplay.playbook.convert import (
     parse_trials,
     parse_workload,
 )
+from llmplay.playbook.credentials import check_text
 from llmplay.playbook.extends import resolve_extends
 from llmplay.playbook.knobs import check_knobs, knob_sites
 from llmplay.playbook.limits import check_configurations
@@ -83,6 +84,8 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
     check_knobs(playbook, sources)
     rows = files.rows.get(Path(workload.dataset), ()) if workload.dataset else ()
     check_configurations(playbook, get_engine(playbook.engine.kind), rows, problems)
+    problems.raise_if_any()
+    check_text(text, str(file), problems)  # last: a token the value checks named is not told twice
     problems.raise_if_any()
     return replace(playbook, sites=frozen_map(knob_sites(playbook, sources)))
 

@@ -22,7 +22,7 @@ from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
 from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.loadgen.workload import iter_requests
 from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
-from llmplay.redaction import resolve_env
+from llmplay.redaction import resolve_args, resolve_env
 from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook
 from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
@@ -143,7 +143,7 @@ def run_trial(
     config = replace(config, workload=replace(config.workload, seed=config.workload.seed + repeat))
     labels = {"llmplay.run": run_id, "llmplay.trial": trial_id, "llmplay.config": config.label}
     runtime = runtime_factory(playbook.runtime)
-    spec = replace(config.engine, env=resolve_env(config.engine.env))
+    spec = replace(config.engine, env=resolve_env(config.engine.env), extra_args=resolve_args(config.engine.extra_args))
     base: dict[str, Any] = {
         "trial_id": trial_id,
         "config_id": config.label,
