@@ -21,7 +21,7 @@ import pytest
 from llmplay.archive.verify import verify
 from llmplay.archive.writer import RunArchive
 from llmplay.engines import get_engine
-from llmplay.errors import PlaybookError
+from llmplay.errors import InfrastructureError, PlaybookError
 from llmplay.loadgen.records import ERROR_KINDS, records_from_dataframe
 from llmplay.loadgen.runner import run_load_sync
 from llmplay.loadgen.tokenizer import WordRatioTokenizer
@@ -407,8 +407,11 @@ def test_the_real_container_gets_only_the_model_dir_read_only_and_no_host_namesp
     assert host["PidMode"] in ("", None)
     assert host["NetworkMode"] != "host" and host["IpcMode"] != "host" and host.get("UsernsMode") in ("", None)
     assert not host.get("CapAdd") and not host.get("Devices") and not host.get("SecurityOpt")
-    assert not host.get("Mounts") and not host.get("VolumesFrom")
-    assert host["Binds"] == [f"{model_dir}:{engine.model_path_in_container}:ro"]
+    assert not host.get("Binds") and not host.get("VolumesFrom")
+    # A bind mount, read-only: unlike a volume bind, the daemon never creates a missing source.
+    assert [(m["Type"], m["Source"], m["Target"], m.get("ReadOnly")) for m in host["Mounts"]] == [
+        ("bind", str(model_dir), engine.model_path_in_container, True)
+    ]
     mounts = [m for m in attrs["Mounts"] if m["Type"] == "bind"]
     assert [(m["Source"], m["Destination"], m["RW"]) for m in mounts] == [
         (str(model_dir), engine.model_path_in_container, False)
@@ -474,3 +477,16 @@ def test_an_exception_inside_a_trial_leaves_no_container_and_a_failed_archive(cp
     assert manifest["status"] == "failed", manifest["status"]
     assert verify(run_dir_of(tmp_path / "reports")) == []
     figure("exception", faults={"exception_in_trial": 1}, leaked=0)
+
+
+@pytest.mark.docker
+def test_a_missing_model_dir_is_never_created_by_docker(cpu_engine, docker_client, tmp_path):
+    """Docker's volume binds create a missing source (empty, owned by root); the runtime's bind mount refuses it."""
+    engine = get_engine("llamacpp")
+    missing = tmp_path / "no-such-model-dir"
+    spec = EngineSpec(
+        kind="llamacpp", model="/models/x.gguf", image=cpu_engine.image, model_dir=str(missing), health_timeout_s=5.0
+    )
+    with pytest.raises(InfrastructureError, match="does not exist where Docker runs"):
+        DockerRuntime(docker_client).start(spec, engine, {"llmplay.run": f"untrusted-{secrets.token_hex(4)}"})
+    assert not missing.exists()

@@ -463,3 +463,43 @@ def test_referenced_secrets_never_reach_plan_manifest_playbook_copies_or_report(
         assert value not in plan.output and all(value not in line for line in lines)
         for f in files:
             assert value.encode() not in f.read_bytes(), f
+
+
+# ------------------------------------------------------------------------------------------------ 6. model_dir
+@pytest.mark.parametrize(
+    "written,fragment",
+    [
+        ("/", "is the root of the filesystem"),
+        ("/etc", "inside the system directory /etc"),
+        ("/etc/passwd", "inside the system directory /etc"),
+        ("/var/run", "inside the system directory /var"),
+        ("/usr/share", "inside the system directory /usr"),
+        ("/root", "a home directory"),
+        ("/home", "a home directory"),
+        ("/home/alice", "a home directory"),
+        ("~", "a home directory"),
+        ("~/.ssh", "inside the credential directory .ssh"),
+        ("~/.aws/models", "inside the credential directory .aws"),
+        ("link-to-etc", "(it resolves to /etc) is inside the system directory /etc"),
+        ("a-home", "a directory holding .ssh"),
+        ("weights.bin", "is not a directory"),
+    ],
+)
+def test_a_dangerous_model_dir_is_refused_at_validate(tmp_path, monkeypatch, written, fragment):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "link-to-etc").symlink_to("/etc")
+    (tmp_path / "a-home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    assert_refused(playbook(tmp_path, engine={"model_dir": written}), "engine.model_dir", fragment)
+
+
+def test_a_missing_model_dir_passes_validate_and_stops_run_before_any_engine(tmp_path):
+    (tmp_path / "models").mkdir()
+    assert validate(str(playbook(tmp_path, engine={"model_dir": "models"})))[0] == 0
+    path = playbook(tmp_path, engine={"model_dir": "no-such-dir"})
+    assert validate(str(path))[0] == 0  # validate answers for any host (CI checks playbooks without models)
+    result = CliRunner().invoke(cli, ["run", str(path), "--archive", str(tmp_path / "r")], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert re.search(r"p\.yaml:\d+: engine\.model_dir: 'no-such-dir' does not exist on this host", result.output)
+    assert not (tmp_path / "r").exists() and not (tmp_path / "no-such-dir").exists()

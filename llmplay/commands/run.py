@@ -79,7 +79,9 @@ def run_command(
     if resume is not None and ray_address is None:
         # A run started with --ray resumes on the cluster it ran on unless told otherwise.
         ray_address = (read_manifest(resume).get("overrides") or {}).get("ray")
-    playbook = load_playbook(file, allow_outside_extends=allow_outside_extends)
+    # A dry run starts nothing, and a --ray run mounts the nodes' model_dir: neither needs this host's.
+    on_this_host = not dry_run and ray_address is None
+    playbook = load_playbook(file, allow_outside_extends=allow_outside_extends, on_this_host=on_this_host)
     console = stdout_console()
     # Built (and so checked) before --dry-run returns: a dry run refuses a bad --duration, --warmup or --only
     # exactly as the run would, and prints the plan the run would follow.

@@ -27,6 +27,7 @@ from llmplay.playbook.credentials import check_text
 from llmplay.playbook.extends import resolve_extends
 from llmplay.playbook.knobs import check_knobs, knob_sites
 from llmplay.playbook.limits import check_configurations
+from llmplay.playbook.mounts import check_model_dir
 from llmplay.playbook.problems import Problems
 from llmplay.playbook.schema import schema_problems
 from llmplay.playbook.source import API_VERSION, MAX_FILE_BYTES, display_path, located_error, read_bounded, read_yaml
@@ -45,8 +46,14 @@ def _check_api_version(doc: dict, problems: Problems) -> None:
         problems.raise_if_any()
 
 
-def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = False) -> Playbook:
-    """The one loader: CLI, runner, retest and tests all come through here."""
+def load_playbook(
+    path: str | os.PathLike, *, allow_outside_extends: bool = False, on_this_host: bool = False
+) -> Playbook:
+    """The one loader: CLI, runner, retest and tests all come through here.
+
+    `on_this_host`: the playbook is about to run here (run, capacity, retest), so what it needs from this host
+    (engine.model_dir) must be here; `validate` and `plan` answer for any host, as CI checks playbooks without
+    their models."""
     file = Path(path).absolute()
     root_dir = file.parent.resolve()
     doc, sources = resolve_extends(file, root_dir, allow_outside_extends, (file.resolve(),))
@@ -80,6 +87,8 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
         runtime=parse_runtime(doc.get("runtime"), problems),
         resolved=frozen_map(doc),
     )
+    if playbook.engine.model_dir is not None:
+        check_model_dir(doc["engine"]["model_dir"], playbook.engine.model_dir, playbook.runtime, on_this_host, problems)
     problems.raise_if_any()
     check_knobs(playbook, sources)
     rows = files.rows.get(Path(workload.dataset), ()) if workload.dataset else ()
