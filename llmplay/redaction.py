@@ -44,6 +44,7 @@ _RANDOM_RUN = re.compile(r"[A-Za-z0-9+]{20,}")
 _HEX = re.compile(r"[0-9a-fA-F]+")
 URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@", re.I)
 REDACTED = "***"
+_URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s:]+:[^/@\s]+@", re.I)
 # In YAML text: `KEY: value` lines (a list item or quoted key too), and the values that are plain data, never secret.
 _YAML_KEY_LINE = re.compile(r"^(?P<head>\s*-?\s*[\"']?(?P<key>[A-Za-z0-9_.-]+)[\"']?\s*:\s*)(?P<value>\S.*?)\s*$")
 _PLAIN_SCALAR = re.compile(r"(-?[0-9][0-9_.eE+-]*|true|false|null|~)(\s+#.*)?", re.I)
@@ -70,6 +71,8 @@ def credential_kind(value: str) -> str | None:
     (random text does about 6 times in 10; model names like DeepSeekR1DistillQwen32B under half)."""
     if KNOWN_TOKEN.search(value):
         return "a token in a known credential format"
+    if _URL_PASSWORD.search(value):
+        return "a URL with a password"
     for run in _RANDOM_RUN.findall(value):
         if _HEX.fullmatch(run):
             continue

@@ -430,12 +430,19 @@ def test_secrets_by_reference_never_reach_archive_report_logs_or_console(cpu_eng
         f"ek{secrets.token_hex(10)}",
         f"pw{secrets.token_hex(10)}",
     )
-    env = {"HF_TOKEN": "${env:HF_TOKEN}", "MODEL_MIRROR": f"https://bob:{url_password}@127.0.0.1:9/models"}
+    # A literal password in a URL is refused at validate now; by reference it is resolved, then redacted.
+    env = {"HF_TOKEN": "${env:HF_TOKEN}", "MODEL_MIRROR": "https://bob:${env:RELIABILITY_URL_PW}@127.0.0.1:9/models"}
     # llama-server reads LLAMA_ARG_* and, for a bad cache type, prints the value it got and exits.
     leaky = {"name": "leaky-env", "set": {"env.LLAMA_ARG_CACHE_TYPE_K": "${env:RELIABILITY_ECHOED}"}}
     path = tiny_playbook(tmp_path, name="secrets", steps=[leaky], engine={"env": env})
     archive = tmp_path / "reports"
-    proc = cli("run", str(path), "--archive", str(archive), env_extra={"HF_TOKEN": token, "RELIABILITY_ECHOED": echoed})
+    proc = cli(
+        "run",
+        str(path),
+        "--archive",
+        str(archive),
+        env_extra={"HF_TOKEN": token, "RELIABILITY_ECHOED": echoed, "RELIABILITY_URL_PW": url_password},
+    )
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode in (0, 1, 3), out
     run_dir = run_dir_of(archive)
@@ -458,19 +465,22 @@ def test_secrets_by_reference_never_reach_archive_report_logs_or_console(cpu_eng
 # ---------------------------------------------------------------------- 4. no orphans on an exception anywhere
 @pytest.mark.docker
 def test_an_exception_inside_a_trial_leaves_no_container_and_a_failed_archive(cpu_engine, docker_client, tmp_path):
-    """A dataset row whose output_tokens is not a number: the load path raises (ValueError) with the engine
-    up. The container goes, the archive says failed, the CLI prints one line and exits 1."""
-    (tmp_path / "bad.jsonl").write_text((DATA / "bad-dataset.jsonl").read_text())
-    path = tiny_playbook(tmp_path, name="exception", steps=[], num_requests=4, dataset="bad.jsonl")
+    """A dataset row whose output_tokens is not a number, written after the playbook validated (validate refuses
+    it up front), so the load path fails with the engine up. The container goes, the archive says failed, the CLI
+    prints one line naming the row and exits 2."""
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text('{"prompt": "a prompt the engine can answer", "output_tokens": 8}\n')
+    path = tiny_playbook(tmp_path, name="exception", steps=[], num_requests=4, dataset="data.jsonl")
     proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
     seen = []
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
-        seen = seen or containers_of(docker_client, pid=proc.pid)
+        if not seen and (seen := containers_of(docker_client, pid=proc.pid)):
+            dataset.write_text((DATA / "bad-dataset.jsonl").read_text())  # the engine is still loading its model
         time.sleep(0.1)
     out, _ = proc.communicate(timeout=60)
     assert seen, "the engine container never started: the exception must come from inside the trial"
-    assert proc.returncode == 1, out
+    assert proc.returncode == 2 and "data.jsonl:2" in out, out
     assert "Traceback" not in out
     assert containers_of(docker_client, pid=proc.pid) == []
     manifest = manifest_of(tmp_path / "reports")

@@ -326,6 +326,7 @@ RANDOM_KEY = "tQ5YWKfW34py5s2c8T8BEhlv6Z3e3fJVj1WbG7Z"
         ({"engine": {"env": {"HF_TOKEN_VALUE": "x1"}}}, "engine.env.HF_TOKEN_VALUE", "looks like a secret"),
         ({"engine": {"env": {"MIRROR_SETTING": GHP}}}, "engine.env.MIRROR_SETTING", "known credential format"),
         ({"engine": {"env": {"EXTRA": RANDOM_KEY}}}, "engine.env.EXTRA", "random-looking string"),
+        ({"engine": {"env": {"MIRROR": "https://bob:plainvalue@host/m"}}}, "engine.env.MIRROR", "URL with a password"),
         ({"engine": {"extra_args": ["--api-key", "abc"]}}, "engine.extra_args[1]", "'--api-key' takes a secret"),
         ({"engine": {"extra_args": ["--hf-token=abc"]}}, "engine.extra_args[0]", "${env:HF_TOKEN}"),
         ({"engine": {"extra_args": ["--header", f"Bearer {GHP}"]}}, "engine.extra_args[1]", "known credential"),
@@ -341,6 +342,7 @@ RANDOM_KEY = "tQ5YWKfW34py5s2c8T8BEhlv6Z3e3fJVj1WbG7Z"
         "token-part",
         "known-format-any-name",
         "random-any-name",
+        "url-password",
         "flag-then-value",
         "flag-equals",
         "token-in-arg",
@@ -375,6 +377,7 @@ def test_ordinary_values_are_not_taken_for_secrets(tmp_path):
             "env": {
                 "HF_TOKEN": "${env:HF_TOKEN}",
                 "AUTH_HEADER": "Bearer ${env:SERVICE_TOKEN}",
+                "MIRROR": "https://bob:${env:MIRROR_PASSWORD}@host/models",
                 "NCCL_PAT_ENABLE": "1",
                 "TOKENIZERS_PARALLELISM": "false",
                 "PYTHONPATH": "/opt/lib",
