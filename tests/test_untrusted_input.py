@@ -506,3 +506,17 @@ def test_a_missing_model_dir_passes_validate_and_stops_run_before_any_engine(tmp
     assert result.exit_code == 2, result.output
     assert re.search(r"p\.yaml:\d+: engine\.model_dir: 'no-such-dir' does not exist on this host", result.output)
     assert not (tmp_path / "r").exists() and not (tmp_path / "no-such-dir").exists()
+
+
+def test_a_refused_dataset_is_not_read_for_quality_probes_either(tmp_path, monkeypatch):
+    import llmplay.playbook.convert as convert
+
+    read: list[Path] = []
+    monkeypatch.setattr(convert, "read_dataset", lambda file: read.append(file) or ())
+    path = playbook(
+        tmp_path,
+        workload={"dataset": "../../../../etc/passwd"},
+        goals={"quality": {"from_workload": {"seed": 1}}},
+    )
+    assert_refused(path, "workload.dataset", "points outside")
+    assert read == []

@@ -361,6 +361,8 @@ def parse_quality(
             )
             return None
         seed = raw["from_workload"].get("seed", 0)
+        if Path(dataset) not in files.rows:
+            return None  # refused (outside the tree) or missing: workload.dataset's own problem says why
         pool = [row.prompt for row in prompt_rows(Path(dataset), (*path, "from_workload"), problems, files)]
         order = [int(i) for i in np.random.default_rng(seed).permutation(len(pool))]
         prompts = [pool[i] for i in order[:n]]
