@@ -386,7 +386,16 @@ def test_ordinary_values_are_not_taken_for_secrets(tmp_path):
                 "MODEL_REVISION": "0123456789abcdef0123456789abcdef01234567",
                 "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
             },
-            "extra_args": ["--api-key", "${env:API_KEY}", "--chat-template-file", "/models/turns.jinja", "--jinja"],
+            "extra_args": [
+                "--api-key",
+                "${env:API_KEY}",
+                "--chat-template-file",
+                "/models/turns.jinja",
+                "--jinja",
+                "--disable-auth",
+                "--enable-auth",
+                "true",
+            ],
         },
     )
     code, out = validate(str(path))
@@ -486,6 +495,7 @@ def test_referenced_secrets_never_reach_plan_manifest_playbook_copies_or_report(
         ("link-to-etc", "(it resolves to /etc) is inside the system directory /etc"),
         ("a-home", "a directory holding .ssh"),
         ("weights.bin", "is not a directory"),
+        ("../../../../../../../../etc", "inside the system directory /etc"),
     ],
 )
 def test_a_dangerous_model_dir_is_refused_at_validate(tmp_path, monkeypatch, written, fragment):

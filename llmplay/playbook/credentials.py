@@ -48,7 +48,12 @@ def check_args(args: Sequence[Any], path: YamlPath, problems: Problems) -> None:
         flag, eq, inline = arg.partition("=")
         if flag.startswith("-") and is_credential_name(flag):
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
-            if isinstance(value, str) and not value.startswith("-") and not ENV_REF.search(value):
+            if (
+                isinstance(value, str)
+                and not value.startswith("-")
+                and not ENV_REF.search(value)
+                and (eq or not is_switch(value))  # `--enable-auth true`: a switch, not a secret
+            ):
                 where = (*path, i) if eq else (*path, i + 1)
                 problems.add(
                     where,

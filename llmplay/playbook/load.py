@@ -88,7 +88,8 @@ def load_playbook(
         resolved=frozen_map(doc),
     )
     if playbook.engine.model_dir is not None:
-        check_model_dir(doc["engine"]["model_dir"], playbook.engine.model_dir, playbook.runtime, on_this_host, problems)
+        written = doc["engine"]["model_dir"]
+        check_model_dir(written, base_dir, playbook.engine.model_dir, playbook.runtime, on_this_host, problems)
     problems.raise_if_any()
     check_knobs(playbook, sources)
     rows = files.rows.get(Path(workload.dataset), ()) if workload.dataset else ()

@@ -29,9 +29,11 @@ CREDENTIAL_DIRS = frozenset(
 PATH: tuple[str, ...] = ("engine", "model_dir")
 
 
-def check_model_dir(written: str, resolved: str, runtime: RuntimeSpec, on_this_host: bool, problems: Problems) -> None:
-    """Problems for `written` (as in the playbook) whose absolute, symlink-resolved form is `resolved`."""
-    lexical = PurePosixPath(os.path.abspath(os.path.expanduser(written)))
+def check_model_dir(
+    written: str, base_dir: Path, resolved: str, runtime: RuntimeSpec, on_this_host: bool, problems: Problems
+) -> None:
+    """Problems for `written` (as in the playbook, relative to `base_dir`) whose symlink-resolved form is `resolved`."""
+    lexical = PurePosixPath(os.path.abspath(os.path.join(base_dir, os.path.expanduser(written))))
     real = PurePosixPath(resolved)
     for candidate in dict.fromkeys((lexical, real)):
         why = _dangerous(candidate)
