@@ -24,6 +24,11 @@ Reported per scenario (300 decisions each by default):
     PYTHONPATH=. .venv/bin/python benchmarks/decisions.py --reps 100         # quicker, noisier
     PYTHONPATH=. .venv/bin/python benchmarks/decisions.py --designs          # what it takes: pairs, trial length
     PYTHONPATH=. .venv/bin/python benchmarks/decisions.py --aa-precision N   # the fixed design's A/A rate, N reps
+    PYTHONPATH=. .venv/bin/python benchmarks/decisions.py --verdicts [--reps N]  # guards, rates, AR(1), pooled noise
+
+The rows with guards (0-3, relative and in points), error rates 1e-4 to 1e-2, sigma 0.05 / 0.15 / 0.3, AR(1)
+trials, a bimodal server, runs of several steps with borrowed noise and heterogeneous variances, and the shipped
+playbooks' goals live in benchmarks/verdicts.py (`--verdicts` runs it).
 """
 
 from __future__ import annotations
@@ -312,8 +317,14 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = print) 
         metavar="N",
         help="instead: the fixed design's A/A rate over N replicates",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument("--verdicts", action="store_true", help="instead: the verdict table (benchmarks/verdicts.py)")
+    args, rest = parser.parse_known_args(argv)
     t0 = time.perf_counter()
+    if args.verdicts:
+        from benchmarks import verdicts
+
+        verdicts.main([*rest, "--reps", str(args.reps)] if "--reps" in (argv or []) else rest, say)
+        return
     if args.aa_precision:
         rate = aa_precision(args.aa_precision, args.seed)
         say(f"A/A false decisions, fixed 3 pairs, {DESIGN_SCENARIO.label}: {rate:.2%} of {args.aa_precision}")

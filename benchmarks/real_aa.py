@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from llmplay.playbook.load import load_playbook
+from llmplay.tuning.decide import describe_delta
 from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.cpu_runs import tiny_playbook
 
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="A/B pairs per step")
     parser.add_argument("--duration", default="4s")
     parser.add_argument("--warmup", default="1s")
+    parser.add_argument("--objective-only", action="store_true", help="drop cpu-tiny's guards (the objective alone)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="llmplay-real-aa-") as tmp:
@@ -47,29 +49,35 @@ def main() -> None:
         path = tiny_playbook(
             root, name="real-aa", duration=args.duration, warmup=args.warmup, repeats=args.repeats, steps=steps
         )
-        # Only the objective decides an A/A here; the cpu-tiny throughput guard would add its own (separate) chance
-        # of an inconclusive, which is not what this counts.
-        doc = yaml.safe_load(path.read_text())
-        doc["goals"]["guards"] = [{"metric": "errors.rate", "tolerance": "0%"}]
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        # cpu-tiny's own guards (throughput, the error rate in points) decide too: a null step rejected through a
+        # guard is the error this counts beside the objective's.
+        if args.objective_only:
+            doc = yaml.safe_load(path.read_text())
+            doc["goals"]["guards"] = []
+            path.write_text(yaml.safe_dump(doc, sort_keys=False))
         started = time.perf_counter()
         outcome = run_playbook(load_playbook(path), RunOptions(archive_root=root / "reports"), report=lambda _: None)
         elapsed = time.perf_counter() - started
 
     print(f"real A/A on llama.cpp (cpu-tiny engine): {args.steps} steps x {args.repeats} pairs, {elapsed:.0f} s\n")
-    print("| step | verdict | objective | change | interval | units | method |")
-    print("|---|---|---|---|---|---|---|")
+    print("| step | verdict | objective | change | interval | units | guards | method |")
+    print("|---|---|---|---|---|---|---|---|")
     for verdict in outcome.verdicts:
         obj = verdict.objective
         if obj is None:
-            print(f"| {verdict.step} | {verdict.verdict} | not measured | | | | |")
+            print(f"| {verdict.step} | {verdict.verdict} | not measured | | | | | |")
             continue
+        guards = "; ".join(describe_delta(g, points=g.points is not None) for g in verdict.guards)
         print(
             f"| {verdict.step} | {verdict.verdict} | {obj.metric} | {_pct(obj.rel_change)} "
-            f"| [{_pct(obj.ci_low)}, {_pct(obj.ci_high)}] | {obj.units} | {obj.method} |"
+            f"| [{_pct(obj.ci_low)}, {_pct(obj.ci_high)}] | {obj.units} | {guards} | {obj.method} |"
         )
     tally = Counter(v.verdict for v in outcome.verdicts)
-    print(f"\nverdicts: {dict(tally)}; run status {outcome.status}, exit {outcome.exit_code}")
+    through_guard = sum(v.verdict == "rejected" and "beyond its" in v.reason for v in outcome.verdicts)
+    print(
+        f"\nverdicts: {dict(tally)}; rejected through a guard: {through_guard} of {len(outcome.verdicts)}; "
+        f"run status {outcome.status}, exit {outcome.exit_code}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from llmplay.runtime import dockerd
+from llmplay.runtime.docker import LABEL_RUN, ORPHAN, judge
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE_FUZZER = "tests/test_results_pipeline.py"
@@ -54,19 +54,8 @@ def orphans() -> list[str]:
     """llmplay containers on this host whose llmplay process is gone: what a leak looks like."""
     client = dockerd.client()
     try:
-        out = []
-        for c in client.containers.list(all=True, filters={"label": "llmplay.run"}):
-            labels = c.labels or {}
-            pid = labels.get("llmplay.pid", "")
-            if labels.get("llmplay.host") != socket.gethostname() or not pid.isdigit():
-                continue
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                out.append(c.name)
-            except PermissionError:
-                pass
-        return out
+        found = client.containers.list(all=True, filters={"label": LABEL_RUN})
+        return [c.name for c in found if judge(c.labels or {})[0] == ORPHAN]
     finally:
         client.close()
 

@@ -93,6 +93,9 @@ CAPACITY_METRICS: tuple[str, ...] = (
     "capacity.output_tok_s",
     "cost.usd_per_1m_tokens_at_slo",
 )
+# Rates of requests (count over count, and 0 is a normal value): a guard on one takes percentage points, decided with
+# an interval for a difference of two proportions over the pooled requests (tuning.intervals.newcombe_difference).
+RATE_METRICS: tuple[str, ...] = ("errors.rate",)
 # The greedy-probe figures (tuning.quality): measured per configuration against the baseline's answers, outside the
 # timed window; their tolerances are absolute in the metric's unit, not relative.
 QUALITY_METRICS: tuple[str, ...] = ("quality.exact_match", "quality.token_agreement", "quality.logprob_shift")

@@ -28,7 +28,7 @@ def _echo_err(message: str) -> None:
 
 
 def handles_errors(func: F) -> F:
-    """Known errors become one line on stderr and their exit code; --debug shows the traceback."""
+    """Known errors become one line on stderr and their exit code, an interrupt exit 130; --debug shows the traceback."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -40,6 +40,11 @@ def handles_errors(func: F) -> F:
                 raise
             _echo_err(f"error: {exc}" if "\n" not in str(exc) else f"error:\n{exc}")
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            # Whenever it lands (loading, the preflight, before the first engine): click would call it an abort
+            # and exit 1, which a wrapper script cannot tell from an infrastructure failure.
+            _echo_err("interrupted")
+            ctx.exit(ExitCode.INTERRUPTED)
 
     return cast(F, wrapper)
 
@@ -244,12 +249,19 @@ def ls(archive_dir: str | None) -> None:
 
 
 @cli.command()
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Also remove containers gc cannot prove orphaned: other hosts' (a shared daemon) and older llmplay's. "
+    "A container whose run is still going on this host is never removed.",
+)
+@click.option("--run", "run_id", metavar="RUN_ID", help="Only the containers of this run.")
 @handles_errors
-def gc() -> None:
-    """Remove containers left behind by llmplay runs that died."""
+def gc(force: bool, run_id: str | None) -> None:
+    """Remove containers of llmplay runs whose process is gone (never those of a run still going)."""
     from llmplay.commands.gc import gc_command  # deferred: loaded only when this command runs
 
-    sys.exit(gc_command())
+    sys.exit(gc_command(force=force, run_id=run_id))
 
 
 @cli.group()

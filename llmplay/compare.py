@@ -27,7 +27,7 @@ from llmplay.metrics import usd_per_hour_from_cost
 from llmplay.playbook.load import load_playbook
 from llmplay.report import charts
 from llmplay.report.html import render_html
-from llmplay.tuning.decide import TrialSample, compare_metric, regressed_beyond, sample_from_records
+from llmplay.tuning.decide import TrialSample, compare_metric, describe_delta, regressed_beyond, sample_from_records
 
 DEFAULT_CONFIDENCE = 0.95
 
@@ -43,10 +43,17 @@ class MetricComparison:
     ci_high: float | None
     better: bool | None  # is B better, direction-aware
     role: str  # "objective" | "guard" | ""
-    tolerance: float | None  # guard tolerance or objective min_effect (relative)
+    tolerance: float | None  # guard tolerance or objective min_effect (relative; points when `in_points`)
     regression: bool
     why: str = ""  # one line when regression
     note: str = ""  # not measured on a side (and why), or a percentile from too few requests
+    in_points: bool = False  # a rate's guard: tolerance and decision in percentage points (its count interval)
+
+    @property
+    def tolerance_text(self) -> str:
+        if self.tolerance is None:
+            return ""
+        return f"{self.tolerance * 100:g}pp" if self.in_points else f"{self.tolerance:.0%}"
 
 
 @dataclass(frozen=True)
@@ -115,7 +122,7 @@ def _playbook_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
         if not path.is_file():
             continue
         try:
-            return load_playbook(path), None
+            return load_playbook(path, archived=True), None
         except LlmplayError as exc:
             errors.append(str(exc).splitlines()[0])
     return None, (
@@ -188,23 +195,30 @@ def compare_runs(run_a: Path, run_b: Path) -> Comparison:
             d = compare_metric(samples_a, samples_b, metric, level=confidence, paired=False)
         else:  # a side without a successful trial measured nothing: its goals' rows still say so
             d = MetricDelta(metric, None, None, None, None, None)
-        role, tolerance = "", None
+        role, tolerance, in_points = "", None, False
         if objective is not None and metric == objective.metric:
             role, tolerance = "objective", objective.min_effect
             lower_better = objective.direction == "minimize"
         elif metric in guards:
             role, tolerance = "guard", guards[metric].tolerance
+            in_points = guards[metric].absolute and d.points is not None
             lower_better = guards[metric].direction == "minimize"
         if d.baseline is None and d.candidate is None and not role and metric not in gate_metrics:
             continue  # a figure neither run measured and no goal asks about: nothing to show
         regression, why = False, ""  # regressed_beyond never claims a regression from an absent side
         if tolerance is not None:
-            regression = regressed_beyond(d, lower_better, tolerance)
+            regression = regressed_beyond(d, lower_better, tolerance, in_points)
             if regression:
-                change = fmt_pct(d.rel_change) if d.rel_change is not None else "from 0"
+                if in_points:
+                    change = describe_delta(d, points=True).removeprefix(label_of(metric) + " ")
+                    limit = f"{tolerance * 100:g}pp"
+                else:
+                    change = fmt_pct(d.rel_change) if d.rel_change is not None else "from 0"
+                    change += f" [{fmt_pct(d.ci_low)}, {fmt_pct(d.ci_high)}]"
+                    limit = f"{tolerance:.0%}"
                 why = (
                     f"{role} {label_of(metric)}: {fmt_full(metric, d.baseline)} -> {fmt_full(metric, d.candidate)} "
-                    f"({change} [{fmt_pct(d.ci_low)}, {fmt_pct(d.ci_high)}]), beyond its {tolerance:.0%} tolerance"
+                    f"({change}), beyond its {limit} tolerance"
                 )
         better = None  # only a change whose CI clears zero is called better or worse; the rest is noise
         clear = d.ci_low is not None and d.ci_high is not None and (d.ci_low > 0 or d.ci_high < 0)
@@ -231,6 +245,7 @@ def compare_runs(run_a: Path, run_b: Path) -> Comparison:
                 regression,
                 why,
                 note,
+                in_points,
             )
         )
     gates_a = {g.gate: g for g in archive_a.gates()}
@@ -292,7 +307,7 @@ def format_comparison_table(comparison: Comparison) -> str:
                 fmt_full(m.metric, m.b),
                 fmt_pct(m.rel_change),
                 f"[{fmt_pct(m.ci_low)}, {fmt_pct(m.ci_high)}]" if m.ci_low is not None else "",
-                f"{m.tolerance:.0%}" if m.tolerance is not None else "",
+                m.tolerance_text,
                 flag,
                 m.note,
             ]
@@ -332,7 +347,7 @@ def render_comparison_html(comparison: Comparison, out_path: Path) -> Path:
             "b": fmt_full(m.metric, m.b),
             "delta": fmt_pct(m.rel_change),
             "ci": f"[{fmt_pct(m.ci_low)}, {fmt_pct(m.ci_high)}]" if m.ci_low is not None else "",
-            "tolerance": f"{m.tolerance:.0%}" if m.tolerance is not None else "",
+            "tolerance": m.tolerance_text,
             "flag": "regression"
             if m.regression
             else ("worse" if m.better is False else ("better" if m.better else "")),

@@ -59,11 +59,16 @@ class Objective:
 
 @dataclass(frozen=True)
 class Guard:
-    """A metric that must not regress by more than `tolerance` (relative)."""
+    """A metric that must not regress by more than `tolerance`: relative, or in points of a rate when `absolute`."""
 
     metric: str
-    tolerance: float  # 0.05 == 5 % worse allowed
+    tolerance: float  # 0.05 == 5 % worse allowed; absolute: 0.005 == half a percentage point
     direction: str  # "minimize" (lower is better) | "maximize"
+    absolute: bool = False
+
+    @property
+    def tolerance_text(self) -> str:
+        return f"{self.tolerance * 100:g}pp" if self.absolute else f"{self.tolerance:.0%}"
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,9 @@ class Trials:
     sequential: bool = False  # stop early once the CI decides
     max_repeats: int = 6
     confidence: float = 0.95
+    # Moderate each step's paired variance toward the run's other steps (tuning.intervals.moderate); off by default:
+    # with three pairs a step's own spread cannot show that its noise differs from the others'.
+    pool_noise: bool = False
     on_failure: str = "continue"  # continue | stop
     cooldown_s: float = 0.0
 

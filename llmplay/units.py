@@ -6,6 +6,7 @@ import re
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)$")
 _PERCENT = re.compile(r"^([0-9]+(?:\.[0-9]+)?)%$")
+_POINTS = re.compile(r"^([0-9]+(?:\.[0-9]+)?)pp$")
 _MONEY = re.compile(r"^\$([0-9]+(?:\.[0-9]+)?)$")
 _NUMBER = re.compile(r"^[+-]?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$")
 _SECONDS_PER = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -43,6 +44,15 @@ def parse_fraction(value: object) -> float:
         if m:
             return float(m.group(1)) / 100.0
     raise UnitError(value, "a fraction like 0.05 or a percentage like 5%")
+
+
+def parse_points(value: object) -> float | None:
+    """'0.5pp' -> 0.005 (percentage points, an absolute change of a rate); None when `value` is not in points."""
+    if isinstance(value, str):
+        m = _POINTS.match(value.strip())
+        if m:
+            return float(m.group(1)) / 100.0
+    return None
 
 
 def parse_money_usd(value: object) -> float:

@@ -52,7 +52,7 @@ PLAYBOOK_TEXT = textwrap.dedent("""\
       objective: {maximize: throughput.output_tok_s, min_effect: 5%}
       guards:
         - {metric: ttft.p95, tolerance: 50%}
-        - {metric: errors.rate, tolerance: 0%}
+        - {metric: errors.rate, tolerance: 1pp}
       slo: {ttft: 2s, tpot: 200ms}
     workload:
       api: completions

@@ -19,11 +19,11 @@ from llmplay_testing.make_archive import shared_archive
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, Path, Path]:
-    """A, a re-run of A's configuration with other random draws, and a 60% slower re-run."""
+    """A, a re-run of A's configuration with other random draws, and an 80% slower re-run."""
     return (
         shared_archive(tmp_path_factory),
         shared_archive(tmp_path_factory, seed=11),
-        shared_archive(tmp_path_factory, slowdown=1.6),
+        shared_archive(tmp_path_factory, slowdown=1.8),
     )
 
 

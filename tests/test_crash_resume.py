@@ -75,6 +75,8 @@ def playbook(tmp_path: Path, steps: int = 2):
     doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny.yaml").read_text())
     doc["runtime"] = "process"
     doc["trials"] = {"repeats": 2}
+    # 60 requests a side cannot show an error rate within a few points: these tests are about the run, not rates.
+    doc["goals"]["guards"] = [g for g in doc["goals"]["guards"] if g["metric"] != "errors.rate"]
     doc["steps"] = [{"name": "parallel-4", "set": {"parallel": 4}}, {"name": "noop", "set": {"env.NOOP": "1"}}][:steps]
     path = tmp_path / "crash.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -56,16 +56,17 @@ def test_same_answers_match_fully_with_no_shift():
 
 
 def test_divergence_is_located_and_a_regression_rejects_with_the_quality_reason():
-    a = [probe("the sea is blue"), probe("paris is the capital")]
-    b = [probe("the sky is grey"), probe("paris is the capital")]
+    a = [probe("the sea is blue"), probe("paris is the capital")] * 3
+    b = [probe("the sky is grey"), probe("paris is the cap")] * 3
     comparisons = compare_probes(a, b)
     assert comparisons[0].split_token == 1 and comparisons[0].agreement == 0.25
     figures = quality_figures(comparisons)
     deltas = {m: quality_delta(f) for m, f in figures.items()}
     guard = Guard("quality.token_agreement", 0.05, "maximize")
+    # Six probes: the interval's better bound is far below 95% agreement, so the regression is shown.
     judged = apply_quality_guards(kept(), deltas, [guard], by_default=True)
     assert judged.verdict == REJECTED
-    assert judged.reason.startswith("quality regressed: baseline tokens reproduced before divergence 62.5%")
+    assert judged.reason.startswith("quality regressed: baseline tokens reproduced before divergence 50.0%")
     assert "added by default" in judged.reason
 
 

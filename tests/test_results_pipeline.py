@@ -67,7 +67,7 @@ PLAYBOOK = textwrap.dedent("""\
       objective: {minimize: ttft.p95, min_effect: 10%}
       guards:
         - {metric: throughput.output_tok_s, tolerance: 15%}
-        - {metric: errors.rate, tolerance: 0%}
+        - {metric: errors.rate, tolerance: 1pp}
         - {metric: itl.p99, tolerance: 50%}
       slo: {ttft: 2s, tpot: 200ms}
     workload:

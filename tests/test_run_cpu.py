@@ -8,9 +8,11 @@ import time
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from llmplay.archive.model import KEPT
 from llmplay.archive.verify import verify
+from llmplay.cli import cli as main_cli
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.tuning.run import RunOptions, run_playbook
@@ -48,7 +50,7 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
     doc["trials"].update({"sequential": True, "max_repeats": 5})
     doc["goals"]["guards"] = [
         {"metric": "throughput.output_tok_s", "tolerance": "35%"},
-        {"metric": "errors.rate", "tolerance": "0%"},
+        {"metric": "errors.rate", "tolerance": "2pp"},
     ]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     playbook = load_playbook(path)
@@ -116,17 +118,26 @@ def test_kill9_then_resume_completes_and_verifies(cpu_engine, docker_client, tmp
         except (json.JSONDecodeError, KeyError):
             return False  # never expected: writes are atomic; the assertion below would catch a torn file
 
+    wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the first engine container")
+    # `llmplay gc` (every llmplay container on this host) while the run is going removes nothing of it.
+    run_id = run_dir_of(archive).name
+    swept = CliRunner().invoke(main_cli, ["gc"]).output
+    assert not [line for line in swept.splitlines() if line.startswith("removed ") and f"(run {run_id}" in line], swept
     wait_for(two_trials_archived, 120, "two archived trials")
+    out = CliRunner().invoke(main_cli, ["ls", "--archive", str(archive)]).output
+    assert " running " in out and "shown interrupted" not in out, out
     proc.kill()
     proc.wait(timeout=30)
     run_dir = run_dir_of(archive)
     done_before = json.loads((run_dir / "manifest.json").read_text())["trials"]
+    out = CliRunner().invoke(main_cli, ["ls", "--archive", str(archive)]).output
+    assert " interrupted " in out and "1 run(s) shown interrupted" in out, out  # the manifest still says running
     resumed = cli("run", "--resume", str(run_dir), str(path))
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode in (0, 3), out
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "complete"
-    assert len(manifest["trials"]) == 4
+    assert len(manifest["trials"]) == 4 and all(t["status"] == "ok" for t in manifest["trials"]), manifest["trials"]
     assert [t["trial_id"] for t in manifest["trials"][: len(done_before)]] == [t["trial_id"] for t in done_before]
     assert verify(run_dir) == []
     assert llmplay_containers(docker_client, pid=resumed.pid) == []

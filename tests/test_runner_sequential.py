@@ -14,7 +14,7 @@ import yaml
 from llmplay.archive.verify import verify
 from llmplay.playbook.load import load_playbook
 from llmplay.tuning.decide import TrialSample
-from llmplay.tuning.run import RunOptions, TuningRun
+from llmplay.tuning.run import RunOptions, TuningRun, candidate_first
 from llmplay.tuning.trial import TrialResult
 from llmplay_testing.synthetic import scripted_trial
 
@@ -80,14 +80,23 @@ def synthetic_playbook(tmp_path: Path, **trials) -> Path:
 def test_interleaved_trials_and_carry_forward(tmp_path):
     trials = SyntheticTrials()
     run = TuningRun(
-        load_playbook(synthetic_playbook(tmp_path)),
+        load_playbook(synthetic_playbook(tmp_path, repeats=3)),
         RunOptions(archive_root=tmp_path / "r"),
         report=lambda line: None,
         measure_trial=trials,
     )
     outcome = run.execute()
-    # Pairs alternate which side starts, so an advantage of going second cancels out.
-    assert [role for _, role in trials.order[:4]] == ["baseline", "candidate", "candidate", "baseline"]
+    # Each pair's order is drawn from the run id (archived), so it can be told again; an advantage of going second
+    # is noise, and consecutive pairs do not meet on one side as A B | B A made them.
+    run_id = outcome.run_dir.name
+    pairs = len({v.step: v for v in outcome.verdicts}["parallel-4"].trials_candidate)
+    expected = []
+    for rep in range(pairs):
+        first_two = (
+            ["candidate", "baseline"] if candidate_first(run_id, "parallel-4", rep) else ["baseline", "candidate"]
+        )
+        expected += first_two
+    assert [role for _, role in trials.order[: 2 * pairs]] == expected
     verdicts = {v.step: v for v in outcome.verdicts}
     assert verdicts["parallel-4"].verdict == "kept" and verdicts["parallel-4"].carried
     # the kept step is the reference of the next one, re-measured beside it

@@ -15,12 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from llmplay.cli import cli
 from llmplay.engines import get_engine
 from llmplay.errors import EngineStartError, InfrastructureError, PlaybookError
 from llmplay.runtime import make_runtime, stop_all
 from llmplay.runtime.cpu_image import build_cpu_engine
-from llmplay.runtime.docker import DockerRuntime, connect, gc, image_hint
+from llmplay.runtime.docker import DockerRuntime, connect, gc, image_hint, owner_labels
 from llmplay.runtime.endpoint import EndpointRuntime, refuse_engine_changes
 from llmplay.spec import Change, EngineSpec, RuntimeSpec, Step
 from llmplay.telemetry.prom import parse_metrics
@@ -159,30 +161,68 @@ def test_stop_all_stops_live_containers(docker_client: Any, llama_server_spec: E
     assert left_over(docker_client, labels) == []
 
 
+# A live llmplay process as far as gc can tell: it creates a container labelled as its own, says its id, and
+# lives until its stdin closes.
+LIVE_OWNER = """
+import sys
+from llmplay.runtime.docker import LABEL_RUN, connect, owner_labels
+client = connect()
+c = client.containers.create(sys.argv[1], ["--version"], labels={LABEL_RUN: sys.argv[2], **owner_labels()})
+print(c.id, flush=True)
+sys.stdin.read()
+"""
+
+
 @pytest.mark.docker
-def test_gc_removes_orphans_and_keeps_live_runs(docker_client: Any, cpu_engine: Any) -> None:
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+def test_gc_never_touches_a_live_run_and_removes_it_once_its_owner_is_gone(docker_client: Any, cpu_engine: Any) -> None:
     run = f"test-gc-{uuid.uuid4().hex[:8]}"
     host = os.uname().nodename
-    orphan = docker_client.containers.create(
-        cpu_engine.image, ["--version"], labels={"llmplay.run": run, "llmplay.pid": str(dead.pid), "llmplay.host": host}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", LIVE_OWNER, cpu_engine.image, run],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
-    live = docker_client.containers.create(
-        cpu_engine.image,
-        ["--version"],
-        labels={"llmplay.run": run, "llmplay.pid": str(os.getpid()), "llmplay.host": host},
-    )
+    live_id = owner.stdout.readline().strip()
+
+    def labelled(**labels: str) -> Any:
+        return docker_client.containers.create(cpu_engine.image, ["--version"], labels={"llmplay.run": run, **labels})
+
+    me = owner_labels()
+    recycled = labelled(**{**me, "llmplay.pid_started": f"{float(me['llmplay.pid_started']) - 3600:.2f}"})
+    older = labelled(**{"llmplay.pid": str(os.getpid()), "llmplay.host": host})  # labels of an older llmplay
+    elsewhere = labelled(**{**me, "llmplay.host": "another-host"})
+    made = [recycled, older, elsewhere]
     try:
-        assert gc(docker_client, run_id=run, orphans_only=True) == [f"{orphan.name} (run {run})"]
-        assert [c.id for c in docker_client.containers.list(all=True, filters={"label": f"llmplay.run={run}"})] == [
-            live.id
-        ]
-        assert gc(docker_client, run_id=run) == [f"{live.name} (run {run})"]
+        assert live_id and owner.poll() is None
+        runner = CliRunner()
+        out = runner.invoke(cli, ["gc", "--run", run]).output
+        # our pid with another start time is a recycled pid, not the owner: provably gone
+        assert f"removed {recycled.name} (run {run}: its llmplay process (pid {os.getpid()} on {host}) is gone)" in out
+        assert f"left {older.name} (run {run}: pid {os.getpid()} runs, but an older llmplay labelled it" in out
+        assert f"left {elsewhere.name} (run {run}: owned by pid {os.getpid()} on another-host" in out
+        assert "`llmplay gc --force` removes it" in out
+        assert "removed 1 container(s); left 3 (2 not provably orphaned" in out, out
+        assert {c.id for c in left_over(docker_client, {"llmplay.run": run})} == {live_id, older.id, elsewhere.id}
+
+        out = runner.invoke(cli, ["gc", "--run", run, "--force"]).output
+        assert f"removed {older.name}" in out and f"removed {elsewhere.name}" in out
+        assert f"(run {run}: its run is still going (pid {owner.pid} on {host}))" in out, out
+        assert [c.id for c in left_over(docker_client, {"llmplay.run": run})] == [live_id]  # even --force leaves it
+
+        owner.communicate("", timeout=30)  # the owner ends without removing its container: as after kill -9
+        out = runner.invoke(cli, ["gc", "--run", run]).output
+        assert f"its llmplay process (pid {owner.pid} on {host}) is gone)" in out, out
+        assert left_over(docker_client, {"llmplay.run": run}) == []
     finally:
-        for c in (orphan, live):
+        if owner.poll() is None:
+            owner.kill()
+            owner.communicate()
+        for c in made:
             with contextlib.suppress(Exception):
                 c.remove(force=True)
+        gc(docker_client, run_id=run, force=True)
 
 
 @pytest.mark.docker

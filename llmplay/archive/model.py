@@ -45,6 +45,10 @@ class TrialRecord:
     # Why its figures are not used: its node was lost before its A/B pair finished, so the whole pair was measured
     # again on one other node (the decision then pairs the two trials of the re-run). None: used as measured.
     superseded: str | None = None
+    # Other llmplay runs live on this host at some time during the trial (run_id, playbook, pid, host): they
+    # competed for its CPUs and GPUs, so its figures may be slower and noisier than on a quiet machine.
+    # Empty: none; None: not looked for (a cluster trial, a host registry that could not be read).
+    shared_with: tuple[Mapping[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,11 @@ class MetricDelta:
     units: int | None = None
     method: str | None = None
     confidence: float | None = None
+    # A rate of requests (catalog.RATE_METRICS): the change in points (candidate - baseline, 0.01 == 1pp) with its
+    # interval over the pooled requests at `confidence`; what a guard in points is judged on. None elsewhere.
+    points: float | None = None
+    points_low: float | None = None
+    points_high: float | None = None
 
     def __post_init__(self, p_value: float | None) -> None:
         del p_value  # read from old archives, ignored (see above)

@@ -159,6 +159,12 @@ class RunArchive(ArchivedRun):
         name and URL pattern, plus any `secrets` the caller passes again (values are never stored)."""
         return cls(Path(run_dir), read_manifest(Path(run_dir)), secrets)
 
+    def set_owner(self, owner: Mapping[str, Any]) -> None:
+        """The process writing this archive from now on (a resumed run has a new one): host, pid, start time, so a
+        reader can tell a run still going from one whose process was killed."""
+        self._manifest["owner"] = dict(owner)
+        self._save()
+
     # -------------------------------------------------------------------- writing
     def _write_text(self, relpath: str, text: str) -> None:
         atomic_write_text(self.run_dir / relpath, text)

@@ -30,6 +30,12 @@ def ls_command(archive_dir: str | None) -> int:
         name = f"{r['playbook']} {r['version']}".strip() + (" (overridden)" if r.get("overridden") else "")
         table.add_row(name, r["date"], r["status"], r["engine"], r["gpu"], gates_cell(r), r["path"])
     Console(highlight=False, soft_wrap=False, width=200 if not sys.stdout.isatty() else None).print(table)
+    stale = [r for r in rows if r.get("stale")]
+    if stale:
+        click.echo(
+            f"{len(stale)} run(s) shown interrupted: their manifest says running, but the llmplay process writing it "
+            f"is gone (killed?); `llmplay run --resume {stale[0]['path']}` continues one"
+        )
     return ExitCode.OK
 
 

@@ -24,7 +24,9 @@ from llmplay.tuning.run import RunOptions, run_playbook
 def final_playbook_of(run_dir: Path, playbook_file: Path | None = None) -> tuple[Playbook, dict[str, Any]]:
     """The archived run's final configuration as a step-less playbook: the baseline with every carried step applied."""
     manifest = read_manifest(run_dir)
-    playbook = load_playbook(playbook_file or playbook_path_of(run_dir), on_this_host=True)
+    playbook = load_playbook(
+        playbook_file or playbook_path_of(run_dir), archived=playbook_file is None, on_this_host=True
+    )
     if playbook.sha256 != manifest["playbook"]["sha256"]:
         raise ArchiveError(
             f"{playbook.path} changed since {run_dir} was run (sha256 differs); "

@@ -19,6 +19,8 @@ from llmplay.errors import ArchiveError, ExitCode, PlaybookError
 from llmplay.plan import build_plan
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
+from llmplay.tuning.decide import error_rates_text
+from llmplay.tuning.resume import resumed_overrides, resumed_playbook
 from llmplay.tuning.run import RunOptions, RunOutcome, apply_overrides, run_playbook
 from llmplay.tuning.trial import figure, measured, thin_warning
 from llmplay.units import UnitError, parse_duration_s
@@ -72,29 +74,40 @@ def run_command(
     ray_address: str | None = None,
 ) -> int:
     """Run the playbook (or, with dry_run, print its plan) and print the outcome; the run's exit code."""
-    if file is None:
-        if resume is None:
-            raise PlaybookError("llmplay run: expected a playbook FILE (or --resume RUN_DIR)")
-        file = playbook_path_of(resume)
-    if resume is not None and ray_address is None:
-        # A run started with --ray resumes on the cluster it ran on unless told otherwise.
-        ray_address = (read_manifest(resume).get("overrides") or {}).get("ray")
-    # A dry run starts nothing, and a --ray run mounts the nodes' model_dir: neither needs this host's.
-    on_this_host = not dry_run and ray_address is None
-    playbook = load_playbook(file, allow_outside_extends=allow_outside_extends, on_this_host=on_this_host)
     console = stdout_console()
+    overrides: dict[str, Any] = {
+        "repeats": repeats,
+        "duration_s": duration_option_s("duration", duration),
+        "warmup_s": duration_option_s("warmup", warmup),
+        "only": list(only) or None,
+        "image": image,
+        "ray": ray_address,
+    }
+    if resume is not None:
+        # The run goes on as it was archived: its playbook copy and overrides, never a file edited since.
+        resumed = resumed_playbook(resume, file, allow_outside_extends=allow_outside_extends)
+        if resumed.note:
+            console.print(resumed.note, markup=False)
+        playbook, overrides = resumed.playbook, resumed_overrides(resume, resumed.overrides, overrides)
+    elif file is None:
+        raise PlaybookError("llmplay run: expected a playbook FILE (or --resume RUN_DIR)")
+    else:
+        # A dry run starts nothing, and a --ray run mounts the nodes' model_dir: neither needs this host's.
+        on_this_host = not dry_run and ray_address is None
+        playbook = load_playbook(file, allow_outside_extends=allow_outside_extends, on_this_host=on_this_host)
     # Built (and so checked) before --dry-run returns: a dry run refuses a bad --duration, --warmup or --only
     # exactly as the run would, and prints the plan the run would follow.
     options = RunOptions(
         archive_root=archive_root(archive_dir),
-        repeats=repeats,
-        duration_s=duration_option_s("duration", duration),
-        warmup_s=duration_option_s("warmup", warmup),
-        only=tuple(only),
+        repeats=overrides["repeats"],
+        duration_s=overrides["duration_s"],
+        warmup_s=overrides["warmup_s"],
+        only=tuple(overrides["only"] or ()),
         resume=resume,
         progress=sys.stderr.isatty(),
-        image=image,
-        ray_address=ray_address,
+        image=overrides["image"],
+        ray_address=overrides["ray"],
+        capacity=bool(overrides.get("capacity")),
     )
     if dry_run:
         console.print(render_plan(build_plan(apply_overrides(playbook, options))), markup=False)
@@ -145,6 +158,13 @@ def print_outcome(console: Console, outcome: RunOutcome) -> None:
     for verdict in outcome.verdicts:
         console.print(
             f"step {verdict.index} {verdict.step} [{', '.join(verdict.changes)}]: {verdict.verdict} — {verdict.reason}",
+            markup=False,
+        )
+    if outcome.verdicts:
+        trials = outcome.trials
+        console.print(
+            "verdicts: "
+            + error_rates_text([v.verdict for v in outcome.verdicts], trials.confidence, trials.sequential),
             markup=False,
         )
     console.print(f"final configuration: {outcome.final_config_id}", markup=False)

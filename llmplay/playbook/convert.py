@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from llmplay import units
-from llmplay.catalog import CAPACITY_METRICS, METRICS, metric_info
+from llmplay.catalog import CAPACITY_METRICS, METRICS, RATE_METRICS, metric_info
 from llmplay.errors import PlaybookError
 from llmplay.playbook.credentials import check_args, check_env, check_env_value, check_knob_value
 from llmplay.playbook.dataset import DatasetProblems, DatasetRow, read_dataset
@@ -490,12 +490,52 @@ def _check_capacity_goals(goals: Goals, raw: Mapping[str, Any], problems: Proble
             )
 
 
+def parse_guard(raw: Mapping[str, Any], path: YamlPath, problems: Problems, archived: bool = False) -> Guard | None:
+    """A guard's tolerance: relative (15%), or in percentage points (0.5pp) for a rate of requests, whose baseline
+    can be 0 and whose changes are counts (tuning.decide decides those with a count interval). An archived playbook
+    written before points existed keeps its relative rate tolerance, so its run is compared by the rule it ran with."""
+    metric = raw["metric"]
+    info = metric_info(metric)
+    direction = "minimize" if (info is None or info.lower_is_better) else "maximize"
+    tolerance = raw.get("tolerance", "0.5pp" if metric in RATE_METRICS else 0.05)
+    points = units.parse_points(tolerance)
+    if metric in RATE_METRICS:
+        if points is None and archived:
+            try:
+                return Guard(metric, units.parse_fraction(tolerance), direction)
+            except units.UnitError:
+                pass
+        if points is None:
+            problems.add(
+                (*path, "tolerance"),
+                f"found {tolerance!r}, a relative tolerance on {metric}, a rate that can be 0 (from 0 no relative "
+                f"change can hold, and one failed request in 600 would reject); expected percentage points, e.g. "
+                f"tolerance: 0.5pp",
+            )
+            return None
+        return Guard(metric, points, direction, absolute=True)
+    if points is not None:
+        problems.add(
+            (*path, "tolerance"),
+            f"found {tolerance!r}; percentage points apply to rates of requests ({', '.join(RATE_METRICS)}), "
+            f"expected a relative tolerance for {metric} like 5%",
+        )
+        return None
+    try:
+        return Guard(metric, units.parse_fraction(tolerance), direction)
+    except units.UnitError as exc:
+        problems.add((*path, "tolerance"), str(exc))
+        return None
+
+
 def parse_goals(
     raw: Mapping[str, Any],
     problems: Problems,
     base_dir: Path | None = None,
     dataset: str | None = None,
     files: PromptFiles | None = None,
+    *,
+    archived: bool = False,
 ) -> Goals:
     """Gates, the objective (optimized the right way for its metric), guards and SLOs."""
     path: YamlPath = ("goals",)
@@ -522,16 +562,11 @@ def parse_goals(
             f"{direction} {metric} optimizes the wrong way; expected "
             f"{'minimize' if info.lower_is_better else 'maximize'} for {metric}",
         )
-    guards = []
-    for i, g in enumerate(raw.get("guards", ())):
-        ginfo = metric_info(g["metric"])
-        tol = 0.05
-        if "tolerance" in g:
-            try:
-                tol = units.parse_fraction(g["tolerance"])
-            except units.UnitError as exc:
-                problems.add((*path, "guards", i, "tolerance"), str(exc))
-        guards.append(Guard(g["metric"], tol, "minimize" if (ginfo is None or ginfo.lower_is_better) else "maximize"))
+    guards = [
+        guard
+        for i, r in enumerate(raw.get("guards", ()))
+        if (guard := parse_guard(r, (*path, "guards", i), problems, archived))
+    ]
     slo = {}
     for key, value in raw.get("slo", {}).items():
         slo[key] = units.parse_duration_s(value)
@@ -562,6 +597,7 @@ def parse_trials(raw: Mapping[str, Any], problems: Problems) -> Trials:
         sequential=raw.get("sequential", d.sequential),
         max_repeats=raw.get("max_repeats", d.max_repeats),
         confidence=raw.get("confidence", d.confidence),
+        pool_noise=raw.get("pool_noise", d.pool_noise),
         on_failure=raw.get("on_failure", d.on_failure),
         cooldown_s=parse_duration(raw, "cooldown", ("trials",), problems, 0.0) or 0.0,
     )

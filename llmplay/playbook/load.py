@@ -47,7 +47,7 @@ def _check_api_version(doc: dict, problems: Problems) -> None:
 
 
 def load_playbook(
-    path: str | os.PathLike, *, allow_outside_extends: bool = False, on_this_host: bool = False
+    path: str | os.PathLike, *, allow_outside_extends: bool = False, archived: bool = False, on_this_host: bool = False
 ) -> Playbook:
     """The one loader: CLI, runner, retest and tests all come through here.
 
@@ -78,7 +78,7 @@ def load_playbook(
             description=metadata.get("description", ""),
             tags=tuple(metadata.get("tags", ())),
         ),
-        goals=parse_goals(doc.get("goals", {}), problems, base_dir, workload.dataset, files),
+        goals=parse_goals(doc.get("goals", {}), problems, base_dir, workload.dataset, files, archived=archived),
         workload=workload,
         engine=parse_engine(doc["engine"], base_dir, ("engine",), problems),
         steps=parse_steps(doc.get("steps", []), ("steps",), problems),

@@ -5,6 +5,7 @@ Strings, lists and inline SVG charts, so the template only lays them out; nothin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,7 +16,7 @@ import numpy as np
 import yaml
 
 from llmplay.archive.layout import PLAYBOOK_FILE, RESOLVED_FILE
-from llmplay.archive.model import TRIAL_OK, StepVerdict, TrialRecord
+from llmplay.archive.model import KEPT, TRIAL_OK, StepVerdict, TrialRecord
 from llmplay.archive.reader import ArchivedRun, gpu_label
 from llmplay.catalog import (
     METRIC_DEFINITIONS,
@@ -35,6 +36,9 @@ from llmplay.catalog import (
 )
 from llmplay.metrics import per_request_arrays, request_timeline
 from llmplay.report import charts
+from llmplay.spec import Objective, Trials
+from llmplay.tuning.decide import error_rates_text, kept_means
+from llmplay.units import parse_fraction
 
 LOG_TAIL_LINES = 60
 _URL = re.compile(r"https?://[^\s,;]+")
@@ -209,6 +213,19 @@ def _header(run: _ArchivedRunData) -> dict[str, Any]:
         "failed_trials": sum(1 for t in run.trials.values() if t.status != TRIAL_OK),
         "playbook_path": m["playbook"].get("path", ""),
         "playbook_sha256": m["playbook"].get("sha256", ""),
+    }
+
+
+def _shared_host(run: _ArchivedRunData) -> dict[str, Any] | None:
+    """Which trials other llmplay runs shared the host with: their load was in those trials' figures."""
+    shared = [t for t in run.trials.values() if t.shared_with]
+    if not shared:
+        return None
+    runs = {str(o.get("run_id")): o for t in shared for o in t.shared_with or ()}
+    return {
+        "trials": len(shared),
+        "of": len(run.trials),
+        "runs": [f"{rid} ({o.get('playbook') or '?'}, pid {o.get('pid', '?')})" for rid, o in sorted(runs.items())],
     }
 
 
@@ -563,7 +580,20 @@ def _ci_header(verdict: StepVerdict) -> str:
     return f"{d.confidence:.1%} CI".replace(".0%", "%") if d is not None and d.confidence is not None else "CI"
 
 
-def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[str, Any]]:
+def _kept_means(playbook_doc: Mapping[str, Any]) -> str:
+    """What "kept" meant for this run, from its archived playbook (the spec's defaults where it is silent)."""
+    goals = playbook_doc.get("goals") if isinstance(playbook_doc.get("goals"), Mapping) else {}
+    objective = goals.get("objective") if isinstance(goals, Mapping) else None
+    trials = playbook_doc.get("trials") if isinstance(playbook_doc.get("trials"), Mapping) else {}
+    min_effect = Objective.min_effect
+    if isinstance(objective, Mapping) and "min_effect" in objective:
+        with contextlib.suppress(ValueError):
+            min_effect = parse_fraction(objective["min_effect"])
+    confidence = trials.get("confidence", Trials.confidence) if isinstance(trials, Mapping) else Trials.confidence
+    return kept_means(min_effect, float(confidence) if isinstance(confidence, (int, float)) else Trials.confidence)
+
+
+def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str], kept_text: str) -> list[dict[str, Any]]:
     out = []
     # Trials a lost cluster node made measure again: listed under their step, used nowhere.
     superseded = {t.trial_id: t.step for t in run.trials.values() if t.superseded}
@@ -577,6 +607,7 @@ def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[
                 "step": v.step,
                 "verdict": v.verdict,
                 "reason": v.reason,
+                "kept_means": kept_text if v.verdict == KEPT else "",
                 "changes": [arrow(c) for c in v.changes],
                 "bundle": v.bundle,
                 "carried": v.carried,
@@ -604,6 +635,7 @@ def _steps(run: _ArchivedRunData, descriptions: Mapping[str, str]) -> list[dict[
                 "step": "baseline" if not run.verdicts else "trials without a verdict",
                 "verdict": "",
                 "reason": "",
+                "kept_means": "",
                 "changes": [],
                 "bundle": False,
                 "carried": False,
@@ -769,14 +801,39 @@ def _method(run: _ArchivedRunData, playbook_doc: Mapping[str, Any]) -> dict[str,
         ("repeats per side", str(repeats) + (" (overridden)" if "repeats" in overrides else "")),
         (
             "order",
-            "interleaved A B B A … (each pair alternates which side starts: drift and order cancel)"
+            "interleaved pairs, which side starts drawn per pair from the run id (an advantage of starting second "
+            "is noise, not an effect); runs archived before that alternated A B | B A"
             if trials.get("interleave", True)
             else "blocked A A … B B …",
         ),
         ("each trial", "a fresh engine start; warm-up discarded"),
         ("sequential", str(trials.get("sequential", False))),
-        ("confidence", str(trials.get("confidence", 0.95))),
+        ("confidence", str(trials.get("confidence", Trials.confidence))),
+        (
+            "what the verdicts are worth",
+            error_rates_text(
+                [v.verdict for v in run.verdicts],
+                float(trials.get("confidence", Trials.confidence)),
+                bool(trials.get("sequential", Trials.sequential)),
+            ),
+        ),
+        (
+            "guards",
+            "a guard rejects only when its interval's better bound is past its tolerance (the regression is shown), "
+            "holds when its worse bound is within it, and otherwise leaves the step inconclusive; a step's guard "
+            "rejections are one family (Holm); a rate's tolerance is in percentage points, on a Newcombe interval "
+            "over the pooled requests",
+        ),
     ]
+    if trials.get("pool_noise"):
+        trial_rows.append(
+            (
+                "pooled noise",
+                "each step's paired variance moderated toward the run's earlier steps (empirical Bayes, limma-style): "
+                "more degrees of freedom when the steps' noise is alike, too narrow an interval for a step whose "
+                "noise is larger than the rest's",
+            )
+        )
     measured = [run.requests(t).timeline for t in run.trials if run.trials[t].status == TRIAL_OK]
     histograms = charts.histograms(
         [
@@ -825,10 +882,11 @@ def build_context(archive: ArchivedRun) -> dict[str, Any]:
         "columns": [label for _, label in record_columns(run)],
         "record": _record_rows(run),
         "capacity": _capacity(run),
-        "steps": _steps(run, descriptions),
+        "steps": _steps(run, descriptions, _kept_means(playbook_doc)),
         "diagnosis": _diagnosis(run),
         "method": _method(run, playbook_doc),
         "overridden": bool(manifest.get("overrides")),
+        "shared_host": _shared_host(run),
         "audit": {
             "run_dir": str(archive.run_dir),
             "files": len(manifest.get("files") or {}),

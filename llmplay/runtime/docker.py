@@ -1,15 +1,14 @@
 """The Docker runtime: one engine container per trial through the Docker SDK, always removed afterwards,
-plus `gc()` for containers an earlier llmplay process left behind."""
+plus `gc()` for containers whose llmplay process is provably gone (never those of a run still going)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
-import socket
 import threading
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,19 @@ from llmplay.engines.llamacpp import CPU_IMAGE
 from llmplay.errors import InfrastructureError
 from llmplay.runtime import dockerd
 from llmplay.runtime.base import Endpoint, Runtime, free_port, probe_version, tail_lines, wait_healthy
+from llmplay.runtime.owner import Owner, process_started
 from llmplay.spec import EngineSpec
 
 LABEL_RUN = "llmplay.run"
 LABEL_TRIAL = "llmplay.trial"
 LABEL_INSTANCE = "llmplay.instance"  # unique per start, to find a container whose start failed
-LABEL_PID = "llmplay.pid"  # the llmplay process that owns it, so gc can tell orphans from live runs
+# The llmplay process that owns it: pid, host and that process's start time name it (a pid alone may be recycled),
+# so gc can tell an orphan from a container of a run still going.
+LABEL_PID = "llmplay.pid"
 LABEL_HOST = "llmplay.host"
+LABEL_PID_STARTED = "llmplay.pid_started"
+LABEL_CONFIG = "llmplay.config"
+LABEL_ENGINE = "llmplay.engine"
 STOP_TIMEOUT_S = 10
 CPU_IMAGE_HINT = "build it: `llmplay engine build-cpu` (or scripts/cpu-engine.sh)"
 
@@ -65,6 +70,24 @@ def _is_gpu_error(exc: Exception) -> bool:
 def image_hint(image: str) -> str:
     """How to get a missing image: build the CPU one, pull any other."""
     return CPU_IMAGE_HINT if image == CPU_IMAGE else f"pull it: `docker pull {image}`"
+
+
+def image_missing(image: str) -> str:
+    return f"image {image} not found locally; {image_hint(image)}"
+
+
+def require_images(client: Any, images: list[str]) -> None:
+    """An InfrastructureError naming every image not on this daemon, and how to get each, before anything starts."""
+    missing = []
+    for image in images:
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            missing.append(image_missing(image))
+        except docker.errors.APIError as exc:
+            raise InfrastructureError(f"Docker could not inspect image {image}: {exc.explanation or exc}") from None
+    if missing:
+        raise InfrastructureError("; ".join(missing))
 
 
 def image_version_labels(image: Any) -> dict[str, str]:
@@ -116,7 +139,7 @@ class DockerRuntime(Runtime):
         try:
             image = client.images.get(image_ref)
         except docker.errors.ImageNotFound:
-            raise InfrastructureError(f"image {image_ref} not found locally; {image_hint(image_ref)}") from None
+            raise InfrastructureError(image_missing(image_ref)) from None
         except docker.errors.APIError as exc:
             raise InfrastructureError(f"Docker could not inspect image {image_ref}: {exc.explanation or exc}") from None
 
@@ -126,14 +149,7 @@ class DockerRuntime(Runtime):
         command = engine.command(spec, container_port)
         instance = self._instance
         all_labels = {str(k): str(v) for k, v in (labels or {}).items()}
-        all_labels.update(
-            {
-                LABEL_INSTANCE: instance,
-                LABEL_PID: str(os.getpid()),
-                LABEL_HOST: socket.gethostname(),
-                "llmplay.engine": engine.kind,
-            }
-        )
+        all_labels.update({LABEL_INSTANCE: instance, **owner_labels(), LABEL_ENGINE: engine.kind})
         all_labels.setdefault(LABEL_RUN, "adhoc")
         kwargs: dict[str, Any] = {
             "command": command,
@@ -266,36 +282,83 @@ class DockerRuntime(Runtime):
         return dict(self._info)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def owner_labels(owner: Owner | None = None) -> dict[str, str]:
+    """The labels naming the llmplay process that owns a container (this process unless told)."""
+    owner = owner or Owner.current()
+    return {LABEL_PID: str(owner.pid), LABEL_HOST: owner.host, LABEL_PID_STARTED: f"{owner.started:.2f}"}
 
 
-def gc(client: Any = None, *, run_id: str | None = None, orphans_only: bool = False) -> list[str]:
-    """Remove containers labelled `llmplay.run` (only `run_id`'s if given; with orphans_only, only those whose
-    llmplay process on this host is gone). Returns `name (run <id>)` for each one removed."""
+ORPHAN, LIVE, OTHER_HOST, UNPROVEN = "orphan", "live", "other host", "unproven"
+
+
+@dataclass(frozen=True)
+class Collectable:
+    """One llmplay container as gc judged it: `kind` is ORPHAN, LIVE, OTHER_HOST or UNPROVEN, `why` says how."""
+
+    name: str
+    run_id: str
+    kind: str
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.name} (run {self.run_id}: {self.why})"
+
+
+def judge(labels: Mapping[str, str]) -> tuple[str, str]:
+    """Whether a container's owning llmplay process is provably gone (ORPHAN), still going (LIVE), on another host
+    (OTHER_HOST), or cannot be told from its labels (UNPROVEN: an older llmplay labelled pid and host only)."""
+    pid, host = labels.get(LABEL_PID, ""), labels.get(LABEL_HOST, "")
+    owner = Owner.from_fields(host, pid, labels.get(LABEL_PID_STARTED))
+    if owner is not None:
+        alive = owner.alive()
+        if alive is None:
+            return OTHER_HOST, f"owned by {owner.describe()}, which this host cannot look into"
+        if alive:
+            return LIVE, f"its run is still going ({owner.describe()})"
+        return ORPHAN, f"its llmplay process ({owner.describe()}) is gone"
+    if host and host != Owner.current().host:
+        return OTHER_HOST, f"owned by a process on {host}, which this host cannot look into"
+    if not pid.isdigit() or not host:
+        return UNPROVEN, "no owner labels (made by an older llmplay or by hand)"
+    if process_started(int(pid)) is None:
+        return ORPHAN, f"its llmplay process (pid {pid}) is gone"
+    # Older labels lack the start time: pid may be the owner or an unrelated process that got its number.
+    return UNPROVEN, f"pid {pid} runs, but an older llmplay labelled it without the start time that tells its owner"
+
+
+@dataclass(frozen=True)
+class Collection:
+    """What gc removed and what it left alone, each with the reason."""
+
+    removed: tuple[Collectable, ...]
+    kept: tuple[Collectable, ...]
+
+    def removed_names(self) -> list[str]:
+        return [f"{c.name} (run {c.run_id})" for c in self.removed]
+
+
+def gc(client: Any = None, *, run_id: str | None = None, force: bool = False) -> Collection:
+    """Remove the llmplay containers (only `run_id`'s if given) whose owning process is provably gone. `force`
+    also removes those gc cannot prove orphaned (other hosts' on a shared daemon, older labels); a container whose
+    owner is alive on this host is never removed."""
     own = client is None
     client = client or connect()
     selector = f"{LABEL_RUN}={run_id}" if run_id else LABEL_RUN
-    removed = []
+    removed, kept = [], []
     try:
         for c in client.containers.list(all=True, filters={"label": selector}):
             labels = c.labels or {}
-            if orphans_only:
-                pid = labels.get(LABEL_PID, "")
-                if labels.get(LABEL_HOST) == socket.gethostname() and pid.isdigit() and _pid_alive(int(pid)):
-                    continue
+            kind, why = judge(labels)
+            found = Collectable(c.name, labels.get(LABEL_RUN, "?"), kind, why)
+            if kind == LIVE or (kind != ORPHAN and not force):
+                kept.append(found)
+                continue
             try:
                 c.remove(force=True)
             except docker.errors.NotFound:
                 continue
-            removed.append(f"{c.name} (run {labels.get(LABEL_RUN, '?')})")
+            removed.append(found)
     finally:
         if own:
             client.close()
-    return removed
+    return Collection(tuple(removed), tuple(kept))

@@ -21,7 +21,7 @@ import docker.errors
 from llmplay.engines.base import IMAGE_VERSION_LABELS, Engine
 from llmplay.errors import InfrastructureError
 from llmplay.runtime.cache import default_cache_dir
-from llmplay.runtime.docker import LABEL_INSTANCE, LABEL_PID, LABEL_RUN
+from llmplay.runtime.docker import LABEL_INSTANCE, LABEL_RUN, owner_labels
 
 HELP_TIMEOUT_S = 300.0  # importing vLLM on two busy cores takes tens of seconds
 # A flag as argparse, llama.cpp's arg.cpp, clap (TGI) and click print it: `--name`, not `---` rules.
@@ -84,7 +84,7 @@ def _run_help(client: Any, image_ref: str, argv: list[str]) -> str:
     container = client.containers.create(
         image_ref,
         command=argv,
-        labels={LABEL_RUN: "preflight", LABEL_INSTANCE: instance, LABEL_PID: str(os.getpid())},
+        labels={LABEL_RUN: "preflight", LABEL_INSTANCE: instance, **owner_labels()},
         name=f"llmplay-preflight-{instance}",
         network_disabled=True,
     )

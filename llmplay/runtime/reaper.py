@@ -47,7 +47,7 @@ def reap(owner: int, run_id: str, docker_host: str | None) -> None:
 
         client = connect(docker_host, timeout_s=30)
         try:
-            gc(client, run_id=run_id, orphans_only=True)
+            gc(client, run_id=run_id)
         finally:
             client.close()
 

@@ -160,7 +160,7 @@ class NodeTrial:
         with contextlib.suppress(Exception):  # the trial itself reports a dockerd that does not answer
             client = connect(docker_host, timeout_s=30)
             try:
-                gc(client, run_id=self.run_id, orphans_only=True)
+                gc(client, run_id=self.run_id)
             finally:
                 client.close()
 
@@ -430,7 +430,7 @@ def _collect_orphans_here(run_id: str, docker_host: str | None) -> list[str]:
     except Exception:  # a node without dockerd runs no containers to collect
         return []
     try:
-        return gc(client, run_id=run_id, orphans_only=True)
+        return gc(client, run_id=run_id).removed_names()
     finally:
         client.close()
 

@@ -5,14 +5,17 @@ unit is the trial: each trial gives one value of a metric (its P95 over its own 
 own window), and the interval comes from those values (tuning.intervals): paired by repeat when the runner
 interleaved the two sides, Welch otherwise. Requests are never resampled as if independent: they cluster within a
 trial, and an interval that treats them as independent draws is too narrow under drift and too wide without it.
-A guard is a non-inferiority claim (guard_outcome), the one rule steps and `compare` share.
+A guard is a non-inferiority claim (guard_outcome), the one rule steps and `compare` share: it holds when the
+interval's worse bound is within the tolerance, it is beyond when the interval's better bound is past it (the
+regression is shown), and anything between leaves the step undecided. A step's guard rejections are one family
+(Holm at the one-sided level of its intervals), so guards cannot multiply the chance that a null step is rejected.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +24,7 @@ from llmplay.archive.model import FAILED, INCONCLUSIVE, KEPT, REJECTED, GateResu
 from llmplay.catalog import (
     CAPACITY_METRICS,
     METRICS,
+    RATE_METRICS,
     RECORD_METRICS,
     SAMPLE_COUNT_KEYS,
     absence_reason,
@@ -33,8 +37,19 @@ from llmplay.catalog import (
     thin_sample,
 )
 from llmplay.metrics import good_mask, per_request_arrays, usd_per_1m_tokens
-from llmplay.spec import Gate, Goals, Trials
-from llmplay.tuning.intervals import Effect, paired_effect, sequential_level, units_to_reach, welch_effect
+from llmplay.spec import Gate, Goals, Guard, Trials
+from llmplay.tuning.intervals import (
+    Effect,
+    Noise,
+    holm,
+    newcombe_difference,
+    newcombe_p_above,
+    paired_effect,
+    sequential_level,
+    t_p_beyond,
+    units_to_reach,
+    welch_effect,
+)
 
 PER_REQUEST = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttft_content", "queue_wait")
 
@@ -185,8 +200,49 @@ def compare_metric(
     return _compare(a, b, metric, level, paired)[0]
 
 
+def rate_counts(a: Sequence[TrialSample], b: Sequence[TrialSample], paired: bool) -> tuple[int, int, int, int] | None:
+    """(errors, requests) of each side over the trials the comparison uses (complete pairs when paired)."""
+    matched = _pairs(a, b) if paired else None
+    xa, xb = matched if matched is not None else (list(a), list(b))
+    if not xa or not xb:
+        return None
+    return (
+        sum(s.n_errors for s in xa),
+        sum(s.n_requests for s in xa),
+        sum(s.n_errors for s in xb),
+        sum(s.n_requests for s in xb),
+    )
+
+
+def _with_points(delta: MetricDelta, a: Sequence[TrialSample], b: Sequence[TrialSample], paired: bool) -> MetricDelta:
+    """A rate's change in points with its count interval (catalog.RATE_METRICS), beside the relative one."""
+    counts = rate_counts(a, b, paired) if delta.metric in RATE_METRICS else None
+    level = delta.confidence
+    diff = None if counts is None or level is None else newcombe_difference(*counts, level)
+    if diff is None:
+        return delta
+    return replace(delta, points=diff[0], points_low=diff[1], points_high=diff[2])
+
+
 def _compare(
-    a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str, level: float, paired: bool
+    a: Sequence[TrialSample],
+    b: Sequence[TrialSample],
+    metric: str,
+    level: float,
+    paired: bool,
+    borrow: Sequence[Noise] = (),
+) -> tuple[MetricDelta, Effect | None]:
+    delta, effect = _compare_trials(a, b, metric, level, paired, borrow)
+    return _with_points(delta, a, b, paired), effect
+
+
+def _compare_trials(
+    a: Sequence[TrialSample],
+    b: Sequence[TrialSample],
+    metric: str,
+    level: float,
+    paired: bool,
+    borrow: Sequence[Noise],
 ) -> tuple[MetricDelta, Effect | None]:
     """The candidate's relative change against `a` on `metric`, with its interval at `level` over trials: paired
     by repeat when `paired` (interleaved A/B pairs), else Welch over independent trials.
@@ -199,7 +255,9 @@ def _compare(
     va, vb = metric_value(a, metric), metric_value(b, metric)
     na, nb = _count_for(a, metric), _count_for(b, metric)
     if va is None or vb is None:
-        return MetricDelta(metric, va, vb, None, None, None, better=None, n_baseline=na, n_candidate=nb), None
+        return MetricDelta(
+            metric, va, vb, None, None, None, better=None, n_baseline=na, n_candidate=nb, confidence=level
+        ), None
     matched = _pairs(a, b) if paired else None
     if matched is not None and metric in CAPACITY_METRICS:
         # A capacity search that pinned no boundary (indeterminate, or outside its bounds) has no value to pair:
@@ -210,7 +268,7 @@ def _compare(
     if matched is not None and matched[0]:
         xa, xb = _per_trial(matched[0], metric), _per_trial(matched[1], metric)
         if xa is not None and xb is not None:
-            effect = paired_effect(xa, xb, level)
+            effect = paired_effect(xa, xb, level, borrow)
     elif matched is None:
         xa, xb = _per_trial(a, metric), _per_trial(b, metric)
         if xa is not None and xb is not None:
@@ -259,8 +317,17 @@ def _improvement(delta: MetricDelta, lower_better: bool) -> tuple[float, float, 
     return point, min(lo, hi), max(lo, hi)
 
 
-def describe_delta(delta: MetricDelta) -> str:
+def _fmt_points(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:+.2g}pp"
+
+
+def describe_delta(delta: MetricDelta, *, points: bool = False) -> str:
+    """The change and its interval; in points (a rate's absolute change) when `points` and it has them."""
     label = label_of(delta.metric)
+    if points and delta.points is not None:
+        return (
+            f"{label} {_fmt_points(delta.points)} [{_fmt_points(delta.points_low)}, {_fmt_points(delta.points_high)}]"
+        )
     if delta.rel_change is None:
         return f"{label} not comparable"
     ci = f" [{fmt_pct(delta.ci_low)}, {fmt_pct(delta.ci_high)}]" if delta.ci_low is not None else ""
@@ -268,39 +335,55 @@ def describe_delta(delta: MetricDelta) -> str:
 
 
 # What a guard's comparison shows: the candidate is within its tolerance (the CI's worse bound is), beyond it (the
-# point estimate is), or neither yet.
+# CI's better bound is past it: the regression is shown), or neither yet.
 HOLDS, BEYOND, UNSETTLED = "holds", "beyond", "unsettled"
 # Past this many more trials per side an estimate is no advice: the sentence says the step is not decidable.
 MORE_TRIALS_CAP = 50
 
 
-def _worse_by(delta: MetricDelta, lower_is_better: bool) -> tuple[float, float | None]:
-    """(point, worse bound) of the change in the bad direction: positive = worse. Needs a relative change."""
+def _worse_by(delta: MetricDelta, lower_is_better: bool) -> tuple[float, float | None, float | None]:
+    """(point, better bound, worse bound) of the change in the bad direction: positive = worse. Needs a relative
+    change; the bounds are None without an interval."""
     sign = 1.0 if lower_is_better else -1.0
     point = sign * delta.rel_change  # type: ignore[operator]
     if delta.ci_low is None or delta.ci_high is None:
-        return point, None
-    return point, max(sign * delta.ci_low, sign * delta.ci_high)
+        return point, None, None
+    bounds = sorted((sign * delta.ci_low, sign * delta.ci_high))
+    return point, bounds[0], bounds[1]
 
 
-def guard_outcome(delta: MetricDelta, lower_is_better: bool, tolerance: float) -> str | None:
-    """The guard rule, a non-inferiority claim: it holds only when the CI's worse bound is within `tolerance`
-    (relative); a point estimate beyond it fails; anything between is unsettled. From a baseline of exactly 0 a
-    relative tolerance cannot apply: any worsening fails. None when a side is not measured."""
+def _worse_in_points(delta: MetricDelta, lower_is_better: bool) -> tuple[float, float | None, float | None]:
+    sign = 1.0 if lower_is_better else -1.0
+    point = sign * delta.points  # type: ignore[operator]
+    if delta.points_low is None or delta.points_high is None:
+        return point, None, None
+    bounds = sorted((sign * delta.points_low, sign * delta.points_high))
+    return point, bounds[0], bounds[1]
+
+
+def guard_outcome(delta: MetricDelta, lower_is_better: bool, tolerance: float, absolute: bool = False) -> str | None:
+    """The guard rule, a non-inferiority claim: it holds when the CI's worse bound is within `tolerance`, and is
+    beyond it only when the CI's better bound is past it (the regression is shown); anything between is unsettled,
+    as is a change without an interval. `absolute`: a rate's tolerance in points, judged on its count interval.
+    From a baseline of exactly 0 a relative tolerance cannot apply: any worsening is beyond. None when a side is
+    not measured."""
     a, b = delta.baseline, delta.candidate
     if a is None or b is None:
         return None
-    if delta.rel_change is None:
+    if absolute and delta.points is not None:
+        _, better, worse = _worse_in_points(delta, lower_is_better)
+    elif delta.rel_change is None:
         return BEYOND if ((b > a) if lower_is_better else (b < a)) else HOLDS
-    point, worst = _worse_by(delta, lower_is_better)
-    if point > tolerance:
+    else:
+        _, better, worse = _worse_by(delta, lower_is_better)
+    if better is not None and better > tolerance:
         return BEYOND
-    return HOLDS if worst is not None and worst <= tolerance else UNSETTLED
+    return HOLDS if worse is not None and worse <= tolerance else UNSETTLED
 
 
-def regressed_beyond(delta: MetricDelta, lower_is_better: bool, tolerance: float) -> bool:
-    """A regression by the guard rule (guard_outcome): the point estimate is worse than `tolerance`."""
-    return guard_outcome(delta, lower_is_better, tolerance) == BEYOND
+def regressed_beyond(delta: MetricDelta, lower_is_better: bool, tolerance: float, absolute: bool = False) -> bool:
+    """A regression by the guard rule (guard_outcome): the interval's better bound is worse than `tolerance`."""
+    return guard_outcome(delta, lower_is_better, tolerance, absolute) == BEYOND
 
 
 def _settle_text(more: int | None, cap: int, what: str) -> str:
@@ -317,6 +400,9 @@ class Decision:
     guards: tuple[MetricDelta, ...]
     deltas: tuple[MetricDelta, ...]
     more_trials_needed: int | None
+    # The spread of this step's own per-pair log ratios, per metric decided on: what later steps may borrow
+    # (trials.pool_noise).
+    noise: Mapping[str, Noise] = field(default_factory=dict)
 
 
 def _unmeasured(delta: MetricDelta, what: str) -> str | None:
@@ -341,6 +427,60 @@ def _thin_notes(deltas: Sequence[MetricDelta]) -> list[str]:
     return notes
 
 
+def _points_units_to_reach(delta: MetricDelta, worse: float, tolerance: float, units: int, cap: int) -> int | None:
+    """More pairs until a rate's count interval, whose half-width shrinks like 1/sqrt(requests), brings its worse
+    bound within `tolerance`: None when the point itself is past it or that takes more than `cap`."""
+    if delta.points is None or worse <= tolerance or units < 1:
+        return None
+    point = abs(delta.points)
+    half, room = worse - point, tolerance - point
+    if room <= 0 or half <= 0:
+        return None
+    more = math.ceil(units * ((half / room) ** 2 - 1))
+    return max(1, more) if more <= cap else None
+
+
+@dataclass(frozen=True)
+class _GuardLook:
+    """One guard at one look: its outcome by interval, and the one-sided p-value that it is beyond its tolerance."""
+
+    guard: Guard
+    delta: MetricDelta
+    effect: Effect | None
+    outcome: str | None
+    p_beyond: float
+
+
+def _look_at_guard(
+    guard: Guard,
+    delta: MetricDelta,
+    effect: Effect | None,
+    a: Sequence[TrialSample],
+    b: Sequence[TrialSample],
+    paired: bool,
+) -> _GuardLook:
+    lower = guard.direction == "minimize"
+    outcome = guard_outcome(delta, lower, guard.tolerance, guard.absolute)
+    p = 1.0
+    if outcome == BEYOND:
+        if guard.absolute and delta.points is not None:
+            counts = rate_counts(a, b, paired)
+            if counts is not None:
+                xa, na, xb, nb = counts
+                # errors.rate is lower-better: "worse" is up; a higher-better rate is mirrored.
+                p = (
+                    newcombe_p_above(xa, na, xb, nb, guard.tolerance)
+                    if lower
+                    else newcombe_p_above(na - xa, na, nb - xb, nb, guard.tolerance)
+                )
+        elif effect is not None and delta.rel_change is not None:
+            limit = guard.tolerance if lower else -guard.tolerance
+            p = t_p_beyond(effect, limit, worse_up=lower)
+        else:
+            p = 0.0  # from a zero baseline any worsening is beyond (guard_outcome), nothing to test
+    return _GuardLook(guard, delta, effect, outcome, p)
+
+
 def decide_step(
     a: Sequence[TrialSample],
     b: Sequence[TrialSample],
@@ -348,14 +488,19 @@ def decide_step(
     trials: Trials,
     *,
     failed_candidate_trials: int = 0,
+    borrowed: Mapping[str, Sequence[Noise]] | None = None,
 ) -> Decision:
     """kept / rejected / inconclusive / failed, with the one-sentence reason the report shows.
 
     Every interval is at decision_level(trials) over the trials (pairs when interleaved): the same call decides
-    whether sequential mode goes on and what the final verdict is, so the two cannot disagree. The sentence says
-    when the objective or a guard is not measured (and why), and when a percentile rests on fewer requests than it
-    needs (catalog.MIN_SAMPLES, per side over the pooled trials). A thin sample does not change the verdict; an
-    unmeasured guard keeps a step from being kept, since nobody saw it not regress."""
+    whether sequential mode goes on and what the final verdict is, so the two cannot disagree; guard looks sit inside
+    the same sequential boundary as the objective. The guards' rejections are one family: Holm at the interval's
+    one-sided level, so a null step is rejected through any of its guards at most that often over all looks.
+    `borrowed`: the other steps' noise per metric, moderating this step's paired variances (trials.pool_noise).
+
+    The sentence says when the objective or a guard is not measured (and why), and when a percentile rests on fewer
+    requests than it needs (catalog.MIN_SAMPLES, per side over the pooled trials). A thin sample does not change the
+    verdict; an unmeasured guard keeps a step from being kept, since nobody saw it not regress."""
     objective = goals.objective
     if not b:
         return Decision(
@@ -364,15 +509,21 @@ def decide_step(
     if not a:
         return Decision(FAILED, "every trial of the configuration it is compared with failed", None, (), (), None)
     level, paired = decision_level(trials), trials.interleave
-    obj, obj_effect = _compare(a, b, objective.metric, level, paired)
-    guard_results = [_compare(a, b, g.metric, level, paired) for g in goals.guards]
+    pool = borrowed if (borrowed and trials.pool_noise and paired) else {}
+    obj, obj_effect = _compare(a, b, objective.metric, level, paired, pool.get(objective.metric, ()))
+    guard_results = [_compare(a, b, g.metric, level, paired, pool.get(g.metric, ())) for g in goals.guards]
     guard_deltas = tuple(delta for delta, _ in guard_results)
     record = tuple(compare_metric(a, b, m, level=level, paired=paired) for m in RECORD_METRICS)
+    noise = {
+        delta.metric: effect.noise
+        for delta, effect in ((obj, obj_effect), *guard_results)
+        if effect is not None and effect.noise is not None
+    }
     unmeasured_guards = [note for d in guard_deltas if (note := _unmeasured(d, "guard "))]
     thin = "".join(f"; {note}" for note in _thin_notes((obj, *guard_deltas)))
 
     def decision(verdict: str, reason: str, more: int | None = None) -> Decision:
-        return Decision(verdict, reason + thin, obj, guard_deltas, record, more)
+        return Decision(verdict, reason + thin, obj, guard_deltas, record, more, noise)
 
     units = obj.units if obj.units is not None else min(len(a), len(b))
     if obj.rel_change is not None and units < MIN_TRIALS_TO_DECIDE:
@@ -393,28 +544,47 @@ def decide_step(
     lower_better = objective.direction == "minimize"
     point, lo, hi = _improvement(obj, lower_better)
     cap = max(MORE_TRIALS_CAP, trials.max_repeats)
+    looks = [
+        _look_at_guard(g, delta, effect, a, b, paired)
+        for g, (delta, effect) in zip(goals.guards, guard_results, strict=True)
+    ]
+    # One-sided: a guard is beyond when its better bound is past the tolerance, one tail of the two-sided interval.
+    shown = holm([look.p_beyond for look in looks], (1.0 - level) / 2)
     regressed: list[str] = []
     unsettled: list[str] = []
     pending: list[int | None] = []  # more trials per side each unsettled part needs (None: not decidable)
-    for guard, (delta, effect) in zip(goals.guards, guard_results, strict=True):
+    for look, beyond in zip(looks, shown, strict=True):
+        guard, delta = look.guard, look.delta
         lower = guard.direction == "minimize"
-        outcome = guard_outcome(delta, lower, guard.tolerance)
-        if outcome == BEYOND:
+        in_points = guard.absolute and delta.points is not None
+        tolerance = guard.tolerance_text
+        if look.outcome == BEYOND and beyond:
             change = (
-                describe_delta(delta)
-                if delta.rel_change is not None
+                describe_delta(delta, points=in_points)
+                if (in_points or delta.rel_change is not None)
                 else f"{label_of(delta.metric)} from 0 to {fmt_full(delta.metric, delta.candidate)},"
             )
-            regressed.append(f"{change} beyond its {guard.tolerance:.0%} tolerance")
-        elif outcome == UNSETTLED:
-            _, worst = _worse_by(delta, lower)
-            limit = guard.tolerance if lower else -guard.tolerance  # the tolerance as a relative change
-            more = None if effect is None else units_to_reach(effect, limit, cap)
-            pending.append(more)
-            bound = "no interval" if worst is None else f"its worse bound {fmt_pct(worst if lower else -worst)}"
+            regressed.append(f"guard {change} beyond its {tolerance} tolerance")
+        elif look.outcome == BEYOND:
             unsettled.append(
-                f"guard {describe_delta(delta)} not shown within its {guard.tolerance:.0%} tolerance ({bound}), "
-                + _settle_text(more, cap, "settle")
+                f"guard {describe_delta(delta, points=in_points)} past its {tolerance} tolerance at its own level "
+                f"but not once the step's {len(looks)} guards are taken together (Holm)"
+            )
+            pending.append(None)
+        elif look.outcome == UNSETTLED:
+            if in_points:
+                _, _, worst = _worse_in_points(delta, lower)
+                more = None if worst is None else _points_units_to_reach(delta, worst, guard.tolerance, units, cap)
+                bound = "no interval" if worst is None else f"its worse bound {_fmt_points(worst if lower else -worst)}"
+            else:
+                _, _, worst = _worse_by(delta, lower)
+                limit = guard.tolerance if lower else -guard.tolerance  # the tolerance as a relative change
+                more = None if look.effect is None else units_to_reach(look.effect, limit, cap)
+                bound = "no interval" if worst is None else f"its worse bound {fmt_pct(worst if lower else -worst)}"
+            pending.append(more)
+            unsettled.append(
+                f"guard {describe_delta(delta, points=in_points)} not shown within its {tolerance} tolerance "
+                f"({bound}), " + _settle_text(more, cap, "settle")
             )
     guard_text = "; ".join(regressed + unsettled + unmeasured_guards) or "no guard regressed"
     head = f"{describe_delta(obj)}, {guard_text}"
@@ -440,6 +610,34 @@ def decide_step(
     target = sign * objective.min_effect if point < objective.min_effect else 0.0
     more = units_to_reach(obj_effect, target, cap)
     return decision(INCONCLUSIVE, f"{head}; within noise, " + _settle_text(more, cap, "decide"), most([more, *pending]))
+
+
+def kept_means(min_effect: float, confidence: float) -> str:
+    """What "kept" promises, said next to each kept step."""
+    return (
+        f"kept means: the objective's {confidence:.0%} interval clears 0, its point is at least the {min_effect:.0%} "
+        "minimum effect, and every guard's worse bound is within its tolerance; it does not mean the gain is at "
+        "least the minimum effect with that confidence"
+    )
+
+
+def error_rates_text(verdicts: Sequence[str], confidence: float, sequential: bool) -> str:
+    """The run's verdicts and what they are worth: each decision's error bound and the false decisions to expect.
+
+    Per step, keeping a candidate with no real gain, rejecting one whose gain is at least min_effect with every guard
+    within tolerance, and rejecting through a guard that is exactly at its tolerance each happen at most
+    (1 - confidence) / 2 of the time (one tail of the interval; Holm across the guards; sequential looks inside the
+    same boundary), so a step's verdict is wrong at most 1 - confidence of the time. An upper bound, for the worst
+    true effects; at other effects the errors are rarer."""
+    decided = [v for v in verdicts if v in (KEPT, REJECTED)]
+    tail = (1.0 - confidence) / 2
+    looks = ", sequential looks included" if sequential else ""
+    return (
+        f"{len(verdicts)} step(s), {len(decided)} decided ({decided.count(KEPT)} kept, {decided.count(REJECTED)} "
+        f"rejected); each verdict is wrong at most {1 - confidence:.0%} of the time ({tail:.1%} for a keep without "
+        f"a gain, {tail:.1%} for a rejection through a guard at its tolerance or of a gain at the minimum effect"
+        f"{looks}): at most {len(decided) * (1 - confidence):.2g} false decision(s) expected across the run"
+    )
 
 
 def evaluate_gates(gates: Sequence[Gate], summary: Mapping[str, float]) -> list[GateResult]:

@@ -12,6 +12,16 @@ units where a bootstrap over three trials cannot be (it sees at most ten distinc
 - A metric that can be 0 or negative (an error rate, a queue wait) cannot take a log: the difference of means,
   relative to the baseline's mean.
 
+A run's steps share the engine, the host and the workload, so the noise of their per-pair log ratios is often
+alike. `moderate` borrows it (empirical Bayes, as limma moderates a gene's variance toward all genes'): each step's
+variance is shrunk toward the run's pooled one with prior degrees of freedom estimated from how much the steps'
+variances differ, and never claims more degrees of freedom than all the steps have together. It is opt-in
+(trials.pool_noise): three pairs cannot show that one step's noise is larger than the others', and a step whose noise
+is three times the rest's is then judged too narrowly (benchmarks/decisions.py measures both sides).
+
+A rate of requests (errors.rate) is a proportion whose baseline is often 0: its change is an absolute difference of
+two proportions over the pooled requests, with Newcombe's hybrid score interval (`newcombe_difference`).
+
 Sequential mode looks at the data after every added pair, and each look is another chance of a false decision.
 `sequential_level` calibrates one nominal level used at every look (a Pocock boundary for the t statistic) so the
 chance of any false decision over all looks stays at 1 - confidence; the stopping check and the final verdict use
@@ -26,12 +36,21 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 PAIRED_LOG = "paired t on log ratios"
 PAIRED_DIFF = "paired t on differences"
 WELCH_LOG = "Welch t on logs"
 WELCH_DIFF = "Welch t on differences"
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The spread of one comparison's units: the sample variance of its per-pair log ratios and its degrees of
+    freedom (pairs - 1)."""
+
+    var: float
+    df: int
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,7 @@ class Effect:
     se: float | None = None
     df: float | None = None
     log_scale: bool = True
+    noise: Noise | None = None  # its own units' spread (paired, log scale), what later steps may borrow
 
 
 def _t(level: float, df: float) -> float:
@@ -58,8 +78,8 @@ def _positive(*arrays: np.ndarray) -> bool:
     return all(arr.size and bool(np.all(np.isfinite(arr))) and bool(np.all(arr > 0)) for arr in arrays)
 
 
-def paired_effect(a: Sequence[float], b: Sequence[float], level: float) -> Effect:
-    """Trial r of `a` paired with trial r of `b`."""
+def paired_effect(a: Sequence[float], b: Sequence[float], level: float, borrow: Sequence[Noise] = ()) -> Effect:
+    """Trial r of `a` paired with trial r of `b`; with `borrow` (other steps' noise), the variance moderated."""
     va, vb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     n = int(min(va.size, vb.size))
     va, vb = va[:n], vb[:n]
@@ -70,10 +90,15 @@ def paired_effect(a: Sequence[float], b: Sequence[float], level: float) -> Effec
         mean = float(d.mean())
         if n < 2:
             return Effect(math.expm1(mean), None, None, n, PAIRED_LOG, level)
-        se = float(d.std(ddof=1)) / math.sqrt(n)
-        half = _t(level, n - 1) * se
+        own = Noise(float(d.var(ddof=1)), n - 1)
+        var, df, method = float(own.var), float(own.df), PAIRED_LOG
+        if borrow:
+            var, df = moderate(own, borrow)
+            method = f"{PAIRED_LOG}, variance moderated over {len(borrow) + 1} steps (df {df:.3g})"
+        se = math.sqrt(var / n)
+        half = _t(level, df) * se
         return Effect(
-            math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half), n, PAIRED_LOG, level, se, n - 1
+            math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half), n, method, level, se, df, noise=own
         )
     return _difference(vb - va, float(va.mean()), n, PAIRED_DIFF, level, n - 1)
 
@@ -127,6 +152,117 @@ def _scaled(diff: float, se: float, base: float, units: int, method: str, level:
     return Effect(
         diff / scale, (diff - half) / scale, (diff + half) / scale, units, method, level, se / scale, df, False
     )
+
+
+# ------------------------------------------------------------------------------------------- borrowed noise
+def _trigamma_inverse(x: float) -> float:
+    """y with trigamma(y) = x, by Newton's method from limma's starting point (Smyth 2004)."""
+    if x > 1e7:
+        return 1.0 / math.sqrt(x)
+    if x < 1e-6:
+        return 1.0 / x
+    y = 0.5 + 1.0 / x
+    for _ in range(50):
+        tri = float(special.polygamma(1, y))
+        step = tri * (1.0 - tri / x) / float(special.polygamma(2, y))
+        y += step
+        if -step / y < 1e-8:
+            break
+    return y
+
+
+def moderate(own: Noise, others: Sequence[Noise]) -> tuple[float, float]:
+    """(variance, degrees of freedom) of `own` moderated toward the steps' common variance.
+
+    The prior (s0², d0) is fitted to all the steps' log variances by moments (limma's fitFDist): when they differ
+    no more than sampling explains, d0 is infinite and every step takes the pooled variance; when they differ, d0
+    is small and a step keeps mostly its own. The degrees of freedom never exceed all the steps' together."""
+    noises = [n for n in (*others, own) if n.df >= 1 and n.var > 0]
+    if own not in noises or len(noises) < 2:
+        return own.var, float(own.df)
+    var = np.array([n.var for n in noises])
+    df = np.array([float(n.df) for n in noises])
+    e = np.log(var) - special.digamma(df / 2) + np.log(df / 2)
+    e_mean = float(e.mean())
+    e_var = float(((e - e_mean) ** 2).sum() / (len(e) - 1) - special.polygamma(1, df / 2).mean())
+    pooled_df = float(df.sum())
+    if e_var <= 0:
+        return float(math.exp(e_mean)), pooled_df
+    d0 = 2.0 * _trigamma_inverse(e_var)
+    s0 = math.exp(e_mean + float(special.digamma(d0 / 2)) - math.log(d0 / 2))
+    return (d0 * s0 + own.df * own.var) / (d0 + own.df), min(d0 + own.df, pooled_df)
+
+
+# ------------------------------------------------------------------------------------------- rates of requests
+def _wilson(count: int, total: int, z: float) -> tuple[float, float]:
+    p = count / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def newcombe_difference(
+    count_a: int, total_a: int, count_b: int, total_b: int, level: float
+) -> tuple[float, float, float] | None:
+    """p_b - p_a with Newcombe's hybrid score interval (his method 10): Wilson intervals of each side combined. It
+    stays inside [-1, 1] and is not degenerate at 0 errors on both sides, where a Wald interval is [0, 0]. None
+    when a side has no requests."""
+    if total_a <= 0 or total_b <= 0:
+        return None
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    pa, pb = count_a / total_a, count_b / total_b
+    la, ua = _wilson(count_a, total_a, z)
+    lb, ub = _wilson(count_b, total_b, z)
+    diff = pb - pa
+    low = diff - math.sqrt((pb - lb) ** 2 + (ua - pa) ** 2)
+    high = diff + math.sqrt((ub - pb) ** 2 + (pa - la) ** 2)
+    return diff, low, high
+
+
+def newcombe_p_above(count_a: int, total_a: int, count_b: int, total_b: int, limit: float) -> float:
+    """One-sided p-value that p_b - p_a exceeds `limit`: half the complement of the highest level whose interval's
+    lower bound is still above it (1 when the point is not above it)."""
+    point = newcombe_difference(count_a, total_a, count_b, total_b, 0.5)
+    if point is None or point[0] <= limit:
+        return 1.0
+    lo, hi = 1e-9, 1.0 - 1e-12  # levels: at `lo` the bound is the point (> limit)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        bounds = newcombe_difference(count_a, total_a, count_b, total_b, mid)
+        if bounds is not None and bounds[1] > limit:
+            lo = mid
+        else:
+            hi = mid
+    return (1.0 - lo) / 2
+
+
+def t_p_beyond(effect: Effect, limit: float, worse_up: bool) -> float:
+    """One-sided p-value that the true change is past `limit` (a relative change) in the worse direction (up when
+    `worse_up`), from the interval's own t: how surprising the estimate is if the change is exactly at the limit."""
+    if effect.rel is None or effect.se is None or effect.df is None:
+        return 1.0
+    if effect.log_scale:
+        if effect.rel <= -1 or limit <= -1:
+            return 1.0
+        gap = math.log1p(effect.rel) - math.log1p(limit)
+    else:
+        gap = effect.rel - limit
+    if not worse_up:
+        gap = -gap
+    if effect.se == 0:
+        return 0.0 if gap > 0 else 1.0
+    return float(stats.t.sf(gap / effect.se, effect.df))
+
+
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Which of the hypotheses Holm's step-down rejects at family-wise error `alpha`."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (len(p_values) - rank):
+            break
+        rejected[i] = True
+    return rejected
 
 
 # ------------------------------------------------------------------------------------------- sequential looks

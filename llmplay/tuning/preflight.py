@@ -107,6 +107,13 @@ def check_flags(
     return list(problems), checked
 
 
+def run_images(playbook: Playbook, engine: Engine) -> list[str]:
+    """Every engine image the run starts: the baseline's, then each step's, once each."""
+    wanted = [playbook.engine.image or engine.default_image]
+    wanted += [str(c.value) for s in playbook.steps for c in s.changes if c.target == "image" and c.value]
+    return list(dict.fromkeys(wanted))
+
+
 def preflight(
     playbook: Playbook, engine: Engine, flags_of: Callable[[str], ImageFlags | None], report: Callable[[str], None]
 ) -> PreflightResult:
@@ -114,9 +121,7 @@ def preflight(
     baseline image's release, and raise PlaybookError (exit code 2) naming every flag an image lacks."""
     default_image = engine.default_image
     images: dict[str, ImageFlags] = {}
-    wanted = [playbook.engine.image or default_image]
-    wanted += [str(c.value) for s in playbook.steps for c in s.changes if c.target == "image" and c.value]
-    for image in dict.fromkeys(wanted):
+    for image in run_images(playbook, engine):
         found = flags_of(image)
         if found is None:
             report(f"preflight: image {image} is not on this machine; its flags are not checked")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,11 +33,13 @@ from llmplay.errors import ExitCode, LlmplayError, PlaybookError
 from llmplay.plan import docker_run_argv, format_argv
 from llmplay.playbook.source import located_error
 from llmplay.redaction import redact, redact_text, referenced_values, resolve_env, secret_values
-from llmplay.runtime import make_runtime, stop_all
+from llmplay.runtime import live_runs, make_runtime, stop_all
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.docker import gc as remove_containers
+from llmplay.runtime.docker import require_images
 from llmplay.runtime.image_flags import image_flags
-from llmplay.spec import CapacitySpec, Config, Playbook, Step, apply_step
+from llmplay.runtime.owner import Owner
+from llmplay.spec import CapacitySpec, Config, Playbook, Step, Trials, apply_step
 from llmplay.tuning.capacity import capacity_goal
 from llmplay.tuning.cluster import (
     Needs,
@@ -50,7 +54,8 @@ from llmplay.tuning.cluster import (
 from llmplay.tuning.decide import Decision, TrialSample, decide_step, evaluate_gates, pooled_summary
 from llmplay.tuning.diagnose.from_trials import diagnose_run
 from llmplay.tuning.environment import describe_environment
-from llmplay.tuning.preflight import preflight
+from llmplay.tuning.intervals import Noise
+from llmplay.tuning.preflight import preflight, run_images
 from llmplay.tuning.quality import ProbeResult, judge_quality, load_probes, speed_goals
 from llmplay.tuning.signals import SignalGuard, StopRun, TrialInterrupted
 from llmplay.tuning.trial import TrialResult, describe_trial, run_trial, trial_sample, utc_now
@@ -101,6 +106,7 @@ class RunOutcome:
     findings: tuple[Mapping[str, Any], ...] = ()
     diagnosis: Mapping[str, Any] = field(default_factory=dict)
     final_summary: Mapping[str, Any] = field(default_factory=dict)  # the final configuration's pooled figures
+    trials: Trials = field(default_factory=Trials)  # the design the verdicts were decided under
 
 
 @dataclass
@@ -245,7 +251,12 @@ class TuningRun:
         self.done: dict[tuple[str, str, int], TrialRecord] = {}
         self.trial_counter = 0
         self.verdicts: list[StepVerdict] = []
+        # Each decided step's own noise per metric, what later steps borrow when trials.pool_noise is on.
+        self.noise: dict[str, list[Noise]] = {}
         self._signals: SignalGuard | None = None
+        self._registered = False  # in this host's registry of live runs (llmplay.runtime.live_runs)
+        self._began = False  # a trial was handed to its measurement (an engine may have started)
+        self._sharers_told: set[str] = set()
 
     @property
     def archive(self) -> RunArchive:
@@ -334,19 +345,70 @@ class TuningRun:
             self._signals.check()
         self.trial_counter += 1
         trial_id = f"t{self.trial_counter:03d}"
+        since, live_before = time.time(), self._other_runs_live()
+        self._began = True
         try:
             result = self.measure_trial(config, trial_id=trial_id, step=step, role=role, repeat=repeat)
         except TrialInterrupted as stopped:
-            self.archive.write_trial(stopped.trial, stopped.records, None, stopped.log)
+            trial = self._with_sharers(stopped.trial, since, live_before)
+            self.archive.write_trial(trial, stopped.records, None, stopped.log)
             raise KeyboardInterrupt("interrupted mid-trial") from None
         except (LlmplayError, StopRun):
             raise
         except Exception as exc:  # inside the measurement: nothing of this trial is on disk to resume from
             raise _MeasurementCrashed(exc) from exc
+        result = replace(result, trial=self._with_sharers(result.trial, since, live_before))
         self._archive_result(result)
         if self.playbook.trials.cooldown_s:
             time.sleep(self.playbook.trials.cooldown_s)
         return result.trial, result.sample
+
+    # ---------------------------------------------------------------- other runs on this host
+    @contextlib.contextmanager
+    def _live_on_this_host(self, archive: RunArchive) -> Iterator[None]:
+        """This run in the host's registry of live runs while it measures. A second process continuing the same run
+        is refused before it writes anything; a cache directory that cannot be written costs only the record of
+        which runs shared the host (one warning), never the run."""
+        try:
+            entry = live_runs.LiveRun(archive.run_id, self.playbook.metadata.name).__enter__()
+        except OSError as exc:
+            self.warn(
+                f"warning: cannot register this run in {live_runs.registry_dir()} ({exc.strerror or exc}); other "
+                "llmplay runs sharing this host will not be recorded"
+            )
+            yield
+            return
+        self._registered = True
+        try:
+            yield
+        finally:
+            self._registered = False
+            entry.__exit__(None, None, None)
+
+    def _other_runs_live(self) -> set[str]:
+        if not self._registered:
+            return set()
+        try:
+            return live_runs.live_ids(self.archive.run_id)
+        except OSError:
+            return set()
+
+    def _with_sharers(self, trial: TrialRecord, since: float, live_before: set[str]) -> TrialRecord:
+        """The trial with the other llmplay runs live on this host while it ran: their load was in its figures."""
+        if not self._registered:
+            return trial
+        try:
+            others = live_runs.others_during(self.archive.run_id, since, live_before)
+        except OSError:
+            return trial
+        for other in others:
+            if other.run_id not in self._sharers_told:
+                self._sharers_told.add(other.run_id)
+                self.report(
+                    f"warning: llmplay run {other.run_id} ({other.playbook}, {other.owner.describe()}) shares this "
+                    "host; its load is in this run's figures too (recorded with each trial it overlapped)"
+                )
+        return replace(trial, shared_with=tuple(o.as_record() for o in others))
 
     def _archive_result(self, result: TrialResult) -> None:
         # Archived first: whatever fails from here on (a console line, a decision, the diagnosis), --resume
@@ -382,16 +444,13 @@ class TuningRun:
             raise StopRun(f"trial {trial.trial_id} failed and on_failure is stop: {trial.error}")
 
     def _measure_pair(self, reference: ConfigTrials, cand: ConfigTrials, step: Step) -> None:
-        """A B B A A B ... (or A A B B); in sequential mode, more pairs until the verdict is no longer inconclusive.
-
-        Interleaved pairs alternate which side goes first: with A B A B the candidate always follows the reference,
-        so anything that favours the second start of a pair (warm page cache, a cooling CPU) reads as its effect.
-        """
+        """A B, B A, B A, A B ... in an order drawn per pair (candidate_first), or A A B B; in sequential mode, more
+        pairs until the verdict is no longer inconclusive."""
         trials = self.playbook.trials
         pairs = [(reference, "baseline"), (cand, "candidate")]
 
         def pair_in_order(rep: int) -> list[tuple[ConfigTrials, str]]:
-            return pairs if rep % 2 == 0 else pairs[::-1]
+            return pairs[::-1] if candidate_first(self.archive.run_id, step.name, rep) else pairs
 
         def pair(r: int) -> list[tuple[ConfigTrials, str, int]]:
             return [(m, role, r) for m, role in (pair_in_order(r) if trials.interleave else pairs)]
@@ -435,6 +494,7 @@ class TuningRun:
             speed_goals(self.playbook.goals),
             self.playbook.trials,
             failed_candidate_trials=cand.failed,
+            borrowed=self.noise,
         )
         return _node_blocks(decision, reference, cand)
 
@@ -540,6 +600,7 @@ class TuningRun:
         measured, role, rep = run.items[run.next_index]
         self.trial_counter += 1
         trial_id = f"t{self.trial_counter:03d}"
+        self._began = True
         cluster.submit(TrialJob(measured.config, trial_id, step, role, rep), node_id, run.needs)
         run.inflight = trial_id
         run.started = (utc_now(), time.perf_counter())
@@ -594,7 +655,7 @@ class TuningRun:
         if self.playbook.runtime.kind != "docker":
             return
         try:
-            removed = remove_containers(orphans_only=True)
+            removed = remove_containers().removed_names()
         except LlmplayError as exc:
             self.report(f"could not look for orphaned containers: {exc}")
             return
@@ -615,12 +676,16 @@ class TuningRun:
             self.cluster.check_placeable(pair_needs([baseline, candidate], pb.runtime), f"step {step.name}")
 
     def _preflight(self) -> None:
-        """Every flag of the run checked against the image (PlaybookError, exit 2, before any archive is made)."""
+        """Every image of the run present (InfrastructureError, exit 1) and every flag checked against its image
+        (PlaybookError, exit 2), before any archive is made: a run that cannot start its engines leaves none."""
         pb = self.playbook
-        if not (self.options.preflight and self._starts_engines and pb.runtime.kind == "docker"):
+        if not (self._starts_engines and pb.runtime.kind == "docker"):
             return
         client = connect_docker(pb.runtime.docker_host)
         try:
+            require_images(client, run_images(pb, self.engine))
+            if not self.options.preflight:
+                return
             result = preflight(pb, self.engine, lambda image: image_flags(client, image, self.engine), self.report)
         finally:
             client.close()
@@ -630,8 +695,10 @@ class TuningRun:
 
     def execute(self) -> RunOutcome:
         try:
-            self._join_cluster()
-            return self._execute()
+            # From the first moment: a Ctrl-C before any engine starts is an interrupt (exit 130) like any other.
+            with SignalGuard(stop_all) as self._signals:
+                self._join_cluster()
+                return self._execute()
         finally:
             if self.cluster is not None:
                 self.cluster.close()
@@ -640,74 +707,32 @@ class TuningRun:
         self._preflight()
         self._archive = archive = self._open_archive()
         pb = self.playbook
-        self._collect_orphans()
-        if self.cluster is not None:
-            self.cluster.measure = self._node_measure or NodeTrial(pb, self.engine, archive.run_id)
-            if self.options.resume:
-                self.cluster.collect_orphans(archive.run_id, pb.runtime.docker_host)
         best = ConfigTrials(Config("baseline", pb.engine, pb.workload))
-        archive.write_config(self._config_record(best.config))
         record_rows: list[dict[str, Any]] = []
         status, exit_code = "complete", int(ExitCode.OK)
         crash: Exception | None = None
+        stopped: BaseException | None = None
         final = best
         try:
-            with SignalGuard(stop_all) as self._signals:
-                if not pb.steps:
-                    self._baseline_only(best)
-                    record_rows.append(_record_row(best, None))
-                for index, step in enumerate(pb.steps, start=1):
-                    cand_config, effects = apply_step(best.config, step)
-                    cand_config = Config(step.name, cand_config.engine, cand_config.workload)
-                    archive.write_config(self._config_record(cand_config))
-                    cand = ConfigTrials(cand_config)
-                    reference = ConfigTrials(best.config)
-                    self._say(
-                        f"the header line of step {step.name}",
-                        _step_line,
-                        f"step {index}/{len(pb.steps)} {step.name}",
-                        effects,
-                    )
-                    self._measure_pair(reference, cand, step)
-                    decision = self._decide(reference, cand)
-                    decision = judge_quality(decision, pb.goals, reference.probes, cand.probes, effects)
-                    carried = (step.carry == "always" and decision.verdict != FAILED) or (
-                        step.carry == "if_kept" and decision.verdict == KEPT
-                    )
-                    verdict = StepVerdict(
-                        step=step.name,
-                        index=index,
-                        verdict=decision.verdict,
-                        reason=decision.reason,
-                        changes=tuple(e.describe() for e in effects),
-                        bundle=step.bundle,
-                        baseline_config=reference.config.label,
-                        candidate_config=cand_config.label,
-                        objective=decision.objective,
-                        guards=decision.guards,
-                        deltas=decision.deltas,
-                        trials_baseline=tuple(reference.trial_ids),
-                        trials_candidate=tuple(cand.trial_ids),
-                        more_trials_needed=decision.more_trials_needed,
-                        carried=carried,
-                    )
-                    archive.write_verdict(verdict)
-                    self.verdicts.append(verdict)
-                    self._say(f"the verdict line of step {step.name}", _verdict_line, decision)
-                    if index == 1:
-                        record_rows.append(_record_row(reference, None))
-                    record_rows.append(_record_row(cand, verdict))
-                    best = cand if carried else reference
-                final = best
-        except (KeyboardInterrupt, asyncio.CancelledError):
+            with self._live_on_this_host(archive):
+                archive.set_owner(Owner.current().as_dict())
+                self._collect_orphans()
+                if self.cluster is not None:
+                    self.cluster.measure = self._node_measure or NodeTrial(pb, self.engine, archive.run_id)
+                    if self.options.resume:
+                        self.cluster.collect_orphans(archive.run_id, pb.runtime.docker_host)
+                archive.write_config(self._config_record(best.config))
+                final = self._steps(best, record_rows)
+        except live_runs.RunTaken:
+            raise  # another process is continuing this run: its archive is not ours to write
+        except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+            stopped = exc if isinstance(exc, KeyboardInterrupt) else KeyboardInterrupt("cancelled")
             status, exit_code = "interrupted", ExitCode.INTERRUPTED
-            self.report("interrupted: engines stopped; archive kept, continue with --resume")
         except StopRun as exc:
             status, exit_code = "failed", ExitCode.INFRA
             self.report(f"stopped: {exc}")
         except LlmplayError as exc:
-            status, exit_code = "failed", exc.exit_code
-            self.report(f"error: {exc}")
+            stopped, status, exit_code = exc, "failed", exc.exit_code
         except _MeasurementCrashed as wrapped:
             # A bug while measuring (e.g. a dataset row the load path cannot use): resuming would hit it again.
             status, exit_code, crash = "failed", ExitCode.INFRA, wrapped.cause
@@ -720,6 +745,18 @@ class TuningRun:
             # prints its one line (traceback with --debug).
             status, exit_code, crash = "interrupted", ExitCode.INFRA, exc
             self._say("the stop line", _stopped_by_bug, exc, archive.run_dir)
+        if stopped is not None and not self.options.resume and not self._began:
+            # Stopped before its first trial began (a signal, Docker gone): an archive of nothing would list a
+            # "failed" or "interrupted" run that measured nothing; the error itself is the whole story.
+            shutil.rmtree(archive.run_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                archive.run_dir.parent.rmdir()  # the playbook's folder, when this was its only run
+            self.report(f"no trial started; the archive {archive.run_dir} was removed")
+            raise stopped
+        if isinstance(stopped, LlmplayError):
+            self.report(f"error: {stopped}")
+        elif stopped is not None:
+            self.report("interrupted: engines stopped; archive kept, continue with --resume")
         final_summary: dict[str, Any] = {}
         findings: list[dict[str, Any]] = []
         diagnosis: dict[str, Any] = {}
@@ -764,7 +801,60 @@ class TuningRun:
             tuple(findings),
             diagnosis,
             final_summary,
+            pb.trials,
         )
+
+    def _steps(self, best: ConfigTrials, record_rows: list[dict[str, Any]]) -> ConfigTrials:
+        """The baseline (alone when there are no steps) and each step's A/B pairs and verdict; the final config."""
+        pb, archive = self.playbook, self.archive
+        if not pb.steps:
+            self._baseline_only(best)
+            record_rows.append(_record_row(best, None))
+        for index, step in enumerate(pb.steps, start=1):
+            cand_config, effects = apply_step(best.config, step)
+            cand_config = Config(step.name, cand_config.engine, cand_config.workload)
+            archive.write_config(self._config_record(cand_config))
+            cand = ConfigTrials(cand_config)
+            reference = ConfigTrials(best.config)
+            self._say(
+                f"the header line of step {step.name}",
+                _step_line,
+                f"step {index}/{len(pb.steps)} {step.name}",
+                effects,
+            )
+            self._measure_pair(reference, cand, step)
+            decision = self._decide(reference, cand)
+            decision = judge_quality(decision, pb.goals, reference.probes, cand.probes, effects)
+            carried = (step.carry == "always" and decision.verdict != FAILED) or (
+                step.carry == "if_kept" and decision.verdict == KEPT
+            )
+            verdict = StepVerdict(
+                step=step.name,
+                index=index,
+                verdict=decision.verdict,
+                reason=decision.reason,
+                changes=tuple(e.describe() for e in effects),
+                bundle=step.bundle,
+                baseline_config=reference.config.label,
+                candidate_config=cand_config.label,
+                objective=decision.objective,
+                guards=decision.guards,
+                deltas=decision.deltas,
+                trials_baseline=tuple(reference.trial_ids),
+                trials_candidate=tuple(cand.trial_ids),
+                more_trials_needed=decision.more_trials_needed,
+                carried=carried,
+            )
+            archive.write_verdict(verdict)
+            self.verdicts.append(verdict)
+            for metric, noise in decision.noise.items():
+                self.noise.setdefault(metric, []).append(noise)
+            self._say(f"the verdict line of step {step.name}", _verdict_line, decision)
+            if index == 1:
+                record_rows.append(_record_row(reference, None))
+            record_rows.append(_record_row(cand, verdict))
+            best = cand if carried else reference
+        return best
 
     def _diagnose(self, final: ConfigTrials, summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The diagnosis of the final configuration; a bug in it costs the diagnosis, never the run's verdicts."""
@@ -794,6 +884,14 @@ def _node_blocks(decision: Decision, reference: ConfigTrials, cand: ConfigTrials
         guards=tuple(blocked(d) for d in decision.guards),
         deltas=tuple(blocked(d) for d in decision.deltas),
     )
+
+
+def candidate_first(run_id: str, step: str, repeat: int) -> bool:
+    """Which side of pair `repeat` starts, drawn per pair from the run id (archived): alternating A B | B A puts the
+    candidates of consecutive pairs next to each other, so trials that drift together make those pairs alike and
+    their spread too small; a random order leaves any advantage of starting second as noise, not as an effect."""
+    digest = hashlib.sha256(f"{run_id}\0{step}\0{repeat}".encode()).digest()
+    return bool(digest[0] & 1)
 
 
 def _step_line(head: str, effects: Sequence[Any]) -> str:

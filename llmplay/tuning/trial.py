@@ -23,6 +23,7 @@ from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.loadgen.workload import iter_requests
 from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
 from llmplay.redaction import resolve_args, resolve_env
+from llmplay.runtime.docker import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook
 from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
@@ -141,7 +142,7 @@ def run_trial(
     # arrival times), so the workload's own randomness cancels in the pair's ratio, while each pair draws a new
     # sequence and the verdict does not hinge on one sample of requests.
     config = replace(config, workload=replace(config.workload, seed=config.workload.seed + repeat))
-    labels = {"llmplay.run": run_id, "llmplay.trial": trial_id, "llmplay.config": config.label}
+    labels = {LABEL_RUN: run_id, LABEL_TRIAL: trial_id, LABEL_CONFIG: config.label}
     runtime = runtime_factory(playbook.runtime)
     spec = replace(config.engine, env=resolve_env(config.engine.env), extra_args=resolve_args(config.engine.extra_args))
     base: dict[str, Any] = {
