@@ -196,12 +196,24 @@ def capacity(file: Path, archive_dir: str | None, repeats: int | None, allow_out
 @click.option(
     "--capacity", "capacity", is_flag=True, help="Search the capacity under goals.slo (the playbook's goals.capacity)."
 )
+@click.option("--allow-outside-tree", "allow_outside_tree", is_flag=True, help=_OUTSIDE_HELP)
 @handles_errors
-def bench(url: str, workload_file: Path, model: str | None, json_path: str | None, capacity: bool) -> None:
+def bench(
+    url: str, workload_file: Path, model: str | None, json_path: str | None, capacity: bool, allow_outside_tree: bool
+) -> None:
     """Run one workload against an already running endpoint and print the summary."""
     from llmplay.commands.bench import bench_command  # deferred: loaded only when this command runs
 
-    sys.exit(bench_command(url, workload_file, model=model, json_path=json_path, capacity=capacity))
+    sys.exit(
+        bench_command(
+            url,
+            workload_file,
+            model=model,
+            json_path=json_path,
+            capacity=capacity,
+            allow_outside_tree=allow_outside_tree,
+        )
+    )
 
 
 @cli.command()

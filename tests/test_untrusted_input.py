@@ -530,3 +530,15 @@ def test_a_refused_dataset_is_not_read_for_quality_probes_either(tmp_path, monke
     )
     assert_refused(path, "workload.dataset", "points outside")
     assert read == []
+
+
+def test_a_bench_workload_file_keeps_its_dataset_inside_its_tree(tmp_path):
+    from llmplay.playbook.load import load_workload
+
+    (tmp_path / "data.jsonl").write_text('{"prompt": "a"}\n')
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "w.yaml").write_text("concurrency: 1\nnum_requests: 2\ndataset: ../data.jsonl\n")
+    with pytest.raises(PlaybookError, match=r"w\.yaml:3: dataset: .*points outside"):
+        load_workload(tmp_path / "w" / "w.yaml")
+    workload, _ = load_workload(tmp_path / "w" / "w.yaml", allow_outside_tree=True)
+    assert workload.dataset == str(tmp_path / "data.jsonl")

@@ -100,12 +100,13 @@ def load_playbook(
     return replace(playbook, sites=frozen_map(knob_sites(playbook, sources)))
 
 
-def load_workload(path: str | os.PathLike) -> tuple[Workload, Goals]:
-    """`llmplay bench --workload FILE`: a whole playbook, or a file holding just a workload mapping."""
+def load_workload(path: str | os.PathLike, *, allow_outside_tree: bool = False) -> tuple[Workload, Goals]:
+    """`llmplay bench --workload FILE`: a whole playbook, or a file holding just a workload mapping; its dataset
+    stays inside the file's directory tree, as a playbook's does."""
     file = Path(path).absolute()
     data, sources = read_yaml(file)
     if isinstance(data, dict) and "apiVersion" in data:
-        pb = load_playbook(file)
+        pb = load_playbook(file, allow_outside_extends=allow_outside_tree)
         return pb.workload, pb.goals
     problems = Problems(sources, display_path(str(file)))
     if not isinstance(data, dict):
@@ -120,6 +121,7 @@ def load_workload(path: str | os.PathLike) -> tuple[Workload, Goals]:
     }
     schema_problems(wrapper, problems)
     problems.raise_if_any()
-    workload = parse_workload(doc, file.parent, ("workload",) if "workload" in data else (), problems)
+    files = PromptFiles(None if allow_outside_tree else file.parent.resolve())
+    workload = parse_workload(doc, file.parent, ("workload",) if "workload" in data else (), problems, files)
     problems.raise_if_any()
     return workload, Goals()
