@@ -17,6 +17,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 _ARCHIVE_HELP = "Archive root (default $LLMPLAY_ARCHIVE or ./reports)."
+# One flag for every file a playbook names (extends:, workload.dataset, goals.quality.probes); the old name stays.
+_OUTSIDE_HELP = (
+    "Allow extends:, datasets and probe files outside the playbook's directory (alias --allow-outside-extends)."
+)
 _KEY = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
@@ -72,7 +76,9 @@ def cli(debug: bool) -> None:
 
 @cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--allow-outside-extends", is_flag=True, help="Allow extends: to leave the playbook's directory.")
+@click.option(
+    "--allow-outside-tree", "--allow-outside-extends", "allow_outside_extends", is_flag=True, help=_OUTSIDE_HELP
+)
 def validate(files: tuple[Path, ...], allow_outside_extends: bool) -> None:
     """Check playbooks against the llmplay/v1 schema and the engine's knobs."""
     from llmplay.commands.validate import validate_command  # deferred: loaded only when this command runs
@@ -82,7 +88,9 @@ def validate(files: tuple[Path, ...], allow_outside_extends: bool) -> None:
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--allow-outside-extends", is_flag=True)
+@click.option(
+    "--allow-outside-tree", "--allow-outside-extends", "allow_outside_extends", is_flag=True, help=_OUTSIDE_HELP
+)
 @handles_errors
 def plan(file: Path, allow_outside_extends: bool) -> None:
     """Print the baseline, each step's configuration and command line, and the gates; starts nothing."""
@@ -100,7 +108,9 @@ def plan(file: Path, allow_outside_extends: bool) -> None:
 @click.option("--repeats", type=click.IntRange(1, 50), help="Override trials.repeats.")
 @click.option("--duration", "duration", help="Override workload.duration (e.g. 10s).")
 @click.option("--warmup", "warmup", help="Override workload.warmup (e.g. 2s).")
-@click.option("--allow-outside-extends", is_flag=True)
+@click.option(
+    "--allow-outside-tree", "--allow-outside-extends", "allow_outside_extends", is_flag=True, help=_OUTSIDE_HELP
+)
 @click.option(
     "--ray",
     "ray_address",
@@ -187,7 +197,9 @@ def retest(
 @click.option(
     "--repeats", type=click.IntRange(1, 50), help="Searches to run, each on its own engine start (default 1)."
 )
-@click.option("--allow-outside-extends", is_flag=True)
+@click.option(
+    "--allow-outside-tree", "--allow-outside-extends", "allow_outside_extends", is_flag=True, help=_OUTSIDE_HELP
+)
 @handles_errors
 def capacity(file: Path, archive_dir: str | None, repeats: int | None, allow_outside_extends: bool) -> None:
     """Search the baseline's capacity under goals.slo (goals.capacity) and print the boundary table."""
@@ -212,12 +224,24 @@ def capacity(file: Path, archive_dir: str | None, repeats: int | None, allow_out
 @click.option(
     "--capacity", "capacity", is_flag=True, help="Search the capacity under goals.slo (the playbook's goals.capacity)."
 )
+@click.option("--allow-outside-tree", "allow_outside_tree", is_flag=True, help=_OUTSIDE_HELP)
 @handles_errors
-def bench(url: str, workload_file: Path, model: str | None, json_path: str | None, capacity: bool) -> None:
+def bench(
+    url: str, workload_file: Path, model: str | None, json_path: str | None, capacity: bool, allow_outside_tree: bool
+) -> None:
     """Run one workload against an already running endpoint and print the summary."""
     from llmplay.commands.bench import bench_command  # deferred: loaded only when this command runs
 
-    sys.exit(bench_command(url, workload_file, model=model, json_path=json_path, capacity=capacity))
+    sys.exit(
+        bench_command(
+            url,
+            workload_file,
+            model=model,
+            json_path=json_path,
+            capacity=capacity,
+            allow_outside_tree=allow_outside_tree,
+        )
+    )
 
 
 @cli.command()

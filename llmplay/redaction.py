@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -13,16 +15,88 @@ ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 # A name is secret when it *ends* in a secret word (HF_TOKEN, OPENAI_API_KEY, db_password, GITHUBTOKEN, x-api-key):
 # `tokenizer`, `prefix_tokens` or `max_tokens` are not, and blanking them would make an archived playbook unloadable.
 # AUTH counts only as a whole part (proxy_auth, X-AUTH): a longer word that merely ends in it need not be a secret.
+# KEY, PAT, PASS and PWD count only as a whole last part too (OPENAI_KEY, GITHUB_PAT, DB_PASS, MYSQL_PWD; not
+# `monkey`, `compass`); `num_key_value_heads` does not end in a secret word at all.
 SECRET_NAME = re.compile(
     r"(TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|SECRET[_-]?KEY|"
-    r"CREDENTIALS?|(^|[_.-])AUTH)$",
+    r"CREDENTIALS?|(^|[_.-])(AUTH|KEY|PAT|PASS)|[_.-]PWD)$",
     re.I,
 )
+# An environment variable or a command-line flag is a credential's home when any whole part of its name is one of
+# these (HF_TOKEN_PATH, AWS_SECRET_ACCESS_KEY, --api-key, --hf-token): stricter than SECRET_NAME, which must not
+# blank ordinary document keys. TOKENIZERS_PARALLELISM, PYTHONPATH and --max-num-batched-tokens have no such part.
+_CREDENTIAL_PARTS = {
+    "TOKEN", "SECRET", "PASS", "PASSWORD", "PASSWD", "PASSPHRASE", "PWD", "KEY", "APIKEY", "PAT", "CREDENTIAL",
+    "CREDENTIALS", "AUTH", "PRIVATE",
+}  # fmt: skip
+# Values that are switches, not secrets, even under such a name (NCCL_PAT_ENABLE=1, AUTH_DISABLED=true).
+_SWITCH = re.compile(r"(true|false|yes|no|on|off|0|1|-1|)", re.I)
+# Credential formats their issuers publish so that leaks can be found: Hugging Face, OpenAI and Anthropic, GitHub,
+# GitLab, Slack, AWS access key ids, Google API keys, PEM private keys, JSON Web Tokens.
+KNOWN_TOKEN = re.compile(
+    r"(?<![A-Za-z0-9])(?:"
+    r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|"
+    r"glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}|"
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----|eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"
+    r")"
+)
+_RANDOM_RUN = re.compile(r"[A-Za-z0-9+]{20,}")
+_HEX = re.compile(r"[0-9a-fA-F]+")
 URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@", re.I)
 REDACTED = "***"
+_URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s:]+:[^/@\s]+@", re.I)
 # In YAML text: `KEY: value` lines (a list item or quoted key too), and the values that are plain data, never secret.
 _YAML_KEY_LINE = re.compile(r"^(?P<head>\s*-?\s*[\"']?(?P<key>[A-Za-z0-9_.-]+)[\"']?\s*:\s*)(?P<value>\S.*?)\s*$")
 _PLAIN_SCALAR = re.compile(r"(-?[0-9][0-9_.eE+-]*|true|false|null|~)(\s+#.*)?", re.I)
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether an environment variable or flag named `name` holds a credential (by any whole part of its name)."""
+    parts = [p.upper() for p in re.split(r"[^A-Za-z0-9]+", name) if p]
+    if parts == ["PWD"]:
+        return False  # the shell's working directory
+    return bool(set(parts) & _CREDENTIAL_PARTS) or bool(SECRET_NAME.search(name.strip("-")))
+
+
+def is_switch(value: str) -> bool:
+    """true/false/yes/no/on/off/0/1/-1 or nothing: a setting, never a secret."""
+    return bool(_SWITCH.fullmatch(value.strip()))
+
+
+def credential_kind(value: str) -> str | None:
+    """What in `value` looks like a credential ("a token in a known format", "a random-looking string"), or None.
+
+    The random-looking test is a backstop for formats not listed: a run of 20+ letters and digits that is not hex
+    (digests, commit ids), mixes letter cases or digits, and changes character class at least every other character
+    (random text does about 6 times in 10; model names like DeepSeekR1DistillQwen32B under half)."""
+    if KNOWN_TOKEN.search(value):
+        return "a token in a known credential format"
+    if _URL_PASSWORD.search(value):
+        return "a URL with a password"
+    for run in _RANDOM_RUN.findall(value):
+        if _HEX.fullmatch(run):
+            continue
+        kinds = ["a" if c.islower() else "A" if c.isupper() else "0" if c.isdigit() else "+" for c in run]
+        classes = len(set(kinds))
+        if classes < 2:
+            continue
+        changes = sum(a != b for a, b in itertools.pairwise(kinds)) / (len(run) - 1)
+        if _entropy_bits(run) >= 3.5 and changes >= (0.5 if classes >= 3 else 0.3):
+            return "a random-looking string (like a key or token)"
+    return None
+
+
+def _entropy_bits(text: str) -> float:
+    counts: dict[str, int] = {}
+    for c in text:
+        counts[c] = counts.get(c, 0) + 1
+    return -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
+
+
+def resolve_args(args: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Command-line arguments with `${env:NAME}` replaced from the caller's environment, as env values are."""
+    resolved = resolve_env({str(i): arg for i, arg in enumerate(args)}, environ)
+    return tuple(resolved[str(i)] for i in range(len(args)))
 
 
 def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -71,8 +145,11 @@ def referenced_values(values: Any, environ: Mapping[str, str] | None = None) -> 
 
 
 def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
+    """Known secret values, URL credentials and tokens in a known credential format blanked (the loader refuses
+    those in a playbook; a comment, a log line or an engine's echo may still carry one)."""
     for value in sorted(set(secrets), key=len, reverse=True):
         text = text.replace(value, REDACTED)
+    text = KNOWN_TOKEN.sub(REDACTED, text)
     return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
 
 

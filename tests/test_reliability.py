@@ -21,7 +21,7 @@ import pytest
 from llmplay.archive.verify import verify
 from llmplay.archive.writer import RunArchive
 from llmplay.engines import get_engine
-from llmplay.errors import PlaybookError
+from llmplay.errors import InfrastructureError, PlaybookError
 from llmplay.loadgen.records import ERROR_KINDS, records_from_dataframe
 from llmplay.loadgen.runner import run_load_sync
 from llmplay.loadgen.tokenizer import WordRatioTokenizer
@@ -407,8 +407,11 @@ def test_the_real_container_gets_only_the_model_dir_read_only_and_no_host_namesp
     assert host["PidMode"] in ("", None)
     assert host["NetworkMode"] != "host" and host["IpcMode"] != "host" and host.get("UsernsMode") in ("", None)
     assert not host.get("CapAdd") and not host.get("Devices") and not host.get("SecurityOpt")
-    assert not host.get("Mounts") and not host.get("VolumesFrom")
-    assert host["Binds"] == [f"{model_dir}:{engine.model_path_in_container}:ro"]
+    assert not host.get("Binds") and not host.get("VolumesFrom")
+    # A bind mount, read-only: unlike a volume bind, the daemon never creates a missing source.
+    assert [(m["Type"], m["Source"], m["Target"], m.get("ReadOnly")) for m in host["Mounts"]] == [
+        ("bind", str(model_dir), engine.model_path_in_container, True)
+    ]
     mounts = [m for m in attrs["Mounts"] if m["Type"] == "bind"]
     assert [(m["Source"], m["Destination"], m["RW"]) for m in mounts] == [
         (str(model_dir), engine.model_path_in_container, False)
@@ -427,12 +430,19 @@ def test_secrets_by_reference_never_reach_archive_report_logs_or_console(cpu_eng
         f"ek{secrets.token_hex(10)}",
         f"pw{secrets.token_hex(10)}",
     )
-    env = {"HF_TOKEN": "${env:HF_TOKEN}", "MODEL_MIRROR": f"https://bob:{url_password}@127.0.0.1:9/models"}
+    # A literal password in a URL is refused at validate now; by reference it is resolved, then redacted.
+    env = {"HF_TOKEN": "${env:HF_TOKEN}", "MODEL_MIRROR": "https://bob:${env:RELIABILITY_URL_PW}@127.0.0.1:9/models"}
     # llama-server reads LLAMA_ARG_* and, for a bad cache type, prints the value it got and exits.
     leaky = {"name": "leaky-env", "set": {"env.LLAMA_ARG_CACHE_TYPE_K": "${env:RELIABILITY_ECHOED}"}}
     path = tiny_playbook(tmp_path, name="secrets", steps=[leaky], engine={"env": env})
     archive = tmp_path / "reports"
-    proc = cli("run", str(path), "--archive", str(archive), env_extra={"HF_TOKEN": token, "RELIABILITY_ECHOED": echoed})
+    proc = cli(
+        "run",
+        str(path),
+        "--archive",
+        str(archive),
+        env_extra={"HF_TOKEN": token, "RELIABILITY_ECHOED": echoed, "RELIABILITY_URL_PW": url_password},
+    )
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode in (0, 1, 3), out
     run_dir = run_dir_of(archive)
@@ -455,22 +465,38 @@ def test_secrets_by_reference_never_reach_archive_report_logs_or_console(cpu_eng
 # ---------------------------------------------------------------------- 4. no orphans on an exception anywhere
 @pytest.mark.docker
 def test_an_exception_inside_a_trial_leaves_no_container_and_a_failed_archive(cpu_engine, docker_client, tmp_path):
-    """A dataset row whose output_tokens is not a number: the load path raises (ValueError) with the engine
-    up. The container goes, the archive says failed, the CLI prints one line and exits 1."""
-    (tmp_path / "bad.jsonl").write_text((DATA / "bad-dataset.jsonl").read_text())
-    path = tiny_playbook(tmp_path, name="exception", steps=[], num_requests=4, dataset="bad.jsonl")
+    """A dataset row whose output_tokens is not a number, written after the playbook validated (validate refuses
+    it up front), so the load path fails with the engine up. The container goes, the archive says failed, the CLI
+    prints one line naming the row and exits 2."""
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text('{"prompt": "a prompt the engine can answer", "output_tokens": 8}\n')
+    path = tiny_playbook(tmp_path, name="exception", steps=[], num_requests=4, dataset="data.jsonl")
     proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
     seen = []
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
-        seen = seen or containers_of(docker_client, pid=proc.pid)
+        if not seen and (seen := containers_of(docker_client, pid=proc.pid)):
+            dataset.write_text((DATA / "bad-dataset.jsonl").read_text())  # the engine is still loading its model
         time.sleep(0.1)
     out, _ = proc.communicate(timeout=60)
     assert seen, "the engine container never started: the exception must come from inside the trial"
-    assert proc.returncode == 1, out
+    assert proc.returncode == 2 and "data.jsonl:2" in out, out
     assert "Traceback" not in out
     assert containers_of(docker_client, pid=proc.pid) == []
     manifest = manifest_of(tmp_path / "reports")
     assert manifest["status"] == "failed", manifest["status"]
     assert verify(run_dir_of(tmp_path / "reports")) == []
     figure("exception", faults={"exception_in_trial": 1}, leaked=0)
+
+
+@pytest.mark.docker
+def test_a_missing_model_dir_is_never_created_by_docker(cpu_engine, docker_client, tmp_path):
+    """Docker's volume binds create a missing source (empty, owned by root); the runtime's bind mount refuses it."""
+    engine = get_engine("llamacpp")
+    missing = tmp_path / "no-such-model-dir"
+    spec = EngineSpec(
+        kind="llamacpp", model="/models/x.gguf", image=cpu_engine.image, model_dir=str(missing), health_timeout_s=5.0
+    )
+    with pytest.raises(InfrastructureError, match="does not exist where Docker runs"):
+        DockerRuntime(docker_client).start(spec, engine, {"llmplay.run": f"untrusted-{secrets.token_hex(4)}"})
+    assert not missing.exists()

@@ -22,11 +22,17 @@ from llmplay.tuning.trial import capacity_search, thin_warning
 
 
 def bench_command(
-    url: str, workload_file: Path, *, model: str | None, json_path: str | None, capacity: bool = False
+    url: str,
+    workload_file: Path,
+    *,
+    model: str | None,
+    json_path: str | None,
+    capacity: bool = False,
+    allow_outside_tree: bool = False,
 ) -> int:
     """Run the workload file's workload against `url`; one summary table per sweep point (with `capacity`, a
     capacity search under the playbook's goals.slo and goals.capacity, and its boundary table)."""
-    workload, goals = load_workload(workload_file)
+    workload, goals = load_workload(workload_file, allow_outside_tree=allow_outside_tree)
     if capacity:
         return bench_capacity(url, workload_file, workload, goals, model=model, json_path=json_path)
     results = run_sweep(

@@ -11,6 +11,7 @@ from llmplay.catalog import label_of
 from llmplay.errors import ExitCode
 from llmplay.plan import Config, Plan, SampleShortfall, build_plan, docker_run_argv, format_argv, sample_shortfalls
 from llmplay.playbook.load import load_playbook
+from llmplay.redaction import redact_text
 from llmplay.spec import LengthDist, Workload
 
 
@@ -128,4 +129,5 @@ def render_plan(plan: Plan) -> str:
             "Command lines assume every earlier step is kept; the run applies each step to the best "
             "configuration so far.",
         ]
-    return "\n".join(lines)
+    # The loader refuses literal secrets; this catches any token format that still reached a line (defense in depth).
+    return redact_text("\n".join(lines))

@@ -49,7 +49,7 @@ def final_playbook_of(run_dir: Path, playbook_file: Path | None = None) -> tuple
     manifest = read_manifest(run_dir)
     path = playbook_file or Path(manifest["playbook"]["path"])  # the file it was run from, on this host
     _unchanged_since(path, manifest, run_dir)
-    playbook = load_playbook(path, archived=playbook_file is None)
+    playbook = load_playbook(path, archived=playbook_file is None, on_this_host=True)
     carried = [v["step"] for v in manifest.get("verdicts", []) if v.get("carried")]
     config = Config("baseline", playbook.engine, playbook.workload)
     for step in playbook.steps:

@@ -21,7 +21,7 @@ from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.tuning.decide import error_rates_text
 from llmplay.tuning.resume import resumed_overrides, resumed_playbook
-from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
+from llmplay.tuning.run import RunOptions, RunOutcome, apply_overrides, run_playbook
 from llmplay.tuning.trial import figure, measured, thin_warning
 from llmplay.units import UnitError, parse_duration_s
 
@@ -36,9 +36,12 @@ def duration_option_s(name: str, value: str | None) -> float | None:
     if value is None:
         return None
     try:
-        return parse_duration_s(float(value) if value.replace(".", "", 1).isdigit() else value)
+        seconds = parse_duration_s(float(value) if value.replace(".", "", 1).isdigit() else value)
     except UnitError as exc:
         raise PlaybookError(f"--{name}: {exc}") from None
+    if name == "duration" and seconds <= 0:  # the rule workload.duration obeys: a window of 0 s measures nothing
+        raise PlaybookError(f"--duration: found {value!r}; expected a length above zero, like 10s")
+    return seconds
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
@@ -89,10 +92,11 @@ def run_command(
     elif file is None:
         raise PlaybookError("llmplay run: expected a playbook FILE (or --resume RUN_DIR)")
     else:
-        playbook = load_playbook(file, allow_outside_extends=allow_outside_extends)
-    if dry_run:
-        console.print(render_plan(build_plan(playbook)), markup=False)
-        return ExitCode.OK
+        # A dry run starts nothing, and a --ray run mounts the nodes' model_dir: neither needs this host's.
+        on_this_host = not dry_run and ray_address is None
+        playbook = load_playbook(file, allow_outside_extends=allow_outside_extends, on_this_host=on_this_host)
+    # Built (and so checked) before --dry-run returns: a dry run refuses a bad --duration, --warmup or --only
+    # exactly as the run would, and prints the plan the run would follow.
     options = RunOptions(
         archive_root=archive_root(archive_dir),
         repeats=overrides["repeats"],
@@ -105,6 +109,9 @@ def run_command(
         ray_address=overrides["ray"],
         capacity=bool(overrides.get("capacity")),
     )
+    if dry_run:
+        console.print(render_plan(build_plan(apply_overrides(playbook, options))), markup=False)
+        return ExitCode.OK
     outcome = run_playbook(
         playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False)
     )

@@ -53,6 +53,22 @@ ValueCheck = Callable[[Scalar], None]
 
 
 @dataclass(frozen=True)
+class ContextLimit:
+    """What one request may hold, and the knobs that say so (for the message)."""
+
+    tokens: int
+    because: str  # e.g. "max_model_len 2048", "ctx_size 4096 over 4 slots"
+
+
+def max_model_len(args: Mapping[str, Scalar]) -> ContextLimit | None:
+    """The engine-neutral `max_model_len` knob, where the engine maps it to its per-request context."""
+    value = args.get("max_model_len")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return ContextLimit(value, f"max_model_len {value}")
+    return None
+
+
+@dataclass(frozen=True)
 class MetricNames:
     """Prometheus metric names an engine exposes on /metrics (None: not exposed)."""
 
@@ -111,6 +127,9 @@ class Engine:
     # Releases whose flags or metric names differ from the ones above (which are the current release's).
     versions: tuple[VersionRange, ...] = ()
     version: str | None = None  # the release this adapter was specialised to by at(), None: the current one
+    # The most tokens (prompt and output) one request may hold under these knobs, None when the knobs do not say
+    # (the model's own limit applies); the loader checks the workload's longest request against it.
+    context_tokens: Callable[[Mapping[str, Scalar]], ContextLimit | None] = field(default=lambda _args: None)
 
     def at(self, version: str | None) -> Engine:
         """This adapter with the flag and metric names of `version` (unknown or None: the current release's)."""
@@ -175,12 +194,17 @@ def any_value(value: Scalar) -> None:
         raise RefusedValue("a single value (text or a number)")
 
 
-def integer(minimum: int | None = None) -> ValueCheck:
-    """Only whole numbers (a YAML `4.0` or `"4"` is refused), at least `minimum` when given."""
+def integer(minimum: int | None = None, *, auto: int | None = None) -> ValueCheck:
+    """Only whole numbers (a YAML `4.0` or `"4"` is refused), at least `minimum` when given; `auto` is the one
+    value below it the engine reads as "choose for me" (llama.cpp's -1 slots or threads)."""
     expected = "an integer" if minimum is None else f"an integer >= {minimum}"
+    if auto is not None:
+        expected += f", or {auto} for the engine's automatic choice"
 
     def check(value: Scalar) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise RefusedValue(expected)
+        if minimum is not None and value < minimum and value != auto:
             raise RefusedValue(expected)
 
     return check

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from llmplay.engines.base import Engine, MetricNames, RefusedValue, boolean_flag, flag_with_value, integer, one_of
+from collections.abc import Mapping
+
+from llmplay.engines.base import (
+    ContextLimit,
+    Engine,
+    MetricNames,
+    RefusedValue,
+    boolean_flag,
+    flag_with_value,
+    integer,
+    one_of,
+)
 from llmplay.spec import EngineSpec, Scalar
 
 KIND = "llamacpp"
@@ -47,6 +58,20 @@ def _n_gpu_layers(value: Scalar) -> list[str]:
     raise RefusedValue("an integer, auto or all")
 
 
+_count = integer(minimum=1, auto=-1)
+
+
+def _context_per_slot(args: Mapping[str, Scalar]) -> ContextLimit | None:
+    # --ctx-size is the total over all slots: each of --parallel N slots holds ctx_size / N tokens.
+    ctx = args.get("ctx_size")
+    if not isinstance(ctx, int) or isinstance(ctx, bool) or ctx <= 0:
+        return None  # 0 or unset: the model's own context
+    slots = args.get("parallel", args.get("max_num_seqs"))
+    if isinstance(slots, int) and not isinstance(slots, bool) and slots > 1:
+        return ContextLimit(ctx // slots, f"ctx_size {ctx} over {slots} slots")
+    return ContextLimit(ctx, f"ctx_size {ctx}")
+
+
 ENGINE = Engine(
     kind=KIND,
     default_image=CPU_IMAGE,
@@ -55,16 +80,16 @@ ENGINE = Engine(
     version_path="/props",
     knobs={
         "prefix_caching": boolean_flag(["--cache-prompt"], ["--no-cache-prompt"]),
-        # Integers without a lower bound: llama.cpp reads -1 as "auto" for the slot and thread counts.
-        "max_num_seqs": flag_with_value("--parallel", integer()),  # engine-neutral name for the slot count
-        "parallel": flag_with_value("--parallel", integer()),
+        # llama.cpp reads -1 as "auto" for the slot and thread counts; 0 or -4 is a typo, not a request.
+        "max_num_seqs": flag_with_value("--parallel", _count),  # engine-neutral name for the slot count
+        "parallel": flag_with_value("--parallel", _count),
         "kv_cache_dtype": _kv_cache_dtype,
         "flash_attn": _flash_attn,
         "cont_batching": boolean_flag(["--cont-batching"], ["--no-cont-batching"]),
-        "threads": flag_with_value("--threads", integer()),
+        "threads": flag_with_value("--threads", _count),
         # One HTTP thread per kept-alive connection: fewer threads than clients queue connections
         # (seconds of fake TTFT) and drop some, so size it above the load's concurrency.
-        "threads_http": flag_with_value("--threads-http", integer()),
+        "threads_http": flag_with_value("--threads-http", _count),
         "batch_size": flag_with_value("--batch-size", integer(minimum=1)),
         "ubatch_size": flag_with_value("--ubatch-size", integer(minimum=1)),
         "ctx_size": flag_with_value("--ctx-size", integer(minimum=0)),  # total over all slots; 0: the model's
@@ -73,6 +98,7 @@ ENGINE = Engine(
         "metrics": boolean_flag(["--metrics"], []),
     },
     base_command=_base,
+    context_tokens=_context_per_slot,
     # Needs `metrics: true` (--metrics). This llama.cpp no longer exports a KV-cache usage gauge.
     metric_names=MetricNames(
         running="llamacpp:requests_processing",

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from llmplay.engines.base import Engine, MetricNames, boolean_flag, flag_with_value, fraction, integer, one_of
+from llmplay.engines.base import (
+    Engine,
+    MetricNames,
+    boolean_flag,
+    flag_with_value,
+    fraction,
+    integer,
+    max_model_len,
+    one_of,
+)
 from llmplay.spec import EngineSpec
 
 KIND = "sglang"
@@ -38,6 +47,7 @@ ENGINE = Engine(
         "max_num_batched_tokens": flag_with_value("--chunked-prefill-size", integer()),
     },
     base_command=_base,
+    context_tokens=max_model_len,
     metric_names=MetricNames(
         kv_cache_usage="sglang:token_usage",
         running="sglang:num_running_reqs",

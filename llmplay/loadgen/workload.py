@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from llmplay.errors import LlmplayError
+from llmplay.errors import LlmplayError, PlaybookError
 from llmplay.loadgen.tokenizer import Tokenizer
+from llmplay.playbook.dataset import read_dataset
 from llmplay.spec import LengthDist, Workload
+
+MAX_LENGTH_TOKENS = 10_000_000  # the playbook schema's `tokens` maximum: the longest length any request draws
 
 
 class WorkloadError(LlmplayError):
@@ -96,8 +97,8 @@ def draw_length(dist: LengthDist, rng: np.random.Generator) -> int:
             f"unknown length distribution {dist.kind!r}; expected fixed, uniform, normal, lognormal or choice"
         )
     value = max(value, float(lo), 1.0)
-    if hi is not None:
-        value = min(value, float(hi))
+    # An unbounded normal or lognormal tail must not ask for a prompt bigger than memory (or an infinite one).
+    value = min(value, float(hi if hi is not None else MAX_LENGTH_TOKENS), float(MAX_LENGTH_TOKENS))
     return int(value)
 
 
@@ -108,63 +109,21 @@ class DatasetEntry:
 
 
 def load_dataset(path: str, tokenizer: Tokenizer) -> tuple[DatasetEntry, ...]:
-    """JSONL of {prompt, output_tokens} or ShareGPT (JSONL or a JSON array) conversations."""
-    file = Path(path)
+    """JSONL of {prompt, output_tokens} or ShareGPT (JSONL or a JSON array) conversations, read by the playbook's
+    own reader (the loader checked the file with it already); a ShareGPT reply's length is its token count."""
     try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise WorkloadError(f"dataset {path}: {exc.strerror}; expected a readable JSONL file") from exc
-    stripped = text.lstrip()
-    rows: list[tuple[int, object]] = []
-    if stripped.startswith("["):
-        try:
-            rows = list(enumerate(json.loads(stripped), start=1))
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"dataset {path}: invalid JSON array ({exc.msg} at line {exc.lineno})") from exc
-    else:
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(
-                    f"dataset {path}:{lineno}: invalid JSON ({exc.msg}); expected one object per line"
-                ) from exc
-    entries: list[DatasetEntry] = []
-    for lineno, row in rows:
-        if not isinstance(row, dict):
-            raise WorkloadError(f"dataset {path}:{lineno}: found {type(row).__name__}; expected an object")
-        if "prompt" in row:
-            out = row.get("output_tokens")
-            entries.append(DatasetEntry(str(row["prompt"]), int(out) if out is not None else None))
-            continue
-        conv = row.get("conversations") or row.get("conversation")
-        if not isinstance(conv, list):
-            raise WorkloadError(
-                f"dataset {path}:{lineno}: no 'prompt' or 'conversations'; expected "
-                "{prompt, output_tokens} or ShareGPT {conversations: [...]}"
-            )
-        human = next(
-            (
-                i
-                for i, t in enumerate(conv)
-                if isinstance(t, dict) and t.get("from", t.get("role")) in ("human", "user")
-            ),
-            None,
-        )
-        if human is None:
-            continue  # no human turn: nothing to send (ShareGPT has such rows)
-        prompt = str(conv[human].get("value", conv[human].get("content", "")))
-        reply = conv[human + 1] if human + 1 < len(conv) else None
-        out_tokens = None
-        if isinstance(reply, dict):
-            out_tokens = max(1, tokenizer.count(str(reply.get("value", reply.get("content", "")))))
-        if prompt.strip():
-            entries.append(DatasetEntry(prompt, out_tokens))
-    if not entries:
+        rows = read_dataset(path)
+    except PlaybookError as exc:  # the file changed since the playbook loaded
+        raise WorkloadError(f"dataset {exc}") from None
+    if not rows:
         raise WorkloadError(f"dataset {path}: no usable rows; expected {{prompt, output_tokens}} or ShareGPT")
-    return tuple(entries)
+    return tuple(
+        DatasetEntry(
+            row.prompt,
+            row.output_tokens if row.reply is None else max(1, tokenizer.count(row.reply)),
+        )
+        for row in rows
+    )
 
 
 def _sub_rng(seed: int, *keys: int) -> np.random.Generator:

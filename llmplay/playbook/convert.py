@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -14,9 +13,12 @@ import numpy as np
 
 from llmplay import units
 from llmplay.catalog import CAPACITY_METRICS, METRICS, RATE_METRICS, metric_info
+from llmplay.errors import PlaybookError
+from llmplay.playbook.credentials import check_args, check_env, check_env_value, check_knob_value
+from llmplay.playbook.dataset import DatasetProblems, DatasetRow, read_dataset
 from llmplay.playbook.problems import Problems, did_you_mean
-from llmplay.playbook.source import YamlPath, display_path, one_line
-from llmplay.redaction import ENV_REF, SECRET_NAME
+from llmplay.playbook.schema import value_problems
+from llmplay.playbook.source import YamlPath, display_path
 from llmplay.spec import (
     CapacitySpec,
     Change,
@@ -78,6 +80,13 @@ def parse_gate(raw: Any, path: YamlPath, problems: Problems) -> Gate | None:
     except units.UnitError as exc:
         problems.add(path, f"{metric}: found {exc.found!r}, expected {exc.expected}")
         return None
+    if not math.isfinite(value):
+        problems.add(path, f"{metric}: found {value_text!r}; expected a finite threshold")
+        return None
+    if info.unit == "fraction" and not 0 <= value <= 1:
+        # A share cannot pass 100%: `errors.rate < 150%` would hold always, `> 150%` never; neither is a gate.
+        problems.add(path, f"{metric}: found {value_text!r}; expected a share from 0 to 100% (0 to 1)")
+        return None
     return Gate(metric, op, value, text)
 
 
@@ -117,8 +126,55 @@ def parse_duration(
         return default
 
 
-def parse_workload(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problems: Problems) -> Workload:
-    """The workload, with the rules the schema cannot say (one load kind, a length, a dataset that exists)."""
+class PromptFiles:
+    """The prompt files one playbook names (dataset, probes): where they may be, and each one's rows once read."""
+
+    def __init__(self, tree: Path | None):
+        self.tree = tree  # None: anywhere (--allow-outside-tree, or a bare workload file)
+        self.rows: dict[Path, tuple[DatasetRow, ...]] = {}
+
+
+def prompt_file(
+    written: str, what: str, base_dir: Path, files: PromptFiles, path: YamlPath, problems: Problems
+) -> Path | None:
+    """The file a playbook names, relative to it; like `extends:`, it must stay inside the playbook's directory
+    tree, so a shared playbook cannot send /etc/shadow (or ../../secrets) to an engine as prompts."""
+    resolved = (base_dir / os.path.expanduser(written)).resolve()
+    if files.tree is not None and not resolved.is_relative_to(files.tree):
+        problems.add(
+            path,
+            f"{what} '{written}' points outside {display_path(str(files.tree))}; expected a file inside the "
+            "playbook's directory tree (pass --allow-outside-tree to permit it)",
+        )
+        return None
+    if not resolved.exists():
+        problems.add(
+            path, f"{what} '{written}' not found (looked for {display_path(str(resolved))}); expected a JSONL file"
+        )
+        return None
+    return resolved
+
+
+def prompt_rows(file: Path, path: YamlPath, problems: Problems, files: PromptFiles) -> tuple[DatasetRow, ...]:
+    """The file's rows, read (bounded) and parsed once per load; each bad line is a problem at FILE:LINE."""
+    if file not in files.rows:
+        try:
+            files.rows[file] = read_dataset(file)
+        except DatasetProblems as exc:
+            problems.lines.extend(exc.lines)
+            files.rows[file] = ()
+        except PlaybookError as exc:
+            problems.add(path, str(exc))
+            files.rows[file] = ()
+    return files.rows[file]
+
+
+def parse_workload(
+    raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problems: Problems, files: PromptFiles | None = None
+) -> Workload:
+    """The workload, with the rules the schema cannot say (one load kind, a length, a dataset that exists inside the
+    playbook's tree and parses, line by line)."""
+    files = files if files is not None else PromptFiles(None)
     if raw.get("concurrency") is not None and raw.get("rate") is not None:
         problems.add(
             (*path, "rate"),
@@ -132,13 +188,15 @@ def parse_workload(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, probl
         problems.add((*path, "arrival"), "arrival applies to open-loop load; expected rate: R alongside it")
     dataset = raw.get("dataset")
     if dataset is not None:
-        resolved = (base_dir / dataset).resolve()
-        if not resolved.is_file():
+        resolved = prompt_file(dataset, "dataset", base_dir, files, (*path, "dataset"), problems)
+        before = len(problems.lines)
+        rows = prompt_rows(resolved, (*path, "dataset"), problems, files) if resolved is not None else None
+        if rows == () and len(problems.lines) == before:
             problems.add(
                 (*path, "dataset"),
-                f"dataset '{dataset}' not found (looked for {display_path(str(resolved))}); expected a JSONL file",
+                f"found no usable row in {display_path(str(resolved))}; expected at least one prompt",
             )
-        dataset = str(resolved)
+        dataset = str(resolved or (base_dir / dataset).resolve())
     defaults = Workload()
     return Workload(
         api=raw.get("api", defaults.api),
@@ -167,15 +225,13 @@ def parse_workload(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, probl
 
 
 def parse_engine(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problems: Problems) -> EngineSpec:
-    """The engine; a secret written literally into env is refused (a ${env:NAME} reference is expected)."""
+    """The engine; a secret written literally into env, extra_args or a knob is refused (a ${env:NAME} reference
+    is expected)."""
+    check_env(raw.get("env", {}), (*path, "env"), problems)
+    check_args(raw.get("extra_args", ()), (*path, "extra_args"), problems)
+    for knob, value in raw.get("args", {}).items():
+        check_knob_value(value, (*path, "args", str(knob)), problems)
     env = {str(k): str(v) if not isinstance(v, bool) else str(v).lower() for k, v in raw.get("env", {}).items()}
-    for name, value in env.items():
-        if SECRET_NAME.search(name) and not ENV_REF.fullmatch(value):
-            problems.add(
-                (*path, "env", name),
-                f"'{name}' looks like a secret written in the playbook; expected a "
-                f"reference like ${{env:{name}}} so the value never enters the file",
-            )
     gpus_raw = raw.get("gpus", 0)
     gpus: int | tuple[str, ...] = tuple(str(g) for g in gpus_raw) if isinstance(gpus_raw, list) else gpus_raw
     health = raw.get("health", {})
@@ -213,8 +269,19 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
         changes = []
         for key, value in item["set"].items():
             key = str(key)
-            if key in ENGINE_FIELDS_SETTABLE or key.startswith("env."):
+            # A step's value obeys the rule the same key obeys in the base (workload.concurrency: 0 is refused
+            # in a step as it is in workload:), so the schema's definition of that key checks it.
+            if key in ENGINE_FIELDS_SETTABLE:
                 target = key
+                value_problems(value, f"#/$defs/engine/properties/{key}", (*spath, "set", key), problems)
+                if key == "extra_args" and isinstance(value, list):
+                    check_args(value, (*spath, "set", key), problems)
+            elif key.startswith("env."):
+                target = key
+                value_problems(
+                    value, "#/$defs/engine/properties/env/additionalProperties", (*spath, "set", key), problems
+                )
+                check_env_value(key.removeprefix("env."), value, (*spath, "set", key), problems)
             elif key.startswith("workload."):
                 field_name = key.split(".", 1)[1]
                 if field_name not in WORKLOAD_FIELDS:
@@ -223,11 +290,15 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
                         f"workload field '{field_name}' cannot be a step"
                         f"{did_you_mean(field_name, WORKLOAD_FIELDS)}; expected one of: {', '.join(sorted(WORKLOAD_FIELDS))}",
                     )
+                else:
+                    value_problems(value, f"#/$defs/workload/properties/{field_name}", (*spath, "set", key), problems)
                 target = key
             elif key.startswith("args."):
                 target = key
+                check_knob_value(value, (*spath, "set", key), problems)
             else:
                 target = f"args.{key}"
+                check_knob_value(value, (*spath, "set", key), problems)
             changes.append(Change(target, value))
         if not changes:
             problems.add(
@@ -252,42 +323,19 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
     return tuple(steps)
 
 
-def _probe_prompts(file: Path, problems: Problems, path: YamlPath) -> list[str]:
-    """Every line's prompt (`{"prompt": ...}` or a ShareGPT conversation's first human turn); a line that does
-    not parse is one problem at that file:line, so the user sees exactly which probe to fix."""
-    shown = display_path(str(file))
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.add(path, f"cannot read the probe file {shown} ({type(exc).__name__}); expected a UTF-8 JSONL file")
-        return []
-    prompts = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            problems.lines.append(f"{shown}:{lineno}: {one_line(str(exc))}; expected one JSON object per line")
-            continue
-        prompt = row.get("prompt") if isinstance(row, dict) else None
-        if prompt is None and isinstance(row, dict) and isinstance(row.get("conversations"), list):
-            prompt = next((t.get("value") for t in row["conversations"] if isinstance(t, dict)), None)
-        if not isinstance(prompt, str) or not prompt:
-            problems.lines.append(f'{shown}:{lineno}: found no prompt; expected a non-empty "prompt" string')
-            continue
-        prompts.append(prompt)
-    return prompts
-
-
 def parse_quality(
-    raw: Mapping[str, Any] | None, base_dir: Path, dataset: str | None, problems: Problems
+    raw: Mapping[str, Any] | None,
+    base_dir: Path,
+    dataset: str | None,
+    problems: Problems,
+    files: PromptFiles | None = None,
 ) -> QualitySpec | None:
     """goals.quality: the probe prompts (a JSONL file, or the workload's dataset drawn with a seed) and the default
     guards for steps whose knob risks accuracy."""
     if raw is None:
         return None
     path: YamlPath = ("goals", "quality")
+    files = files if files is not None else PromptFiles(None)
     before = len(problems.lines)
     n = raw.get("num_prompts", 8)
     if ("probes" in raw) == ("from_workload" in raw):
@@ -299,8 +347,10 @@ def parse_quality(
         )
         return None
     if "probes" in raw:
-        file = base_dir / os.path.expanduser(raw["probes"])
-        prompts = _probe_prompts(file, problems, (*path, "probes"))[:n]
+        file = prompt_file(raw["probes"], "probes", base_dir, files, (*path, "probes"), problems)
+        if file is None:
+            return None
+        prompts = [row.prompt for row in prompt_rows(file, (*path, "probes"), problems, files)][:n]
         source = display_path(str(file))
     else:
         if dataset is None:
@@ -311,7 +361,9 @@ def parse_quality(
             )
             return None
         seed = raw["from_workload"].get("seed", 0)
-        pool = _probe_prompts(Path(dataset), problems, (*path, "from_workload"))
+        if Path(dataset) not in files.rows:
+            return None  # refused (outside the tree) or missing: workload.dataset's own problem says why
+        pool = [row.prompt for row in prompt_rows(Path(dataset), (*path, "from_workload"), problems, files)]
         order = [int(i) for i in np.random.default_rng(seed).permutation(len(pool))]
         prompts = [pool[i] for i in order[:n]]
         source = f"{display_path(dataset)}, {len(prompts)} drawn with seed {seed}"
@@ -481,6 +533,7 @@ def parse_goals(
     problems: Problems,
     base_dir: Path | None = None,
     dataset: str | None = None,
+    files: PromptFiles | None = None,
     *,
     archived: bool = False,
 ) -> Goals:
@@ -517,7 +570,7 @@ def parse_goals(
     slo = {}
     for key, value in raw.get("slo", {}).items():
         slo[key] = units.parse_duration_s(value)
-    quality = parse_quality(raw.get("quality"), base_dir or Path("."), dataset, problems)
+    quality = parse_quality(raw.get("quality"), base_dir or Path("."), dataset, problems, files)
     # A capacity goal without SLOs gets its one line at the goal, not a second one at goals.capacity.
     names_capacity = metric in CAPACITY_METRICS or any(
         m in CAPACITY_METRICS for m in (*(g.metric for g in gates), *(g.metric for g in guards))

@@ -46,7 +46,7 @@ def resolve_extends(
             str(path),
             where.line,
             f"extends: '{parent}' points outside {display_path(str(root_dir))}; expected a base inside the "
-            "playbook's directory tree (pass --allow-outside-extends to permit it)",
+            "playbook's directory tree (pass --allow-outside-tree to permit it)",
         )
     if target in chain:
         cycle = " -> ".join(display_path(str(p)) for p in (*chain, target))

@@ -12,7 +12,9 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from llmplay.engines import get_engine
 from llmplay.playbook.convert import (
+    PromptFiles,
     parse_cost,
     parse_engine,
     parse_goals,
@@ -21,11 +23,14 @@ from llmplay.playbook.convert import (
     parse_trials,
     parse_workload,
 )
+from llmplay.playbook.credentials import check_text
 from llmplay.playbook.extends import resolve_extends
 from llmplay.playbook.knobs import check_knobs, knob_sites
+from llmplay.playbook.limits import check_configurations
+from llmplay.playbook.mounts import check_model_dir
 from llmplay.playbook.problems import Problems
 from llmplay.playbook.schema import schema_problems
-from llmplay.playbook.source import API_VERSION, display_path, located_error, read_yaml
+from llmplay.playbook.source import API_VERSION, MAX_FILE_BYTES, display_path, located_error, read_bounded, read_yaml
 from llmplay.spec import Goals, Metadata, Playbook, Workload, frozen_map
 
 
@@ -41,19 +46,26 @@ def _check_api_version(doc: dict, problems: Problems) -> None:
         problems.raise_if_any()
 
 
-def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = False, archived: bool = False) -> Playbook:
-    """The one loader: CLI, runner, retest and tests all come through here."""
+def load_playbook(
+    path: str | os.PathLike, *, allow_outside_extends: bool = False, archived: bool = False, on_this_host: bool = False
+) -> Playbook:
+    """The one loader: CLI, runner, retest and tests all come through here.
+
+    `on_this_host`: the playbook is about to run here (run, capacity, retest), so what it needs from this host
+    (engine.model_dir) must be here; `validate` and `plan` answer for any host, as CI checks playbooks without
+    their models."""
     file = Path(path).absolute()
     root_dir = file.parent.resolve()
     doc, sources = resolve_extends(file, root_dir, allow_outside_extends, (file.resolve(),))
-    text = file.read_text(encoding="utf-8")
+    text = read_bounded(file, MAX_FILE_BYTES, "a playbook YAML file").decode("utf-8")
     problems = Problems(sources, display_path(str(file)))
     _check_api_version(doc, problems)
     schema_problems(doc, problems)
     problems.raise_if_any()
     base_dir = file.parent
     metadata = doc["metadata"]
-    workload = parse_workload(doc["workload"], base_dir, ("workload",), problems)
+    files = PromptFiles(None if allow_outside_extends else root_dir)
+    workload = parse_workload(doc["workload"], base_dir, ("workload",), problems, files)
     playbook = Playbook(
         path=str(file),
         text=text,
@@ -66,7 +78,7 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
             description=metadata.get("description", ""),
             tags=tuple(metadata.get("tags", ())),
         ),
-        goals=parse_goals(doc.get("goals", {}), problems, base_dir, workload.dataset, archived=archived),
+        goals=parse_goals(doc.get("goals", {}), problems, base_dir, workload.dataset, files, archived=archived),
         workload=workload,
         engine=parse_engine(doc["engine"], base_dir, ("engine",), problems),
         steps=parse_steps(doc.get("steps", []), ("steps",), problems),
@@ -75,17 +87,26 @@ def load_playbook(path: str | os.PathLike, *, allow_outside_extends: bool = Fals
         runtime=parse_runtime(doc.get("runtime"), problems),
         resolved=frozen_map(doc),
     )
+    if playbook.engine.model_dir is not None:
+        written = doc["engine"]["model_dir"]
+        check_model_dir(written, base_dir, playbook.engine.model_dir, playbook.runtime, on_this_host, problems)
     problems.raise_if_any()
     check_knobs(playbook, sources)
+    rows = files.rows.get(Path(workload.dataset), ()) if workload.dataset else ()
+    check_configurations(playbook, get_engine(playbook.engine.kind), rows, problems)
+    problems.raise_if_any()
+    check_text(text, str(file), problems)  # last: a token the value checks named is not told twice
+    problems.raise_if_any()
     return replace(playbook, sites=frozen_map(knob_sites(playbook, sources)))
 
 
-def load_workload(path: str | os.PathLike) -> tuple[Workload, Goals]:
-    """`llmplay bench --workload FILE`: a whole playbook, or a file holding just a workload mapping."""
+def load_workload(path: str | os.PathLike, *, allow_outside_tree: bool = False) -> tuple[Workload, Goals]:
+    """`llmplay bench --workload FILE`: a whole playbook, or a file holding just a workload mapping; its dataset
+    stays inside the file's directory tree, as a playbook's does."""
     file = Path(path).absolute()
     data, sources = read_yaml(file)
     if isinstance(data, dict) and "apiVersion" in data:
-        pb = load_playbook(file)
+        pb = load_playbook(file, allow_outside_extends=allow_outside_tree)
         return pb.workload, pb.goals
     problems = Problems(sources, display_path(str(file)))
     if not isinstance(data, dict):
@@ -100,6 +121,7 @@ def load_workload(path: str | os.PathLike) -> tuple[Workload, Goals]:
     }
     schema_problems(wrapper, problems)
     problems.raise_if_any()
-    workload = parse_workload(doc, file.parent, ("workload",) if "workload" in data else (), problems)
+    files = PromptFiles(None if allow_outside_tree else file.parent.resolve())
+    workload = parse_workload(doc, file.parent, ("workload",) if "workload" in data else (), problems, files)
     problems.raise_if_any()
     return workload, Goals()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from importlib import resources
 from typing import Any
 
@@ -65,9 +66,38 @@ def _describe_expected(schema: dict, root: dict) -> str:
 def schema_problems(doc: dict[str, Any], problems: Problems) -> None:
     """Every schema violation in `doc` as a problem: unknown keys with a suggestion, found vs expected otherwise."""
     root = playbook_schema()
+    if _non_finite_problems(doc, (), problems):
+        return  # JSON Schema has no word for NaN: `.nan` passes every bound, so nothing below may see one
     validator = _StrictValidator(root)
     for err in sorted(validator.iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
         _add_problem(err, problems, root)
+
+
+def value_problems(value: Any, pointer: str, path: YamlPath, problems: Problems) -> None:
+    """`value`, written at `path`, checked against the schema's definition at `pointer` (e.g. a step's
+    `workload.concurrency` against `#/$defs/workload/properties/concurrency`): one rule for base and step values."""
+    root = playbook_schema()
+    if _non_finite_problems(value, path, problems):
+        return
+    validator = _StrictValidator({"$defs": root["$defs"], "$ref": pointer})
+    for err in sorted(validator.iter_errors(value), key=lambda e: (list(map(str, e.absolute_path)), e.validator)):
+        _add_problem(err, problems, root, path)
+
+
+def _non_finite_problems(value: Any, path: YamlPath, problems: Problems) -> bool:
+    """A problem for every `.nan` or `.inf` anywhere in `value`; True when there was one."""
+    found = False
+    stack: list[tuple[Any, YamlPath]] = [(value, path)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            problems.add(where, f"found {node}; expected a finite number")
+            found = True
+        elif isinstance(node, dict):
+            stack.extend((v, (*where, str(k))) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, (*where, i)) for i, v in enumerate(node))
+    return found
 
 
 def _mapping_branch_errors(err: jsonschema.ValidationError, root: dict) -> list[jsonschema.ValidationError]:
@@ -83,11 +113,11 @@ def _mapping_branch_errors(err: jsonschema.ValidationError, root: dict) -> list[
     return [e for e in err.context or () if e.relative_schema_path and e.relative_schema_path[0] == mappings[0]]
 
 
-def _add_problem(err: jsonschema.ValidationError, problems: Problems, root: dict) -> None:
-    path: YamlPath = tuple(err.absolute_path)
+def _add_problem(err: jsonschema.ValidationError, problems: Problems, root: dict, prefix: YamlPath = ()) -> None:
+    path: YamlPath = (*prefix, *err.absolute_path)
     if err.validator == "oneOf" and (inner := _mapping_branch_errors(err, root)):
         for sub in inner:
-            _add_problem(sub, problems, root)
+            _add_problem(sub, problems, root, prefix)
         return
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
         known = _known_properties(err.schema, root)

@@ -168,9 +168,10 @@ class DockerRuntime(Runtime):
         else:
             kwargs["ports"] = {f"{container_port}/tcp": (self.bind_host, host_port)}
         if spec.model_dir:
-            kwargs["volumes"] = {
-                str(Path(spec.model_dir).expanduser()): {"bind": engine.model_path_in_container, "mode": "ro"}
-            }
+            # A bind *mount* (not a volume bind): the daemon refuses a missing source instead of creating it as an
+            # empty root-owned directory, so a wrong model_dir fails here, clearly, not after the engine starts.
+            source = str(Path(spec.model_dir).expanduser())
+            kwargs["mounts"] = [docker.types.Mount(engine.model_path_in_container, source, type="bind", read_only=True)]
         digests = image.attrs.get("RepoDigests") or []
         image_labels = image_version_labels(image)
         self._info = {
@@ -199,6 +200,11 @@ class DockerRuntime(Runtime):
                     f"GPUs requested but Docker cannot provide them: {message}; install "
                     "nvidia-container-toolkit, run `nvidia-ctk runtime configure "
                     "--runtime=docker` and restart dockerd (or set gpus: 0)"
+                ) from None
+            if spec.model_dir and "bind source path does not exist" in message:
+                raise InfrastructureError(
+                    f"engine.model_dir {spec.model_dir} does not exist where Docker runs; expected the directory "
+                    "holding the model's files (nothing was created)"
                 ) from None
             raise InfrastructureError(f"Docker could not start {image_ref}: {message}") from None
         self._info["container_id"] = self.container.id

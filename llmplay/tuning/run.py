@@ -216,6 +216,7 @@ class TuningRun:
         self.secrets = secret_values(_try_resolve(self.playbook.engine.env)) + referenced_values(
             [
                 self.playbook.text,
+                self.playbook.resolved,  # a base playbook's references (extends:) are not in the text
                 dict(self.playbook.engine.env),
                 [str(change.value) for step in self.playbook.steps for change in step.changes],
             ]

@@ -22,7 +22,7 @@ from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
 from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.loadgen.workload import iter_requests
 from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
-from llmplay.redaction import resolve_env
+from llmplay.redaction import resolve_args, resolve_env
 from llmplay.runtime.docker import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook
 from llmplay.telemetry.nvml import NvmlSource
@@ -144,7 +144,7 @@ def run_trial(
     config = replace(config, workload=replace(config.workload, seed=config.workload.seed + repeat))
     labels = {LABEL_RUN: run_id, LABEL_TRIAL: trial_id, LABEL_CONFIG: config.label}
     runtime = runtime_factory(playbook.runtime)
-    spec = replace(config.engine, env=resolve_env(config.engine.env))
+    spec = replace(config.engine, env=resolve_env(config.engine.env), extra_args=resolve_args(config.engine.extra_args))
     base: dict[str, Any] = {
         "trial_id": trial_id,
         "config_id": config.label,
