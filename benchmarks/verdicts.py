@@ -228,7 +228,7 @@ ROWS: tuple[Row, ...] = (
     Row("-30% gain, 1e-3 errors, errors 1pp", (ERRORS_1PP,), objective_effect=-0.3, error_rate=1e-3),
     Row("-30% gain, 1e-3 errors, errors 0% (old rule)", (ERRORS_0PCT,), objective_effect=-0.3, error_rate=1e-3),
     Row("-30% gain, 1e-3 errors, throughput 15% + errors 1pp", SHIPPED, objective_effect=-0.3, error_rate=1e-3),
-    Row("A/A, AR(1) rho .5, A B | B A order (old)", (), ar1=0.5, alternate=True),
+    Row("A/A, AR(1) rho .5, A B, B A order (old)", (), ar1=0.5, alternate=True),
     Row("A/A, AR(1) rho .5, order drawn per pair", (), ar1=0.5),
     Row("A/A, bimodal server, 2 guards", (THROUGHPUT_15, TPOT_15), bimodal=True),
     Row("power: -10%, sigma .05, one step", (), sigma=0.05, objective_effect=-0.1, modes=("fixed",)),
