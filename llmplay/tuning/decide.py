@@ -349,24 +349,27 @@ HOLDS, BEYOND, UNSETTLED = "holds", "beyond", "unsettled"
 MORE_TRIALS_CAP = 50
 
 
-def _worse_by(delta: MetricDelta, lower_is_better: bool) -> tuple[float, float | None, float | None]:
-    """(point, better bound, worse bound) of the change in the bad direction: positive = worse. Needs a relative
-    change; the bounds are None without an interval."""
+def _worse(
+    point: float | None, low: float | None, high: float | None, lower_is_better: bool
+) -> tuple[float, float | None, float | None]:
+    """(point, better bound, worse bound) of a change in the bad direction: positive = worse; the bounds are None
+    without an interval."""
     sign = 1.0 if lower_is_better else -1.0
-    point = sign * delta.rel_change  # type: ignore[operator]
-    if delta.ci_low is None or delta.ci_high is None:
-        return point, None, None
-    bounds = sorted((sign * delta.ci_low, sign * delta.ci_high))
-    return point, bounds[0], bounds[1]
+    worse_point = sign * point  # type: ignore[operator]
+    if low is None or high is None:
+        return worse_point, None, None
+    bounds = sorted((sign * low, sign * high))
+    return worse_point, bounds[0], bounds[1]
+
+
+def _worse_by(delta: MetricDelta, lower_is_better: bool) -> tuple[float, float | None, float | None]:
+    """The relative change in the bad direction (needs one)."""
+    return _worse(delta.rel_change, delta.ci_low, delta.ci_high, lower_is_better)
 
 
 def _worse_in_points(delta: MetricDelta, lower_is_better: bool) -> tuple[float, float | None, float | None]:
-    sign = 1.0 if lower_is_better else -1.0
-    point = sign * delta.points  # type: ignore[operator]
-    if delta.points_low is None or delta.points_high is None:
-        return point, None, None
-    bounds = sorted((sign * delta.points_low, sign * delta.points_high))
-    return point, bounds[0], bounds[1]
+    """A rate's change in points in the bad direction (needs one)."""
+    return _worse(delta.points, delta.points_low, delta.points_high, lower_is_better)
 
 
 def guard_outcome(delta: MetricDelta, lower_is_better: bool, tolerance: float, absolute: bool = False) -> str | None:
