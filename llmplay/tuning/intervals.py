@@ -322,7 +322,7 @@ def wilson_interval(count: int, total: int, level: float) -> tuple[float, float]
     return _wilson(count, total, float(stats.norm.ppf(0.5 + level / 2)))
 
 
-def t_mean_interval(values: Sequence[float], level: float) -> tuple[float, float]:
+def t_mean_interval(values: Sequence[float] | np.ndarray, level: float) -> tuple[float, float]:
     """Student-t interval of the mean of `values` at `level` (each value one experimental unit); the point itself
     when fewer than two values or no spread leave nothing to estimate it from."""
     arr = np.asarray(values, dtype=float)
