@@ -32,7 +32,6 @@ from llmplay.loadgen.records import ERROR_KINDS, RequestRecord, records_from_dat
 
 PERCENTILES = (50, 90, 95, 99)
 STAT_NAMES = ("mean", "std", "p50", "p90", "p95", "p99")
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttft_content", "ttfo", "queue_wait")
 SLO_KEYS = ("ttft", "tpot", "e2el")
 
 
