@@ -23,7 +23,7 @@ from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.loadgen.workload import iter_requests
 from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
 from llmplay.redaction import resolve_env
-from llmplay.runtime.docker import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
+from llmplay.runtime.labels import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook
 from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
