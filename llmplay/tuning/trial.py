@@ -24,7 +24,7 @@ from llmplay.loadgen.workload import iter_requests
 from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
 from llmplay.redaction import resolve_env
 from llmplay.runtime.labels import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
-from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook
+from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook, gpu_count
 from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
 from llmplay.telemetry.prom import PrometheusSource
@@ -61,9 +61,7 @@ def utc_now() -> str:
 
 def price_per_hour(playbook: Playbook, config: Config) -> float:
     """The playbook's price of this configuration: its GPUs plus the host, in USD per hour."""
-    gpus = config.engine.gpus
-    n_gpus = len(gpus) if isinstance(gpus, tuple) else int(gpus or 0)
-    return playbook.cost.gpu_usd_per_hour * n_gpus + playbook.cost.host_usd_per_hour
+    return playbook.cost.gpu_usd_per_hour * gpu_count(config.engine.gpus) + playbook.cost.host_usd_per_hour
 
 
 def trial_sample(
