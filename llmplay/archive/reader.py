@@ -237,11 +237,4 @@ class ArchivedRun:
 
     def load_log(self, trial_id: str) -> str | None:
         relpath = self._file_of(trial_id, "log")
-        if relpath is None:
-            return None
-        try:
-            return read_text_inside(self.run_dir, relpath)
-        except OutsideError as exc:
-            if exc.missing:
-                return None
-            raise self._inside_error(exc) from None
+        return None if relpath is None else self.read_text(relpath)
