@@ -34,6 +34,7 @@ from llmplay.plan import docker_run_argv, format_argv
 from llmplay.playbook.source import located_error
 from llmplay.redaction import redact, redact_text, referenced_values, resolve_env, secret_values
 from llmplay.runtime import live_runs, make_runtime, stop_all
+from llmplay.runtime.base import Runtime
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.docker import gc as remove_containers
 from llmplay.runtime.docker import require_images
@@ -205,7 +206,7 @@ class TuningRun:
         playbook: Playbook,
         options: RunOptions,
         *,
-        runtime_factory: Callable[..., Any] | None = None,
+        runtime_factory: Callable[..., Runtime] | None = None,
         report: Reporter = print,
         measure_trial: MeasureTrial | None = None,
         warn: Reporter = _stderr_line,

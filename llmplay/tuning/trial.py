@@ -23,6 +23,7 @@ from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.loadgen.workload import iter_requests
 from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
 from llmplay.redaction import resolve_env
+from llmplay.runtime.base import Runtime
 from llmplay.runtime.labels import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook, gpu_count
 from llmplay.telemetry.nvml import NvmlSource
@@ -120,7 +121,7 @@ def run_trial(
     playbook: Playbook,
     config: Config,
     engine: Engine,
-    runtime_factory: Callable[..., Any],
+    runtime_factory: Callable[..., Runtime],
     *,
     trial_id: str,
     step: str | None,
@@ -183,7 +184,7 @@ def run_trial(
                                 endpoint.base_url, config.workload, requests, progress=progress, tokenizer=tokenizer
                             )
                     finally:
-                        getattr(tokenizer, "close", lambda: None)()
+                        tokenizer.close()
                 # After the timed window, before the engine stops: the probes cost seconds and no latency figure.
                 probes = _answer_probes(playbook, config, endpoint)
             except LoadInterrupted as exc:
@@ -218,7 +219,7 @@ def run_trial(
                 return TrialResult(failed, engine_log=runtime.logs())
             telemetry = sampler.result()
             describe = dict(runtime.describe())
-            alive = getattr(runtime, "alive", lambda: True)()
+            alive = runtime.alive()
             log = runtime.logs()
     except EngineStartError as exc:
         never_started = TrialRecord(
@@ -284,7 +285,7 @@ def _fresh_engine_search(
     playbook: Playbook,
     config: Config,
     engine: Engine,
-    runtime_factory: Callable[..., Any],
+    runtime_factory: Callable[..., Runtime],
     spec: EngineSpec,
     labels: Mapping[str, str],
     base: Mapping[str, Any],
@@ -307,7 +308,7 @@ def _fresh_engine_search(
                 )
                 engine_s = time.perf_counter() - started
             finally:
-                getattr(tokenizer, "close", lambda: None)()
+                tokenizer.close()
             last.update(describe=dict(runtime.describe()), log=runtime.logs())
         attainment = slo_attainment(result.records, result.duration_s, playbook.goals.slo_s, capacity.attainment)
         return ProbeRun(load_value, replicate, attainment, result.duration_s, engine_s, result)
