@@ -203,6 +203,9 @@ def fake_telemetry(rng: np.random.Generator, duration_s: float, *, nvml: bool, b
     return df
 
 
+PRICE_USD_PER_HOUR = 0.10  # the synthetic run's GPU and host together
+
+
 def _summary(records: list[RequestRecord], duration_s: float, telemetry: pd.DataFrame | None) -> dict[str, float]:
     out = {
         k: v for k, v in summarize(records, duration_s, {"ttft": 2.0, "tpot": 0.2}).as_dict().items() if v is not None
@@ -215,8 +218,6 @@ def _summary(records: list[RequestRecord], duration_s: float, telemetry: pd.Data
         out["cost.usd_per_1m_tokens"] = cost
     return out
 
-
-PRICE_USD_PER_HOUR = 0.10
 
 LOG_TAIL = (
     f"llama server listening at http://0.0.0.0:8080\nHF_TOKEN={SECRET}\n"
