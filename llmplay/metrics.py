@@ -21,18 +21,23 @@ Only completed (error-free), non-warm-up requests enter latency and throughput f
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from llmplay.loadgen.records import ERROR_KINDS, RequestRecord, records_from_dataframe, records_to_dataframe
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    # A run's records as the load generator returns them, or as a frame read back from an archive.
+    Records: TypeAlias = pd.DataFrame | Iterable[RequestRecord]
+
 PERCENTILES = (50, 90, 95, 99)
 STAT_NAMES = ("mean", "std", "p50", "p90", "p95", "p99")
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttft_content", "ttfo", "queue_wait")
 SLO_KEYS = ("ttft", "tpot", "e2el")
 
 
@@ -45,8 +50,12 @@ def _stats(values: np.ndarray) -> dict[str, float | None]:
     return out
 
 
-def _as_records(records: Any) -> Sequence[RequestRecord]:
-    if hasattr(records, "to_dict") and hasattr(records, "columns"):
+def _as_records(records: Records) -> Sequence[RequestRecord]:
+    if isinstance(records, (list, tuple)):
+        return tuple(records)
+    import pandas as pd  # deferred: a load run's records are a tuple, and pandas takes a second to import
+
+    if isinstance(records, pd.DataFrame):
         return records_from_dataframe(records)
     return tuple(records)
 
@@ -64,7 +73,7 @@ def _tpot_s(r: RequestRecord, ttft_s: float, e2el_s: float) -> float | None:
     return (e2el_s - ttft_s) / (r.output_tokens - 1) if r.stream and r.output_tokens > 1 else None
 
 
-def per_request_arrays(records: Any) -> dict[str, np.ndarray]:
+def per_request_arrays(records: Records) -> dict[str, np.ndarray]:
     """Per-request values (seconds) of measured, completed requests: the pooled percentiles, and one trial's figure.
 
     ttft/tpot: streamed requests (tpot only with > 1 output token); e2el: every completed request;
@@ -158,7 +167,7 @@ class Attainment:
         return float(self.met.mean()) if self.met.size else None
 
 
-def slo_attainment(records: Any, duration_s: float, slo_s: Mapping[str, float], target: float) -> Attainment:
+def slo_attainment(records: Records, duration_s: float, slo_s: Mapping[str, float], target: float) -> Attainment:
     """Attainment of every SLO in slo_s by the measured requests of one load run (capacity search probes)."""
     recs = sorted((r for r in _as_records(records) if not r.is_warmup), key=lambda r: r.sent_ns)
     done = [r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None for r in recs]
@@ -196,7 +205,7 @@ def batch_shares(met: np.ndarray, n_batches: int) -> np.ndarray:
     return np.asarray([chunk.mean() for chunk in np.array_split(met, n_batches)], dtype=float)
 
 
-def good_mask(records: Any, slo_s: Mapping[str, float]) -> np.ndarray:
+def good_mask(records: Records, slo_s: Mapping[str, float]) -> np.ndarray:
     """1.0 per record that completed with text and met every SLO (goodput's numerator), else 0.0."""
     return np.asarray(
         [
@@ -243,7 +252,7 @@ class Summary:
 
 
 def summarize(
-    records: Any, duration_s: float, slo_s: Mapping[str, float] | None = None, *, tokenizer: str = "none"
+    records: Records, duration_s: float, slo_s: Mapping[str, float] | None = None, *, tokenizer: str = "none"
 ) -> Summary:
     """records: a list of RequestRecord or their DataFrame; duration_s: the benchmark duration (warm-up
     excluded, LoadResult.duration_s); slo_s: per-request SLOs in seconds keyed ttft/tpot/e2el."""
@@ -323,7 +332,7 @@ def usd_per_hour_from_cost(usd_per_1m: float | None, output_tok_s: float | None)
     return usd_per_1m * output_tok_s * 3600 / 1e6
 
 
-def request_timeline(records: Any) -> dict[str, np.ndarray]:
+def request_timeline(records: Records) -> dict[str, np.ndarray]:
     """Measured requests on the run's own clock, for charts over time and of the workload's shape.
 
     Per completed request, in record order: done_s (end since the first measured send), ttft (NaN when not

@@ -8,7 +8,7 @@ these values, so it lives here too: the loader checks steps with it and the plan
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -153,6 +153,14 @@ class Workload:
     duration_s: float | None = None
     num_requests: int | None = None
     request_timeout_s: float = 120.0
+
+
+def gpu_count(gpus: int | Sequence[str] | None) -> int:
+    """How many GPUs an engine's `gpus` asks for: a count, or explicit device ids (a tuple here, a list once
+    read back from an archive's JSON)."""
+    if isinstance(gpus, (list, tuple)):
+        return len(gpus)
+    return max(int(gpus or 0), 0) if isinstance(gpus, int) else 0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from llmplay.runtime.labels import LABEL_PID, LABEL_RUN
+
 ROOT = Path(__file__).resolve().parents[1]
 SPAWNED: list[subprocess.Popen] = []
 
@@ -54,7 +56,7 @@ def tiny_playbook(
 
 
 def containers_of(docker_client, *, pid: int | None = None, run_id: str | None = None) -> list:
-    label = f"llmplay.pid={pid}" if pid is not None else f"llmplay.run={run_id}"
+    label = f"{LABEL_PID}={pid}" if pid is not None else f"{LABEL_RUN}={run_id}"
     return docker_client.containers.list(all=True, filters={"label": label})
 
 

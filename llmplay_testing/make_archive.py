@@ -29,8 +29,9 @@ from llmplay.metrics import summarize, usd_per_1m_tokens
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.telemetry.sampler import TelemetrySeries
-from llmplay.tuning.decide import evaluate_gates
+from llmplay.tuning.decide import TrialSample, evaluate_gates, sample_from_records
 from llmplay.tuning.intervals import PAIRED_LOG
+from llmplay.tuning.run import tuning_record_row
 
 SECRET = "hf_sEcReTvAlUe0123456789"
 URL_PASSWORD = "pa55w0rdXYZ"
@@ -202,6 +203,9 @@ def fake_telemetry(rng: np.random.Generator, duration_s: float, *, nvml: bool, b
     return df
 
 
+PRICE_USD_PER_HOUR = 0.10  # the synthetic run's GPU and host together
+
+
 def _summary(records: list[RequestRecord], duration_s: float, telemetry: pd.DataFrame | None) -> dict[str, float]:
     out = {
         k: v for k, v in summarize(records, duration_s, {"ttft": 2.0, "tpot": 0.2}).as_dict().items() if v is not None
@@ -209,7 +213,7 @@ def _summary(records: list[RequestRecord], duration_s: float, telemetry: pd.Data
     out["duration_s"] = duration_s
     if telemetry is not None:
         out.update(TelemetrySeries.from_frame(telemetry, duration_s=duration_s).summary())
-    cost = usd_per_1m_tokens(0.10, out.get("throughput.output_tok_s"))
+    cost = usd_per_1m_tokens(PRICE_USD_PER_HOUR, out.get("throughput.output_tok_s"))
     if cost is not None:
         out["cost.usd_per_1m_tokens"] = cost
     return out
@@ -268,6 +272,7 @@ def make_archive(
     archive.write_config(config("baseline", args))
     counter = [0]
     by_config: dict[str, list[dict[str, float]]] = {}
+    samples: dict[str, list[TrialSample]] = {}
 
     def trial(cid: str, step: str | None, role: str, repeat: int, *, fail: bool = False, errors: int = 0) -> str:
         counter[0] += 1
@@ -294,6 +299,10 @@ def make_archive(
         tele = fake_telemetry(rng, duration, nvml=nvml, busy=0.9 if cid != "baseline" else 0.35)
         summary = _summary(records, duration, tele)
         by_config.setdefault(cid, []).append(summary)
+        frame = records_to_dataframe(records)
+        samples.setdefault(cid, []).append(
+            sample_from_records(frame, duration, summary, playbook.goals.slo_s, PRICE_USD_PER_HOUR, repeat=repeat)
+        )
         notes = () if nvml else ("no NVML: libnvidia-ml.so.1 not found",)
         rec = TrialRecord(
             tid,
@@ -313,9 +322,7 @@ def make_archive(
             },
             notes=(*notes, "tokenizer: engine /tokenize"),
         )
-        archive.write_trial(
-            rec, records_to_dataframe(records), tele, f"server started\nHF_TOKEN={SECRET}\nslot 0 ready\n"
-        )
+        archive.write_trial(rec, frame, tele, f"server started\nHF_TOKEN={SECRET}\nslot 0 ready\n")
         return tid
 
     def delta(metric: str, a: float, b: float, spread: float, lower_better: bool) -> MetricDelta:
@@ -338,21 +345,8 @@ def make_archive(
         return float(np.mean(vals))
 
     def row(cid: str, trials: list[str], verdict: StepVerdict | None, failed: int = 0) -> dict[str, Any]:
-        r: dict[str, Any] = {
-            "config_id": cid,
-            "trials": trials,
-            "failed_trials": failed,
-            "metrics": {m: mean(cid, m) for m in RECORD_METRICS if any(m in s for s in by_config[cid])},
-        }
-        if verdict:
-            r.update(
-                step=verdict.step,
-                verdict=verdict.verdict,
-                reason=verdict.reason,
-                compared_with=verdict.baseline_config,
-                changes=list(verdict.changes),
-            )
-        return r
+        # The runner's own row, so report tests read the shape a real run writes.
+        return tuning_record_row(cid, trials, failed, samples.get(cid, []), verdict)
 
     plan: list[tuple[str, dict[str, Any], str, str]] = [
         ("parallel-4", {"parallel": 4}, "kept", "args.parallel: 1 -> 4"),

@@ -16,6 +16,7 @@ from llmplay.errors import InfrastructureError
 from llmplay.runtime import dockerd
 from llmplay.runtime.cpu_image import build_cpu_engine
 from llmplay.runtime.docker import DockerRuntime
+from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import EngineSpec, frozen_map
 
 
@@ -80,6 +81,20 @@ def llama_server_spec(cpu_engine: Any) -> EngineSpec:
 def llama_endpoint(docker_client: Any, llama_server_spec: EngineSpec) -> Iterator[Any]:
     """A running llama.cpp container started through the docker runtime; removed after the module."""
     runtime = DockerRuntime(docker_client)
-    labels = {"llmplay.run": f"test-{uuid.uuid4().hex[:8]}", "llmplay.trial": "fixture"}
+    labels = {LABEL_RUN: f"test-{uuid.uuid4().hex[:8]}", LABEL_TRIAL: "fixture"}
     with runtime.start(llama_server_spec, get_engine("llamacpp"), labels) as endpoint:
         yield endpoint
+
+
+# A test that needs one of these starts dockerd, a container, an engine or a Ray cluster (test_ray's `cluster`):
+# seconds to minutes each, so it belongs to the slow lane whatever its own markers say, as does every `docker`
+# test (`pytest -m "not slow"` is the fast lane).
+_ENGINE_FIXTURES = frozenset(
+    {"docker_client", "cpu_binary", "cpu_engine", "llama_server_spec", "llama_endpoint", "cluster"}
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("docker") or _ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

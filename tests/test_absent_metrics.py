@@ -51,17 +51,18 @@ def request(i: int, *, stream: bool, failed: bool = False, ttft_ms: float = 50.0
 
 
 class RecordedTrials:
-    """`measure_trial` from request records: `kind(trial_id)` picks "streamed", "nonstreamed", "failed" or
+    """`measure_trial` from request records: `kind(trial_id, role)` picks "streamed", "nonstreamed", "failed" or
     "thin" (two streamed requests) per trial; counts the trials measured. Like run_trial, a trial in which no
     request completed is a failed trial, its records archived all the same."""
 
-    def __init__(self, playbook, kind: Callable[[str], str], n: int = 30):
+    def __init__(self, playbook, kind: Callable[[str, str], str], n: int = 30):
         self.playbook, self.kind, self.n = playbook, kind, n
         self.measured: list[str] = []
 
     def __call__(self, config, *, trial_id, step, role, repeat) -> TrialResult:
         self.measured.append(trial_id)
-        kind = self.kind(trial_id)
+        # Which side of a pair starts is drawn from the run id: a kind given by role needs no trial numbers.
+        kind = self.kind(trial_id, role)
         n = 2 if kind in ("thin", "nonstreamed") else self.n
         ttft = 25.0 if config.engine.args.get("parallel") == 4 else 50.0
         records = [
@@ -117,7 +118,7 @@ def printed(outcome) -> str:
 
 def test_a_trial_without_streamed_requests_says_not_measured_and_the_run_finishes(tmp_path):
     # The issue's case: the first trial's two measured requests happened to be non-streamed.
-    outcome, lines, _ = run(tmp_path, lambda tid: "nonstreamed" if tid == "t001" else "streamed")
+    outcome, lines, _ = run(tmp_path, lambda tid, role: "nonstreamed" if tid == "t001" else "streamed")
     assert outcome.status == "complete", lines
     first = next(line for line in lines if "trial t001" in line)
     assert "P95 TTFT not measured (no streamed request completed)" in first
@@ -132,7 +133,7 @@ def test_a_trial_without_streamed_requests_says_not_measured_and_the_run_finishe
 
 
 def test_no_streamed_request_at_all_fails_the_ttft_gate_as_not_measured(tmp_path):
-    outcome, lines, _ = run(tmp_path, lambda tid: "nonstreamed", steps=[])
+    outcome, lines, _ = run(tmp_path, lambda tid, role: "nonstreamed", steps=[])
     assert outcome.status == "complete", lines
     ttft_gate = next(g for g in outcome.gates if g.metric == "ttft.p95")
     assert ttft_gate.met is None and ttft_gate.observed is None
@@ -144,7 +145,7 @@ def test_no_streamed_request_at_all_fails_the_ttft_gate_as_not_measured(tmp_path
 
 
 def test_every_request_failed(tmp_path, capsys):
-    outcome, lines, _ = run(tmp_path, lambda tid: "failed", steps=[])
+    outcome, lines, _ = run(tmp_path, lambda tid, role: "failed", steps=[])
     assert outcome.status == "complete", lines
     assert all("FAILED: no request completed (30 errors)" in line for line in lines if "trial t0" in line)
     assert all(g.met is None for g in outcome.gates)  # nothing measured: every gate is "not met (not measured)"
@@ -161,8 +162,8 @@ def test_every_request_failed(tmp_path, capsys):
 
 
 def test_every_candidate_request_failed(tmp_path):
-    # Pairs alternate which side starts (A B B A): the candidate trials are t002 and t003.
-    outcome, lines, _ = run(tmp_path, lambda tid: "failed" if tid in ("t002", "t003") else "streamed")
+    # Which side of a pair starts is drawn per pair from the run id, so the candidate's trials are named by role.
+    outcome, lines, _ = run(tmp_path, lambda tid, role: "failed" if role == "candidate" else "streamed")
     assert outcome.status == "complete", lines
     (verdict,) = outcome.verdicts
     assert verdict.verdict == "failed"
@@ -172,7 +173,7 @@ def test_every_candidate_request_failed(tmp_path):
 
 
 def test_thin_samples_are_named_on_the_trial_line_the_record_and_the_gate(tmp_path):
-    outcome, lines, _ = run(tmp_path, lambda tid: "thin", steps=[])
+    outcome, lines, _ = run(tmp_path, lambda tid, role: "thin", steps=[])
     first = next(line for line in lines if "trial t001" in line)
     assert first.endswith(
         "— P95 TTFT from 2 request(s) (needs at least 20); P95 TPOT from 2 request(s) (needs at least 20)"

@@ -66,6 +66,7 @@ def test_the_truth_is_the_erlang_c_boundary():
     assert 30 < TRUTH < 33
 
 
+@pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
 def test_search_lands_within_its_precision_of_the_known_boundary(instrument):
     spec = CapacitySpec(
         "rate", 4, 128, attainment=TARGET, precision=0.15, probe_s=5, settle_s=0.2, max_engine_s=180, replicates=3
@@ -84,6 +85,7 @@ def test_search_lands_within_its_precision_of_the_known_boundary(instrument):
     assert "TTFT breaks at" in result.binding_sentence()
 
 
+@pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
 def test_binding_slo_is_the_one_that_breaks_first(instrument):
     # E2EL = wait + 10 ms + 3 gaps of 2 ms: a 116 ms E2EL SLO bounds the wait at 100 ms, tighter than TTFT's 400 ms.
     spec = CapacitySpec(
@@ -97,6 +99,7 @@ def test_binding_slo_is_the_one_that_breaks_first(instrument):
     assert "TTFT would hold until" in sentence
 
 
+@pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
 def test_noise_within_the_time_cap_answers_indeterminate_not_a_number(instrument):
     # Half-second probes hold ~30 requests: no interval near the boundary can clear a 90% target, and a 2%
     # precision in 15 s of load cannot be met.
@@ -112,6 +115,7 @@ def test_noise_within_the_time_cap_answers_indeterminate_not_a_number(instrument
     assert any("not pinned" in note for note in result.notes)
 
 
+@pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
 def test_meeting_the_slo_at_the_upper_bound_says_so(instrument):
     spec = CapacitySpec("rate", 2, 8, attainment=TARGET, precision=0.1, probe_s=2, settle_s=0.1, max_engine_s=30)
     result = search(instrument, spec, {"ttft": TTFT_S + WAIT_S}, qseed=3)
@@ -121,6 +125,7 @@ def test_meeting_the_slo_at_the_upper_bound_says_so(instrument):
     assert max(result.run_loads) == 8  # never probed past the bound
 
 
+@pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
 def test_missing_the_slo_at_the_lower_bound_says_so(instrument):
     # 60 req/s is well past the queue's 40 req/s: it fails at once, and nothing below the bound is probed.
     spec = CapacitySpec("rate", 60, 120, attainment=TARGET, precision=0.1, probe_s=2, settle_s=0.1, max_engine_s=30)
@@ -131,6 +136,7 @@ def test_missing_the_slo_at_the_lower_bound_says_so(instrument):
     assert result.boundary_text().startswith("< 60 req/s")
 
 
+@pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
 def test_concurrency_search_probes_whole_users(instrument):
     # Closed loop: each user waits for its answer, so past 4 users the queue holds the rest; whole users only.
     spec = CapacitySpec(
@@ -156,6 +162,7 @@ def test_isotonic_crossing_interpolates_on_log_load():
     assert crossing([probe(10, 0.99), probe(20, 0.95)], 0.90) is None
 
 
+@pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
 def test_result_round_trips_through_its_archived_form(instrument):
     spec = CapacitySpec("rate", 2, 8, attainment=TARGET, precision=0.1, probe_s=1, settle_s=0.1, max_engine_s=10)
     result = search(instrument, spec, {"ttft": TTFT_S + WAIT_S}, qseed=5)
@@ -246,6 +253,7 @@ def test_capacity_metrics_are_gates_and_guards_like_any_metric(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- the command, end to end
+@pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
 @pytest.mark.parametrize("engine", ["shared", "fresh"])
 def test_capacity_command_against_an_endpoint_prints_the_boundary_and_archives_it(tmp_path, instrument, engine):
     doc = {
@@ -294,6 +302,7 @@ def test_capacity_command_against_an_endpoint_prints_the_boundary_and_archives_i
     assert "throughput against P90 TTFT" in html
 
 
+@pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
 def test_bench_capacity_searches_a_running_endpoint(tmp_path, instrument):
     doc = {
         "apiVersion": "llmplay/v1",

@@ -101,10 +101,21 @@ def test_a_role_chunk_sent_on_admission_starts_ttft_but_not_ttft_content(srv):
     # A server that acknowledges a chat request before prefill: vLLM's TTFT stops at that role-only chunk, the
     # first text comes the scripted 40 ms later.
     wl = replace(BASE, api="chat")
-    _, res, _ = run(srv, wl, ttft_ms=40, itl_ms=5, role=2)
+    reqs, res, log = run(srv, wl, ttft_ms=40, itl_ms=5, role=2)
     assert all(r.ok and len(r.chunk_ns) == 7 for r in res.records)
     s = summarize(res.records, res.duration_s, {})
-    assert s["ttft.p50"] < 0.02 and 0.040 <= s["ttft_content.p50"] < 0.06
+    # Checked against what the server wrote and when (its log), not its script: on a loaded machine the role chunk
+    # may be read late, and the first text written late, but neither is stamped before it was written.
+    role_lag_s, text_lag_s = [], []
+    for planned, rec in zip(reqs, res.records, strict=True):
+        entry = log[planned.messages[-1][1]]
+        assert entry["headers_ns"] <= rec.first_chunk_ns < rec.first_text_ns
+        assert entry["send_ns"][0] <= rec.first_text_ns and entry["send_ns"][0] >= entry["recv_ns"] + 40e6
+        role_lag_s.append((rec.first_chunk_ns - entry["headers_ns"]) / 1e9)
+        text_lag_s.append((rec.first_text_ns - entry["send_ns"][0]) / 1e9)
+    # TTFT is the role chunk's (stamped when it came), TTFT-content the first text's, each within a margin of its write
+    assert np.median(role_lag_s) < 0.02 and np.median(text_lag_s) < 0.02
+    assert s["ttft_content.p50"] >= 0.040 and s["ttft.p50"] < s["ttft_content.p50"]
     assert s["ttfo.p50"] == s["ttft_content.p50"]  # no reasoning: the first text is the answer
 
 
@@ -135,20 +146,20 @@ def test_tokens_per_chunk_are_counted_not_chunks_when_usage_is_missing(srv, api,
     if streaming_fraction:
         assert all(len(r.chunk_ns) == 2 + (api == "chat") for r in res.records)  # chat: + its role chunk
     # The prompts' approximate tokenizer (the calibrated estimate's stand-in here) counts the 8 words.
-    res = run_load_sync(
-        srv.url_for(ttft_ms=5, itl_ms=20, usage=0, tokens=8, per_chunk=4),
-        wl,
-        build_requests(wl, TOK, "instrument"),
-        tokenizer=TOK,
-    )
+    reqs = build_requests(wl, TOK, "instrument")
+    srv.fetch_log()  # clear
+    res = run_load_sync(srv.url_for(ttft_ms=5, itl_ms=20, usage=0, tokens=8, per_chunk=4), wl, reqs, tokenizer=TOK)
+    log = {e["key"]: e for e in srv.fetch_log()}
     assert all(r.output_tokens == 8 and r.output_tokens_source == "estimated" for r in res.records)
     s = summarize(res.records, res.duration_s, {})
     assert s.output_tokens_source == "estimated"
     assert s["tokens.output_counted"] == 1 and s["tokens.output_estimated"] == 1
     assert s["tokens.output_total"] == 64
     if streaming_fraction:
-        # One 20 ms gap over 7 tokens after the first: ~2.9 ms, not the 20 ms of one token per chunk.
-        assert 0.0025 < s["tpot.p50"] < 0.0045
+        # One gap between the two chunks the server wrote (20 ms by its script, more on a busy machine) over the 7
+        # tokens after the first: a seventh of the written gap, not the whole gap of one token per chunk.
+        written = [np.diff(log[p.messages[-1][1] if p.messages else p.prompt]["send_ns"])[0] / 7 / 1e9 for p in reqs]
+        assert abs(s["tpot.p50"] - float(np.median(written))) < 0.001
 
 
 def test_calibrated_estimate_counts_output_when_the_tokenizer_is_gone():
@@ -178,9 +189,10 @@ def test_throughput_window_covers_a_request_that_timed_out(srv):
     assert res.records[1].first_chunk_ns is None and res.records[1].finished_ns is not None
     # The 1 s timeout starts a little before sent_ns (stamped when the bytes were written).
     assert res.end_ns >= res.records[1].finished_ns >= res.records[1].sent_ns + 0.95e9
-    assert 0.95 <= res.duration_s < 2.0  # a loaded 2-core machine may see the timeout late
+    assert res.end_ns == res.records[1].finished_ns and res.duration_s == (res.end_ns - res.start_ns) / 1e9
     s = summarize(res.records, res.duration_s, {})
-    assert 0.5 < s["throughput.req_s"] < 1.1  # about 1 req/s, not the 20+ of a window ending at 45 ms
+    # One completed request over the whole window (>= the 1 s timeout), not over a window ending at the first reply.
+    assert res.duration_s >= 0.95 and s["throughput.req_s"] == pytest.approx(1 / res.duration_s)
     assert s["throughput.output_tok_s"] == pytest.approx(6 / res.duration_s)
 
 
@@ -192,12 +204,19 @@ def test_usage_tokens(srv):
 
 def test_non_streamed_requests(srv):
     wl = replace(BASE, streaming_fraction=0.0, api="chat")
-    _, res, _ = run(srv, wl, ttft_ms=30, itl_ms=4)
+    reqs, res, log = run(srv, wl, ttft_ms=30, itl_ms=4)
     assert all(r.ok and not r.stream for r in res.records)
     s = summarize(res.records, res.duration_s, {"ttft": 0.001})
     assert s["ttft.p50"] is None and s["tpot.p50"] is None and s["itl.p50"] is None
-    # TTFT = E2EL for non-streamed: 30 ms + 5 × 4 ms (+ the client's request and body-read cost).
-    assert 0.050 <= s["ttft_nonstream.p50"] < 0.060 and s["e2el.p50"] == s["ttft_nonstream.p50"]
+    # TTFT = E2EL for non-streamed: the body, written at least 30 ms + 5 × 4 ms after the request came (the
+    # server's log), ends it; stamped after that write and, but for a stalled client, soon after.
+    body_lag_s = []
+    for planned, rec in zip(reqs, res.records, strict=True):
+        (written_ns,) = log[planned.messages[-1][1]]["send_ns"]
+        assert rec.sent_ns <= log[planned.messages[-1][1]]["recv_ns"] and written_ns <= rec.end_ns
+        body_lag_s.append((rec.end_ns - written_ns) / 1e9)
+    assert np.median(body_lag_s) < 0.02
+    assert s["ttft_nonstream.p50"] >= 0.050 and s["e2el.p50"] == s["ttft_nonstream.p50"]
     assert s["goodput.req_s"] == 0.0  # 50 ms misses a 1 ms TTFT SLO
 
 
@@ -258,11 +277,12 @@ def test_poisson_arrivals_match_the_rate(srv):
     gaps = np.diff(sched)
     assert abs(1 / gaps.mean() - 400) / 400 < 0.1
     assert stats.kstest(gaps, "expon", args=(0, 1 / 400)).pvalue > 0.01
-    # The client kept up: requests left within a few ms of their scheduled time.
-    assert res.schedule_lag_p50_s is not None and 0 <= res.schedule_lag_p50_s < 0.002
-    assert res.schedule_lag_p99_s < 0.050
-    sent = np.sort(np.array([r.sent_ns for r in res.records])) / 1e9
-    assert abs(len(sent) / (sent[-1] - sent[0]) - 400) / 400 < 0.12
+    # No request leaves before its time, and the lag reported is the records' own; how closely a loaded machine
+    # keeps the schedule is benchmarks/loadgen.py's measure, not this test's.
+    lag_s = np.array([(r.sent_ns - r.scheduled_ns) / 1e9 for r in res.records])
+    assert (lag_s >= 0).all()
+    assert res.schedule_lag_p50_s == pytest.approx(float(np.percentile(lag_s, 50)))
+    assert res.schedule_lag_p99_s == pytest.approx(float(np.percentile(lag_s, 99)))
 
 
 def test_constant_arrivals_with_bursts(srv):
@@ -295,8 +315,10 @@ def test_duration_bound_closed_loop_with_warmup_seconds(srv):
     assert warm and meas and all(r.ok for r in res.records)
     assert all(r.sent_ns < res.start_ns for r in warm) and all(r.sent_ns >= res.start_ns for r in meas)
     assert all(r.sent_ns < res.start_ns + 0.4e9 for r in meas)
-    assert 0.1 <= res.warmup_duration_s < 0.2 and 0.35 <= res.duration_s < 0.5
-    assert 0.4 * 80 <= len(meas) <= 80  # 3 users x 0.4 s / 15 ms, less the client's own time
+    # The window runs from the end of warm-up to the last measured request's end, however late a busy machine ran.
+    assert res.warmup_duration_s >= 0.1 and res.end_ns == max(r.end_ns for r in meas)
+    assert res.duration_s == (res.end_ns - res.start_ns) / 1e9
+    assert 3 <= len(meas) <= 80  # every user measured; at most 3 users x 0.4 s / the server's 15 ms per request
     assert sorted(r.index for r in res.records) == list(range(len(res.records)))
 
 

@@ -13,6 +13,7 @@ from llmplay.errors import PlaybookError
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.source import display_path
 from llmplay.runtime.image_flags import flags_in_help, image_flags
+from llmplay.runtime.labels import LABEL_RUN
 from llmplay.tuning.preflight import flag_names, nearest_flag, preflight
 from llmplay_testing.cpu_runs import cli, tiny_playbook
 
@@ -51,12 +52,10 @@ def test_help_is_read_once_per_image_and_cached(cpu_engine, docker_client, tmp_p
     assert first is not None and not first.cached
     assert {"--ctx-size", "--parallel", "--cache-reuse", "--no-cache-prompt", "--metrics"} <= first.flags
     assert first.version is not None and first.version.startswith("llama-cpp-python ")  # the image's label
-    t0 = time.perf_counter()
     again = image_flags(docker_client, cpu_engine.image, engine, cache=tmp_path)
-    assert again is not None and again.cached and again.flags == first.flags
-    assert time.perf_counter() - t0 < 1.0
+    assert again is not None and again.cached and again.flags == first.flags  # read from the cache, no container
     assert image_flags(docker_client, "llmplay/no-such-image:none", engine, cache=tmp_path) is None
-    assert not docker_client.containers.list(all=True, filters={"label": "llmplay.run=preflight"})
+    assert not docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}=preflight"})
 
 
 @pytest.mark.docker

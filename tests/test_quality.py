@@ -18,6 +18,7 @@ from llmplay.engines import get_engine
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.runtime.docker import DockerRuntime
+from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.runtime.models import ensure_gemma
 from llmplay.spec import EngineSpec, Guard, frozen_map
 from llmplay.tuning.decide import Decision
@@ -129,7 +130,7 @@ def gemma_answers(docker_client, cpu_engine):
             extra_args=("--chat-template-file", "/models/gemma-turns.jinja", "--jinja"),
             health_timeout_s=90.0,
         )
-        labels = {"llmplay.run": f"test-{uuid.uuid4().hex[:8]}", "llmplay.trial": label}
+        labels = {LABEL_RUN: f"test-{uuid.uuid4().hex[:8]}", LABEL_TRIAL: label}
         with (
             runtime.start(spec, get_engine("llamacpp"), labels) as endpoint,
             httpx.Client(base_url=endpoint.base_url, timeout=60) as client,

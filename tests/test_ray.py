@@ -20,6 +20,7 @@ pytest.importorskip("ray")
 from llmplay.archive.verify import verify
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
+from llmplay.runtime.labels import LABEL_PID, LABEL_RUN
 from llmplay.tuning.run import RunOptions, TuningRun, run_playbook
 from llmplay_testing.cpu_runs import (
     cli,
@@ -255,8 +256,8 @@ def test_a_node_lost_mid_trial_reruns_its_pair_elsewhere_and_leaves_no_engine(
     try:
 
         def engine_on_a_worker():
-            for c in docker_client.containers.list(filters={"label": "llmplay.run"}):
-                on = node_running(cluster, int(c.labels.get("llmplay.pid", "0")))
+            for c in docker_client.containers.list(filters={"label": LABEL_RUN}):
+                on = node_running(cluster, int(c.labels.get(LABEL_PID, "0")))
                 if on is not None:
                     return c, on
             return None

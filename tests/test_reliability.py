@@ -29,6 +29,7 @@ from llmplay.loadgen.workload import build_requests
 from llmplay.playbook.load import load_playbook, load_workload
 from llmplay.report import publish_report
 from llmplay.runtime.docker import DockerRuntime
+from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import EngineSpec, frozen_map
 from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.cpu_runs import cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
@@ -400,7 +401,7 @@ def test_the_real_container_gets_only_the_model_dir_read_only_and_no_host_namesp
         args=frozen_map({"threads": 1, "ctx_size": 512, "parallel": 1}),
     )
     runtime = DockerRuntime(docker_client)
-    with runtime.start(spec, engine, {"llmplay.run": f"untrusted-{secrets.token_hex(4)}", "llmplay.trial": "t"}):
+    with runtime.start(spec, engine, {LABEL_RUN: f"untrusted-{secrets.token_hex(4)}", LABEL_TRIAL: "t"}):
         attrs = docker_client.api.inspect_container(runtime.container.id)
     host = attrs["HostConfig"]
     assert host["Privileged"] is False

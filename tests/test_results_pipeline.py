@@ -297,6 +297,7 @@ def examples_run():
 
 
 @PIPELINE_SETTINGS
+@pytest.mark.slow  # fifteen archives written, verified and rendered
 @given(run_a=runs, run_b=runs)
 def test_any_measured_data_goes_through_the_whole_pipeline(playbook, tmp_path_factory, examples_run, run_a, run_b):
     examples_run[0] += 1

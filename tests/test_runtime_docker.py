@@ -24,6 +24,7 @@ from llmplay.runtime import make_runtime, stop_all
 from llmplay.runtime.cpu_image import build_cpu_engine
 from llmplay.runtime.docker import DockerRuntime, connect, gc, image_hint, owner_labels
 from llmplay.runtime.endpoint import EndpointRuntime, refuse_engine_changes
+from llmplay.runtime.labels import LABEL_HOST, LABEL_PID, LABEL_PID_STARTED, LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import Change, EngineSpec, RuntimeSpec, Step
 from llmplay.telemetry.prom import parse_metrics
 
@@ -31,11 +32,11 @@ LLAMACPP = get_engine("llamacpp")
 
 
 def run_labels() -> dict[str, str]:
-    return {"llmplay.run": f"test-{uuid.uuid4().hex[:8]}", "llmplay.trial": "1"}
+    return {LABEL_RUN: f"test-{uuid.uuid4().hex[:8]}", LABEL_TRIAL: "1"}
 
 
 def left_over(client: Any, labels: dict[str, str]) -> list[Any]:
-    return client.containers.list(all=True, filters={"label": f"llmplay.run={labels['llmplay.run']}"})
+    return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={labels[LABEL_RUN]}"})
 
 
 def stream_completion(base_url: str, model: str, max_tokens: int = 16) -> tuple[list[str], dict]:
@@ -76,10 +77,10 @@ def test_start_stream_stop_leaves_nothing(docker_client: Any, llama_server_spec:
         assert d["engine_version"].startswith("llama-cpp-python ")  # the image label: the source it was built from
         assert d["container_id"] == runtime.container.id and runtime.alive()
         assert d["command"][1:] == LLAMACPP.command(llama_server_spec)
-        assert d["labels"]["llmplay.run"] == labels["llmplay.run"] and d["labels"]["llmplay.trial"] == "1"
+        assert d["labels"][LABEL_RUN] == labels[LABEL_RUN] and d["labels"][LABEL_TRIAL] == "1"
         assert endpoint.describe["container_id"] == d["container_id"]
         container = docker_client.containers.get(d["container_id"])
-        assert container.labels["llmplay.run"] == labels["llmplay.run"]
+        assert container.labels[LABEL_RUN] == labels[LABEL_RUN]
         assert "listening on" in runtime.logs() and len(runtime.logs(tail=2).splitlines()) == 2
     assert left_over(docker_client, labels) == []
     assert runtime.container is None and "listening on" in runtime.logs()  # the logs outlive the container
@@ -165,7 +166,8 @@ def test_stop_all_stops_live_containers(docker_client: Any, llama_server_spec: E
 # lives until its stdin closes.
 LIVE_OWNER = """
 import sys
-from llmplay.runtime.docker import LABEL_RUN, connect, owner_labels
+from llmplay.runtime.docker import connect, owner_labels
+from llmplay.runtime.labels import LABEL_RUN
 client = connect()
 c = client.containers.create(sys.argv[1], ["--version"], labels={LABEL_RUN: sys.argv[2], **owner_labels()})
 print(c.id, flush=True)
@@ -187,12 +189,12 @@ def test_gc_never_touches_a_live_run_and_removes_it_once_its_owner_is_gone(docke
     live_id = owner.stdout.readline().strip()
 
     def labelled(**labels: str) -> Any:
-        return docker_client.containers.create(cpu_engine.image, ["--version"], labels={"llmplay.run": run, **labels})
+        return docker_client.containers.create(cpu_engine.image, ["--version"], labels={LABEL_RUN: run, **labels})
 
     me = owner_labels()
-    recycled = labelled(**{**me, "llmplay.pid_started": f"{float(me['llmplay.pid_started']) - 3600:.2f}"})
-    older = labelled(**{"llmplay.pid": str(os.getpid()), "llmplay.host": host})  # labels of an older llmplay
-    elsewhere = labelled(**{**me, "llmplay.host": "another-host"})
+    recycled = labelled(**{**me, LABEL_PID_STARTED: f"{float(me[LABEL_PID_STARTED]) - 3600:.2f}"})
+    older = labelled(**{LABEL_PID: str(os.getpid()), LABEL_HOST: host})  # labels of an older llmplay
+    elsewhere = labelled(**{**me, LABEL_HOST: "another-host"})
     made = [recycled, older, elsewhere]
     try:
         assert live_id and owner.poll() is None
@@ -204,17 +206,17 @@ def test_gc_never_touches_a_live_run_and_removes_it_once_its_owner_is_gone(docke
         assert f"left {elsewhere.name} (run {run}: owned by pid {os.getpid()} on another-host" in out
         assert "`llmplay gc --force` removes it" in out
         assert "removed 1 container(s); left 3 (2 not provably orphaned" in out, out
-        assert {c.id for c in left_over(docker_client, {"llmplay.run": run})} == {live_id, older.id, elsewhere.id}
+        assert {c.id for c in left_over(docker_client, {LABEL_RUN: run})} == {live_id, older.id, elsewhere.id}
 
         out = runner.invoke(cli, ["gc", "--run", run, "--force"]).output
         assert f"removed {older.name}" in out and f"removed {elsewhere.name}" in out
         assert f"(run {run}: its run is still going (pid {owner.pid} on {host}))" in out, out
-        assert [c.id for c in left_over(docker_client, {"llmplay.run": run})] == [live_id]  # even --force leaves it
+        assert [c.id for c in left_over(docker_client, {LABEL_RUN: run})] == [live_id]  # even --force leaves it
 
         owner.communicate("", timeout=30)  # the owner ends without removing its container: as after kill -9
         out = runner.invoke(cli, ["gc", "--run", run]).output
         assert f"its llmplay process (pid {owner.pid} on {host}) is gone)" in out, out
-        assert left_over(docker_client, {"llmplay.run": run}) == []
+        assert left_over(docker_client, {LABEL_RUN: run}) == []
     finally:
         if owner.poll() is None:
             owner.kill()

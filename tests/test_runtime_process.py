@@ -15,6 +15,7 @@ import pytest
 from llmplay.engines import get_engine
 from llmplay.errors import EngineStartError, InfrastructureError
 from llmplay.runtime import live_runtimes, make_runtime
+from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.runtime.process import ProcessRuntime, host_model
 from llmplay.spec import EngineSpec, frozen_map
 
@@ -41,7 +42,7 @@ def llama_spec(cpu_binary: Any) -> EngineSpec:
 
 def test_start_stream_stop(llama_spec: EngineSpec, tmp_path: Path) -> None:
     runtime = make_runtime("process", log_dir=tmp_path)
-    with runtime.start(llama_spec, LLAMACPP, {"llmplay.run": "r1", "llmplay.trial": "3"}) as endpoint:
+    with runtime.start(llama_spec, LLAMACPP, {LABEL_RUN: "r1", LABEL_TRIAL: "3"}) as endpoint:
         pid = runtime.pid
         assert psutil.pid_exists(pid) and runtime.alive() and runtime in live_runtimes()
         body = {"model": endpoint.model, "prompt": "Hello", "max_tokens": 12, "stream": True, "ignore_eos": True}

@@ -29,6 +29,7 @@ from llmplay.loadgen.workload import iter_requests
 from llmplay.playbook.load import load_playbook
 from llmplay.runtime.docker import DockerRuntime
 from llmplay.runtime.image_flags import image_flags
+from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.runtime.vllm_image import image_tag
 from llmplay.telemetry.prom import parse_metrics
 from llmplay.tuning.preflight import preflight
@@ -89,7 +90,7 @@ def vllm_endpoint(docker_client: Any):
     spec = load_playbook(PLAYBOOK).engine
     runtime = DockerRuntime(docker_client)
     run_id = f"test-vllm-{uuid.uuid4().hex[:8]}"
-    with runtime.start(spec, get_engine("vllm"), {"llmplay.run": run_id, "llmplay.trial": "fixture"}) as endpoint:
+    with runtime.start(spec, get_engine("vllm"), {LABEL_RUN: run_id, LABEL_TRIAL: "fixture"}) as endpoint:
         yield endpoint, spec
     assert not containers_of(docker_client, run_id=run_id)  # nothing is left running
 

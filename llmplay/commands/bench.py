@@ -115,7 +115,7 @@ def bench_capacity(
             url, model, workload, goals.capacity, goals.slo_s, tokenizer, progress=sys.stderr.isatty()
         )
     finally:
-        getattr(tokenizer, "close", lambda: None)()
+        tokenizer.close()
     console = Console(width=None if sys.stdout.isatty() else 160)
     print_boundaries(console, [(url, 0, result, {})])
     if json_path is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,7 +14,7 @@ from llmplay.archive.listing import archive_root
 from llmplay.archive.model import GateResult
 from llmplay.catalog import CAPACITY_METRICS, TUNING_RECORD_METRICS, absence_reason, fmt_bytes, fmt_full, label_of
 from llmplay.commands.plan import render_plan
-from llmplay.errors import ArchiveError, ExitCode, PlaybookError
+from llmplay.errors import ExitCode, PlaybookError
 from llmplay.plan import build_plan
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
@@ -42,21 +41,6 @@ def duration_option_s(name: str, value: str | None) -> float | None:
     if name == "duration" and seconds <= 0:  # the rule workload.duration obeys: a window of 0 s measures nothing
         raise PlaybookError(f"--duration: found {value!r}; expected a length above zero, like 10s")
     return seconds
-
-
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    manifest = run_dir / "manifest.json"
-    if not manifest.is_file():
-        raise ArchiveError(f"{run_dir}: no manifest.json; expected a run directory made by llmplay run")
-    return dict(json.loads(manifest.read_text()))
-
-
-def playbook_path_of(run_dir: Path) -> Path:
-    """The playbook file an archived run was made from, still on disk."""
-    path = Path(read_manifest(run_dir)["playbook"]["path"])
-    if not path.is_file():
-        raise ArchiveError(f"{run_dir}: its playbook {path} no longer exists; pass the playbook FILE with --resume")
-    return path
 
 
 def run_command(

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from llmplay.loadgen.clock import now_ns
 from llmplay.loadgen.send import LoadSender
 from llmplay.loadgen.workload import PlannedRequest
-
-_now = time.perf_counter_ns  # the one clock
 
 
 class RequestFeed:
@@ -81,7 +79,7 @@ async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warm
 
     async def user() -> None:
         while True:
-            now = _now()
+            now = now_ns()
             if warmup:
                 nxt = feed.peek()
                 if nxt is None or (not nxt.is_warmup and (until_ns is None or now >= until_ns)):
@@ -91,7 +89,7 @@ async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warm
             planned = await feed.next()
             if planned is None:
                 return
-            await sender.send(planned, _now(), warmup)
+            await sender.send(planned, now_ns(), warmup)
 
     await asyncio.gather(*(user() for _ in range(users)))
 
@@ -105,7 +103,7 @@ async def open_loop(
     burst = max(1, wl.burst)
     mean_gap_s = burst / wl.rate  # rate counts requests, so bursts arrive rate/burst times a second
     tasks: set[asyncio.Task] = set()
-    t0 = _now()
+    t0 = now_ns()
     offset_s = 0.0
     first = True
     while True:
@@ -121,7 +119,7 @@ async def open_loop(
         elif until_ns is not None and at_ns >= until_ns:
             break
         # Re-check after waking: the loop's timers round to the millisecond and may fire early.
-        while (delay_ns := at_ns - _now()) > 0:
+        while (delay_ns := at_ns - now_ns()) > 0:
             await asyncio.sleep(delay_ns / 1e9)
         stop = False
         for _ in range(burst):

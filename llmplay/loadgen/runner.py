@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -12,14 +11,13 @@ import httpx
 import numpy as np
 
 from llmplay.loadgen.arrivals import RequestFeed, closed_loop, open_loop
+from llmplay.loadgen.clock import now_ns
 from llmplay.loadgen.records import LoadResult, RequestRecord
 from llmplay.loadgen.send import LoadSender
 from llmplay.loadgen.tokenizer import FallbackTokenizer, Tokenizer, WordRatioTokenizer
 from llmplay.loadgen.transport import StreamingTransport
 from llmplay.loadgen.workload import PlannedRequest
 from llmplay.spec import Workload
-
-_now = time.perf_counter_ns  # the one clock
 
 
 class LoadInterrupted(BaseException):
@@ -46,7 +44,7 @@ async def _progress_loop(sender: LoadSender, total: int | None, duration_s: floa
         task = bar.add_task("load", total=total or duration_s or None, stats="")
         while True:
             await asyncio.sleep(0.5)
-            el = max((_now() - t0) / 1e9, 1e-9)
+            el = max((now_ns() - t0) / 1e9, 1e-9)
             done = len(sender.records)
             stats = (
                 f"{done / el:.1f} req/s  {sender.out_tokens / el:.0f} tok/s  {sender.errors} errors  "
@@ -78,7 +76,7 @@ async def run_load(
     arrival_rng = np.random.default_rng([workload.seed, 7])
     show = progress and sys.stderr.isatty()
     bar: asyncio.Task | None = None
-    t_warm = start_ns = _now()
+    t_warm = start_ns = now_ns()
     interrupted = False
     try:
         if workload.warmup_requests or workload.warmup_s:
@@ -87,7 +85,7 @@ async def run_load(
                 await closed_loop(sender, feed, workload.concurrency or 1, warmup=True, until_ns=until)
             else:
                 await open_loop(sender, feed, arrival_rng, warmup=True, until_ns=until)
-        start_ns = _now()
+        start_ns = now_ns()
         until = start_ns + int(workload.duration_s * 1e9) if workload.duration_s is not None else None
         if show:
             bar = asyncio.ensure_future(_progress_loop(sender, workload.num_requests, workload.duration_s, start_ns))
@@ -95,9 +93,9 @@ async def run_load(
             await closed_loop(sender, feed, workload.concurrency or 1, warmup=False, until_ns=until)
         else:
             await open_loop(sender, feed, arrival_rng, warmup=False, until_ns=until)
-        end_wall = _now()
+        end_wall = now_ns()
     except asyncio.CancelledError:
-        interrupted, end_wall = True, _now()
+        interrupted, end_wall = True, now_ns()
     finally:
         if bar is not None:
             bar.cancel()

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import dataclass
 
 import httpx
 
+from llmplay.loadgen.clock import now_ns
 from llmplay.loadgen.records import RequestRecord
 from llmplay.loadgen.sse import StreamState
 from llmplay.loadgen.transport import BodyStream, StampedBytes, StreamingTransport
 from llmplay.loadgen.workload import PlannedRequest
 from llmplay.spec import Workload
-
-_now = time.perf_counter_ns  # the one clock
 
 
 @dataclass(slots=True)
@@ -81,10 +79,10 @@ class LoadSender:
         self, planned: PlannedRequest, scheduled_ns: int, warmup: bool, queue_wait_s: float = 0.0
     ) -> RequestRecord:
         if planned.turn > 0:
-            t_wait = _now()
+            t_wait = now_ns()
             await self._turn_event(planned.conversation_id, planned.turn - 1).wait()
             del self._turn_done[(planned.conversation_id, planned.turn - 1)]
-            queue_wait_s += (_now() - t_wait) / 1e9
+            queue_wait_s += (now_ns() - t_wait) / 1e9
         try:
             return await self._send(planned, scheduled_ns, warmup, queue_wait_s)
         finally:
@@ -97,11 +95,11 @@ class LoadSender:
         request = self._build_request(planned)
         state = StreamState()
         self.inflight += 1
-        exchange = _Exchange(sent_ns=_now())
+        exchange = _Exchange(sent_ns=now_ns())
         try:
             await self._exchange(request, planned.stream, state, exchange)
         finally:
-            exchange.finished_ns = _now()
+            exchange.finished_ns = now_ns()
             self.inflight -= 1
         reply = _stream_reply(state, exchange) if planned.stream else _body_reply(exchange)
         if exchange.error_kind is None and reply.first_ns is None:
@@ -231,7 +229,7 @@ async def _read_stream(response: httpx.Response, state: StreamState, exchange: _
         feed = state.feed
         async for data in response.aiter_raw():
             # Stamped on arrival (by the transport, or here), before any parsing.
-            feed(data, data.t_ns if type(data) is StampedBytes else _now())
+            feed(data, data.t_ns if type(data) is StampedBytes else now_ns())
     if state.error is not None:
         exchange.fail("protocol", f"error event in stream: {state.error}")
     elif not state.done:
@@ -242,7 +240,7 @@ async def _read_body(response: httpx.Response, exchange: _Exchange) -> None:
     pieces = []
     async for data in response.aiter_raw():
         pieces.append(data)
-        exchange.end_ns = data.t_ns if type(data) is StampedBytes else _now()
+        exchange.end_ns = data.t_ns if type(data) is StampedBytes else now_ns()
     exchange.body = b"".join(pieces)
     exchange.body_done_ns = exchange.end_ns
 

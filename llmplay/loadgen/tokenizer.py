@@ -60,6 +60,9 @@ class Tokenizer(Protocol):
 
     def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str: ...
 
+    def close(self) -> None:
+        """Release what it holds (an HTTP client to the engine); the owner calls it once it is done."""
+
 
 def _rng(rng_or_seed: np.random.Generator | int) -> np.random.Generator:
     if isinstance(rng_or_seed, np.random.Generator):
@@ -88,6 +91,9 @@ class WordRatioTokenizer:
     def make_text(self, n_tokens: int, rng: np.random.Generator | int) -> str:
         return _random_words(round(n_tokens / self.tokens_per_word), _rng(rng))
 
+    def close(self) -> None:
+        pass
+
     @classmethod
     def calibrated(cls, reference: Tokenizer, sample_text: str) -> WordRatioTokenizer:
         """Fit the ratio on sample_text against an exact tokenizer (e.g. once, while the engine is up)."""
@@ -107,6 +113,9 @@ class _VocabularyTokenizer:
 
     def detokenize(self, tokens: list[int]) -> str:
         raise NotImplementedError
+
+    def close(self) -> None:
+        pass  # a local vocabulary holds nothing; LlamaCppTokenizer closes its client
 
     def count(self, text: str) -> int:
         return len(self.tokenize(text))
@@ -260,7 +269,7 @@ class FallbackTokenizer:
         return self._ratio.make_text(n_tokens, rng)
 
     def close(self) -> None:
-        getattr(self.primary, "close", lambda: None)()
+        self.primary.close()
 
 
 def probe_llamacpp(base_url: str, timeout_s: float = 5.0) -> bool:

@@ -16,14 +16,13 @@ import asyncio
 import collections
 import contextlib
 import socket
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 
 import httptools
 import httpx
 
-_now = time.perf_counter_ns
+from llmplay.loadgen.clock import now_ns
 
 Feed = Callable[[bytes, int], None]  # (body payload, arrival ns)
 
@@ -98,7 +97,7 @@ class _Conn(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        t_ns = _now()
+        t_ns = now_ns()
         self.received += len(data)
         if not self.expecting or self.complete or self.parse_error is not None:
             self.stray = True
@@ -319,7 +318,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         idle = self._idle[conn.key]
         if len(idle) < self._max_idle:
             conn.reused = True
-            conn.idle_since_ns = _now()
+            conn.idle_since_ns = now_ns()
             idle.append(conn)
             self._wake_slot_waiter()
         else:
@@ -340,7 +339,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         idle = self._idle[key]
         while idle:
             conn = idle.pop()
-            if self._expiry_ns is not None and _now() - conn.idle_since_ns > self._expiry_ns:
+            if self._expiry_ns is not None and now_ns() - conn.idle_since_ns > self._expiry_ns:
                 conn.close()
             elif not conn.closed() and not conn.stray:
                 return conn
@@ -409,7 +408,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         if url.scheme != "http":
             if self._fallback is None:
                 self._fallback = httpx.AsyncHTTPTransport()
-            sent_ns = _now()
+            sent_ns = now_ns()
             response = await self._fallback.handle_async_request(request)
             response.extensions["llmplay.sent_ns"] = sent_ns
             return response
@@ -419,7 +418,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         head += [k + b": " + v + b"\r\n" for k, v in request.headers.raw]
         payload = b"".join(head) + b"\r\n" + body
         port = url.port or 80
-        sent_ns = _now()
+        sent_ns = now_ns()
         for attempt in range(2):
             conn = await self._acquire(url.host, port, timeouts)
             reused = conn.reused

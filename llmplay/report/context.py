@@ -36,7 +36,7 @@ from llmplay.catalog import (
 )
 from llmplay.metrics import per_request_arrays, request_timeline
 from llmplay.report import charts
-from llmplay.spec import Objective, Trials
+from llmplay.spec import Objective, Trials, gpu_count
 from llmplay.tuning.decide import error_rates_text, kept_means
 from llmplay.units import parse_fraction
 
@@ -154,8 +154,7 @@ class _ArchivedRunData:
 
     def gpus_of(self, config_id: str) -> int:
         config = self.configs.get(config_id)
-        gpus = (config.engine.get("gpus") if config else 0) or 0
-        return len(gpus) if isinstance(gpus, (list, tuple)) else int(gpus)
+        return gpu_count(config.engine.get("gpus") if config else 0)
 
 
 def _engine_facts(run: _ArchivedRunData) -> dict[str, str]:

@@ -91,6 +91,19 @@ def _run(argv: list[str], log_path: Path, what: str, cwd: Path | None = None) ->
         raise InfrastructureError(f"{what} failed (exit code {rc}); see {log_path}: {tail}")
 
 
+def build_with_docker(cache: Path, log: Log, build: Callable[[Any], tuple[str, str]]) -> tuple[str, str]:
+    """Run `build` (an image build: its id and content key) against a dockerd, installed and started first when
+    this machine has none."""
+    if dockerd.ping() is not None and shutil.which("dockerd") is None:
+        _apt_install(["docker.io"], cache / "build.log", log)
+    dockerd.ensure_dockerd(cache)
+    client = dockerd.client()
+    try:
+        return build(client)
+    finally:
+        client.close()
+
+
 def _apt_install(packages: list[str], log_path: Path, log: Log) -> None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise InfrastructureError(
@@ -406,14 +419,9 @@ def build_cpu_engine(
     model = write_tiny_model(cache, force, log)
     if not with_image:
         return CpuEngine("", "", binary, model, MODEL_IN_IMAGE, "")
-    if dockerd.ping() is not None and shutil.which("dockerd") is None:
-        _apt_install(["docker.io"], cache / "build.log", log)
-    dockerd.ensure_dockerd(cache)
-    client = dockerd.client()
-    try:
-        image_id, content = build_image(client, binary, model, cache, force, log)
-    finally:
-        client.close()
+    image_id, content = build_with_docker(
+        cache, log, lambda client: build_image(client, binary, model, cache, force, log)
+    )
     return CpuEngine(IMAGE_TAG, image_id, binary, model, MODEL_IN_IMAGE, content)
 
 

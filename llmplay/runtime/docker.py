@@ -21,19 +21,17 @@ from llmplay.engines.llamacpp import CPU_IMAGE
 from llmplay.errors import InfrastructureError
 from llmplay.runtime import dockerd
 from llmplay.runtime.base import Endpoint, Runtime, free_port, probe_version, tail_lines, wait_healthy
+from llmplay.runtime.labels import (
+    LABEL_ENGINE,
+    LABEL_HOST,
+    LABEL_INSTANCE,
+    LABEL_PID,
+    LABEL_PID_STARTED,
+    LABEL_RUN,
+)
 from llmplay.runtime.owner import Owner, process_started
 from llmplay.spec import EngineSpec
 
-LABEL_RUN = "llmplay.run"
-LABEL_TRIAL = "llmplay.trial"
-LABEL_INSTANCE = "llmplay.instance"  # unique per start, to find a container whose start failed
-# The llmplay process that owns it: pid, host and that process's start time name it (a pid alone may be recycled),
-# so gc can tell an orphan from a container of a run still going.
-LABEL_PID = "llmplay.pid"
-LABEL_HOST = "llmplay.host"
-LABEL_PID_STARTED = "llmplay.pid_started"
-LABEL_CONFIG = "llmplay.config"
-LABEL_ENGINE = "llmplay.engine"
 STOP_TIMEOUT_S = 10
 CPU_IMAGE_HINT = "build it: `llmplay engine build-cpu` (or scripts/cpu-engine.sh)"
 

@@ -21,7 +21,8 @@ import docker.errors
 from llmplay.engines.base import IMAGE_VERSION_LABELS, Engine
 from llmplay.errors import InfrastructureError
 from llmplay.runtime.cache import default_cache_dir
-from llmplay.runtime.docker import LABEL_INSTANCE, LABEL_RUN, owner_labels
+from llmplay.runtime.docker import owner_labels
+from llmplay.runtime.labels import LABEL_INSTANCE, LABEL_RUN
 
 HELP_TIMEOUT_S = 300.0  # importing vLLM on two busy cores takes tens of seconds
 # A flag as argparse, llama.cpp's arg.cpp, clap (TGI) and click print it: `--name`, not `---` rules.

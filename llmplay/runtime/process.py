@@ -22,6 +22,7 @@ import psutil
 from llmplay.engines.base import Engine
 from llmplay.errors import InfrastructureError
 from llmplay.runtime.base import Endpoint, Runtime, free_port, probe_version, tail_lines, wait_healthy
+from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import EngineSpec
 
 STOP_TIMEOUT_S = 10.0
@@ -74,7 +75,7 @@ class ProcessRuntime(Runtime):
             )
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="llmplay-engine-"))
         log_dir.mkdir(parents=True, exist_ok=True)
-        run = (labels or {}).get("llmplay.trial") or (labels or {}).get("llmplay.run") or "adhoc"
+        run = (labels or {}).get(LABEL_TRIAL) or (labels or {}).get(LABEL_RUN) or "adhoc"
         self.log_path = log_dir / f"{engine.kind}-{run}-{port}.log"
         env = dict(os.environ)
         env.update(spec.env)

@@ -28,9 +28,8 @@ from llmplay.engines.base import VERSION_LABEL
 from llmplay.engines.vllm import CHECKED_RELEASE, CPU_IMAGE_REPO
 from llmplay.errors import InfrastructureError
 from llmplay.hashing import sha256_file
-from llmplay.runtime import dockerd
 from llmplay.runtime.cache import default_cache_dir
-from llmplay.runtime.cpu_image import CONTENT_LABEL, Log, _apt_install, _key, _run
+from llmplay.runtime.cpu_image import CONTENT_LABEL, Log, _key, _run, build_with_docker
 from llmplay.runtime.hf_model import write_tiny_hf_model
 
 DEFAULT_VERSION = CHECKED_RELEASE
@@ -243,14 +242,9 @@ def build_vllm_cpu_engine(
     model = write_tiny_hf_model(cache, force, log)
     _step(log, f"tiny model ready at {model}", t0)
     venv = build_venv(cache, version, force, log)
-    if dockerd.ping() is not None and shutil.which("dockerd") is None:
-        _apt_install(["docker.io"], cache / "build.log", log)
-    dockerd.ensure_dockerd(cache)
-    client = dockerd.client()
-    try:
-        image_id, content = build_image(client, version, venv, cache, force, log)
-    finally:
-        client.close()
+    image_id, content = build_with_docker(
+        cache, log, lambda client: build_image(client, version, venv, cache, force, log)
+    )
     return VllmCpuImage(image_tag(version), image_id, version, venv, model, content)
 
 

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from llmplay.catalog import CAPACITY_METRICS, fmt_full
 from llmplay.metrics import Attainment, batch_shares, usd_per_1m_tokens_at_slo
 from llmplay.spec import CapacitySpec, Goals, Workload
+from llmplay.tuning.intervals import t_mean_interval, wilson_interval
 
 FEASIBLE, INFEASIBLE, INDETERMINATE = "feasible", "infeasible", "indeterminate"
 FOUND, UNDECIDED, ABOVE_BOUNDS, BELOW_BOUNDS = "found", "indeterminate", "above_bounds", "below_bounds"
@@ -297,18 +297,13 @@ def attainment_interval(runs: Sequence[Attainment], level: float) -> tuple[float
     if n == 0:
         return None, 0.0, 1.0
     share = float(met.mean())
-    z = float(stats.norm.ppf(0.5 + level / 2))
-    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    low, high = centre - half, centre + half
+    low, high = wilson_interval(int(met.sum()), n, level)
     batches = run_batches(runs)
     # Fewer than _MIN_BATCHES batch means say nothing usable about the spread (a t quantile on 1 degree of freedom
     # is 12.7): the interval is then Wilson's alone, the correlation inside the probe unaccounted for.
     if batches.size >= _MIN_BATCHES:
-        t_half = (
-            float(stats.t.ppf(0.5 + level / 2, batches.size - 1)) * float(batches.std(ddof=1)) / math.sqrt(batches.size)
-        )
-        low, high = min(low, float(batches.mean()) - t_half), max(high, float(batches.mean()) + t_half)
+        t_low, t_high = t_mean_interval(batches, level)
+        low, high = min(low, t_low), max(high, t_high)
     # Batch means weight runs by batch, the share by request: keep the interval around the share it is printed with.
     return share, max(0.0, min(low, share)), min(1.0, max(high, share))
 

@@ -21,7 +21,7 @@ from llmplay.engines.base import Engine
 from llmplay.errors import InfrastructureError
 from llmplay.runtime import make_runtime
 from llmplay.runtime.reaper import watched
-from llmplay.spec import Config, Playbook, RuntimeSpec
+from llmplay.spec import Config, Playbook, RuntimeSpec, gpu_count
 from llmplay.tuning.trial import TrialResult, run_trial
 
 # Tasks Ray queues for a node that never frees up are legitimate waits on a shared cluster; a node that cannot host
@@ -60,9 +60,7 @@ class Needs:
 
 
 def needs_of(config: Config, runtime: RuntimeSpec) -> Needs:
-    gpus = config.engine.gpus
-    count = len(gpus) if isinstance(gpus, tuple) else max(int(gpus or 0), 0)
-    return Needs(count, runtime.cpus_per_trial, runtime.accelerator_type)
+    return Needs(gpu_count(config.engine.gpus), runtime.cpus_per_trial, runtime.accelerator_type)
 
 
 @dataclass(frozen=True)

@@ -334,3 +334,21 @@ def units_to_reach(effect: Effect, target: float, cap: int) -> int | None:
         if _t(effect.level, effect.df + more) * sd_unit / math.sqrt(effect.units + more) <= reach:
             return more
     return None
+
+
+# ------------------------------------------------------------------------------- one proportion, one mean
+def wilson_interval(count: int, total: int, level: float) -> tuple[float, float]:
+    """Wilson score interval of the proportion count / total at `level`: sane at 0% and 100%, where the normal
+    interval collapses to a point. total must be positive."""
+    return _wilson(count, total, float(stats.norm.ppf(0.5 + level / 2)))
+
+
+def t_mean_interval(values: Sequence[float] | np.ndarray, level: float) -> tuple[float, float]:
+    """Student-t interval of the mean of `values` at `level` (each value one experimental unit); the point itself
+    when fewer than two values or no spread leave nothing to estimate it from."""
+    arr = np.asarray(values, dtype=float)
+    mean = float(arr.mean())
+    if arr.size < 2 or float(arr.std(ddof=1)) == 0.0:
+        return mean, mean
+    half = _t(level, arr.size - 1) * float(arr.std(ddof=1)) / math.sqrt(arr.size)
+    return mean - half, mean + half

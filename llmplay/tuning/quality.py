@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-from scipy import stats
 
 from llmplay.archive.layout import MANIFEST, safe_name
 from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED, MetricDelta
@@ -21,6 +20,7 @@ from llmplay.catalog import QUALITY_METRICS, fmt_full, label_of
 from llmplay.errors import ArchiveError
 from llmplay.spec import Goals, Guard, QualitySpec
 from llmplay.tuning.decide import BEYOND, HOLDS, Decision, guard_outcome
+from llmplay.tuning.intervals import t_mean_interval, wilson_interval
 
 # Why the logprob shift can be missing, in the words the verdict and the report use.
 NO_LOGPROBS = "the engine returned no log-probabilities for the probes"
@@ -172,23 +172,10 @@ class QualityFigure:
     absent: str | None = None
 
 
-def wilson(successes: int, n: int, confidence: float) -> tuple[float, float]:
-    """Wilson score interval of a proportion: sane at 0% and 100%, where the normal interval collapses to a point."""
-    z = float(stats.norm.ppf(0.5 + confidence / 2))
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def t_interval(values: Sequence[float], confidence: float, bounds: tuple[float, float]) -> tuple[float, float]:
     """Student-t interval of a mean over probes (the probes are the experimental unit), clipped to `bounds`."""
-    arr = np.asarray(values, dtype=float)
-    mean = float(arr.mean())
-    if len(arr) < 2 or float(arr.std(ddof=1)) == 0.0:
-        return mean, mean
-    half = float(stats.t.ppf(0.5 + confidence / 2, len(arr) - 1)) * float(arr.std(ddof=1)) / math.sqrt(len(arr))
-    return max(bounds[0], mean - half), min(bounds[1], mean + half)
+    low, high = t_mean_interval(values, confidence)
+    return max(bounds[0], low), min(bounds[1], high)
 
 
 def quality_figures(comparisons: Sequence[ProbeComparison], confidence: float = 0.95) -> dict[str, QualityFigure]:
@@ -197,7 +184,7 @@ def quality_figures(comparisons: Sequence[ProbeComparison], confidence: float = 
     if n == 0:
         return {m: QualityFigure(m, None, None, None, 0, NO_PROBES) for m in QUALITY_METRICS}
     hits = sum(c.exact for c in comparisons)
-    lo, hi = wilson(hits, n, confidence)
+    lo, hi = wilson_interval(hits, n, confidence)
     out = {"quality.exact_match": QualityFigure("quality.exact_match", hits / n, lo, hi, n)}
     agreement = [c.agreement for c in comparisons]
     lo, hi = t_interval(agreement, confidence, (0.0, 1.0))

@@ -34,6 +34,7 @@ from llmplay.plan import docker_run_argv, format_argv
 from llmplay.playbook.source import located_error
 from llmplay.redaction import redact, redact_text, referenced_values, resolve_env, secret_values
 from llmplay.runtime import live_runs, make_runtime, stop_all
+from llmplay.runtime.base import Runtime
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.docker import gc as remove_containers
 from llmplay.runtime.docker import require_images
@@ -205,7 +206,7 @@ class TuningRun:
         playbook: Playbook,
         options: RunOptions,
         *,
-        runtime_factory: Callable[..., Any] | None = None,
+        runtime_factory: Callable[..., Runtime] | None = None,
         report: Reporter = print,
         measure_trial: MeasureTrial | None = None,
         warn: Reporter = _stderr_line,
@@ -925,11 +926,22 @@ def _try_resolve(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _record_row(measured: ConfigTrials, verdict: StepVerdict | None) -> dict[str, Any]:
-    summary = pooled_summary(measured.samples)
+    return tuning_record_row(measured.config.label, measured.trial_ids, measured.failed, measured.samples, verdict)
+
+
+def tuning_record_row(
+    config_id: str,
+    trial_ids: Sequence[str],
+    failed_trials: int,
+    samples: Sequence[TrialSample],
+    verdict: StepVerdict | None,
+) -> dict[str, Any]:
+    """One row of the manifest's tuning record: a configuration's pooled figures and, for a step, its verdict."""
+    summary = pooled_summary(samples)
     row: dict[str, Any] = {
-        "config_id": measured.config.label,
-        "trials": list(measured.trial_ids),
-        "failed_trials": measured.failed,
+        "config_id": config_id,
+        "trials": list(trial_ids),
+        "failed_trials": failed_trials,
         "metrics": {m: summary[m] for m in (*RECORD_METRICS, *CAPACITY_METRICS) if m in summary},
         "samples": {k: int(summary[k]) for k in SAMPLE_COUNT_KEYS if k in summary},  # what the percentiles rest on
     }

@@ -75,7 +75,7 @@ def run_bench(
     try:
         load = run_load_sync(url, workload, requests, progress=progress, tokenizer=tok)
     finally:
-        if isinstance(tokenizer, str) and hasattr(tok, "close"):
+        if isinstance(tokenizer, str):
             tok.close()  # ours to close: we made it
     summary = summarize(load.records, load.duration_s, slo_s or {}, tokenizer=tok.name)
     result = BenchResult(url=url, model=model, workload=workload, tokenizer=tok.name, load=load, summary=summary)

@@ -23,8 +23,9 @@ from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.loadgen.workload import iter_requests
 from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
 from llmplay.redaction import resolve_args, resolve_env
-from llmplay.runtime.docker import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
-from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook
+from llmplay.runtime.base import Runtime
+from llmplay.runtime.labels import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
+from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook, gpu_count
 from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
 from llmplay.telemetry.prom import PrometheusSource
@@ -61,9 +62,7 @@ def utc_now() -> str:
 
 def price_per_hour(playbook: Playbook, config: Config) -> float:
     """The playbook's price of this configuration: its GPUs plus the host, in USD per hour."""
-    gpus = config.engine.gpus
-    n_gpus = len(gpus) if isinstance(gpus, tuple) else int(gpus or 0)
-    return playbook.cost.gpu_usd_per_hour * n_gpus + playbook.cost.host_usd_per_hour
+    return playbook.cost.gpu_usd_per_hour * gpu_count(config.engine.gpus) + playbook.cost.host_usd_per_hour
 
 
 def trial_sample(
@@ -122,7 +121,7 @@ def run_trial(
     playbook: Playbook,
     config: Config,
     engine: Engine,
-    runtime_factory: Callable[..., Any],
+    runtime_factory: Callable[..., Runtime],
     *,
     trial_id: str,
     step: str | None,
@@ -185,7 +184,7 @@ def run_trial(
                                 endpoint.base_url, config.workload, requests, progress=progress, tokenizer=tokenizer
                             )
                     finally:
-                        getattr(tokenizer, "close", lambda: None)()
+                        tokenizer.close()
                 # After the timed window, before the engine stops: the probes cost seconds and no latency figure.
                 probes = _answer_probes(playbook, config, endpoint)
             except LoadInterrupted as exc:
@@ -220,7 +219,7 @@ def run_trial(
                 return TrialResult(failed, engine_log=runtime.logs())
             telemetry = sampler.result()
             describe = dict(runtime.describe())
-            alive = getattr(runtime, "alive", lambda: True)()
+            alive = runtime.alive()
             log = runtime.logs()
     except EngineStartError as exc:
         never_started = TrialRecord(
@@ -286,7 +285,7 @@ def _fresh_engine_search(
     playbook: Playbook,
     config: Config,
     engine: Engine,
-    runtime_factory: Callable[..., Any],
+    runtime_factory: Callable[..., Runtime],
     spec: EngineSpec,
     labels: Mapping[str, str],
     base: Mapping[str, Any],
@@ -309,7 +308,7 @@ def _fresh_engine_search(
                 )
                 engine_s = time.perf_counter() - started
             finally:
-                getattr(tokenizer, "close", lambda: None)()
+                tokenizer.close()
             last.update(describe=dict(runtime.describe()), log=runtime.logs())
         attainment = slo_attainment(result.records, result.duration_s, playbook.goals.slo_s, capacity.attainment)
         return ProbeRun(load_value, replicate, attainment, result.duration_s, engine_s, result)
