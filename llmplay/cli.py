@@ -79,11 +79,16 @@ def cli(debug: bool) -> None:
 @click.option(
     "--allow-outside-tree", "--allow-outside-extends", "allow_outside_extends", is_flag=True, help=_OUTSIDE_HELP
 )
-def validate(files: tuple[Path, ...], allow_outside_extends: bool) -> None:
-    """Check playbooks against the llmplay/v1 schema and the engine's knobs."""
+@click.option(
+    "--any-host",
+    is_flag=True,
+    help="Check only what holds on any host (a playbook for another machine): skip engine.model_dir's existence here.",
+)
+def validate(files: tuple[Path, ...], allow_outside_extends: bool, any_host: bool) -> None:
+    """Check playbooks against the llmplay/v1 schema and the engine's knobs (and what they need from this host)."""
     from llmplay.commands.validate import validate_command  # deferred: loaded only when this command runs
 
-    sys.exit(validate_command(files, allow_outside_extends=allow_outside_extends))
+    sys.exit(validate_command(files, allow_outside_extends=allow_outside_extends, on_this_host=not any_host))
 
 
 @cli.command()

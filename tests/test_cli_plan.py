@@ -22,9 +22,21 @@ def invoke(*args: str):
 
 
 def test_validate_all_shipped_playbooks():
-    result = invoke("validate", *map(str, PLAYBOOKS))
+    # The GPU playbooks name model folders of a GPU host: --any-host checks what holds anywhere.
+    result = invoke("validate", "--any-host", *map(str, PLAYBOOKS))
     assert result.exit_code == 0, result.output
     assert result.output.count(": ok (") == len(PLAYBOOKS)
+
+
+def test_validate_refuses_a_model_dir_missing_on_this_host(tmp_path):
+    doc = yaml.safe_load((ROOT / "playbooks" / "vllm-cpu-tiny.yaml").read_text())
+    doc["engine"]["model_dir"] = str(tmp_path / "no-such-model")
+    path = tmp_path / "pb.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{path}:" in result.output and "engine.model_dir" in result.output and "does not exist" in result.output
+    assert invoke("validate", "--any-host", str(path)).exit_code == 0
 
 
 def test_validate_bad_exits_2_without_traceback():

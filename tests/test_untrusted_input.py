@@ -507,11 +507,12 @@ def test_a_dangerous_model_dir_is_refused_at_validate(tmp_path, monkeypatch, wri
     assert_refused(playbook(tmp_path, engine={"model_dir": written}), "engine.model_dir", fragment)
 
 
-def test_a_missing_model_dir_passes_validate_and_stops_run_before_any_engine(tmp_path):
+def test_a_missing_model_dir_fails_validate_here_and_stops_run_before_any_engine(tmp_path):
     (tmp_path / "models").mkdir()
     assert validate(str(playbook(tmp_path, engine={"model_dir": "models"})))[0] == 0
     path = playbook(tmp_path, engine={"model_dir": "no-such-dir"})
-    assert validate(str(path))[0] == 0  # validate answers for any host (CI checks playbooks without models)
+    assert_refused(path, "engine.model_dir", "does not exist on this host")
+    assert validate(str(path), "--any-host")[0] == 0  # a playbook for another machine: what holds on any host
     result = CliRunner().invoke(cli, ["run", str(path), "--archive", str(tmp_path / "r")], catch_exceptions=False)
     assert result.exit_code == 2, result.output
     assert re.search(r"p\.yaml:\d+: engine\.model_dir: 'no-such-dir' does not exist on this host", result.output)

@@ -51,9 +51,9 @@ def load_playbook(
 ) -> Playbook:
     """The one loader: CLI, runner, retest and tests all come through here.
 
-    `on_this_host`: the playbook is about to run here (run, capacity, retest), so what it needs from this host
-    (engine.model_dir) must be here; `validate` and `plan` answer for any host, as CI checks playbooks without
-    their models."""
+    `on_this_host`: the playbook is to run here (run, capacity, retest, and `validate` unless --any-host), so what
+    it needs from this host (engine.model_dir) must be here; `plan` and `validate --any-host` answer for any host,
+    as for a playbook written for a GPU machine checked on a laptop."""
     file = Path(path).absolute()
     root_dir = file.parent.resolve()
     doc, sources = resolve_extends(file, root_dir, allow_outside_extends, (file.resolve(),))
