@@ -4,6 +4,7 @@ Gemma model in the real llama.cpp container (KV-cache quantization measured agai
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import uuid
@@ -161,7 +162,9 @@ def test_real_gemma_aa_matches_and_kv_quantization_shifts_logprobs(gemma_answers
 def test_a_run_of_cpu_gemma_judges_a_kv_step_on_quality_and_archives_the_probes(cpu_engine, tmp_path):
     doc = yaml.safe_load((ROOT / "playbooks" / "cpu-gemma.yaml").read_text())
     ensure_gemma()
-    doc["goals"]["quality"].update({"probes": str(ROOT / "playbooks/probes/gemma-probes.jsonl"), "num_prompts": 3})
+    # Probe files must lie in the playbook's tree: a copy beside the test's playbook.
+    shutil.copy(ROOT / "playbooks/probes/gemma-probes.jsonl", tmp_path / "gemma-probes.jsonl")
+    doc["goals"]["quality"].update({"probes": "gemma-probes.jsonl", "num_prompts": 3})
     doc["goals"]["quality"].update({"max_tokens": 12, "tolerance": "0.1%"})
     doc["workload"].update({"duration": "2s", "warmup": "0.5s"})
     doc["trials"]["repeats"] = 1

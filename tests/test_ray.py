@@ -51,6 +51,8 @@ def _reap():
 def ray_playbook(tmp_path: Path, *, repeats: int = 2, steps: list | None = None, **runtime) -> Path:
     doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny.yaml").read_text())
     doc["trials"] = {"repeats": repeats}
+    # 30 requests a trial cannot show an error rate within a few points: these tests are about scheduling.
+    doc["goals"]["guards"] = [g for g in doc["goals"]["guards"] if g["metric"] != "errors.rate"]
     doc["steps"] = steps if steps is not None else [{"name": "parallel-4", "set": {"parallel": 4}}]
     doc["runtime"] = {"kind": "ray", "address": "auto", **runtime}
     path = tmp_path / "cpu-tiny-ray.yaml"
