@@ -103,7 +103,7 @@ def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None
     """Replace `${env:NAME}` with the caller's environment; a missing variable is the user's error."""
     source = os.environ if environ is None else environ
 
-    def sub(match: re.Match) -> str:
+    def sub(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in source:
             raise PlaybookError(

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from llmplay.loadgen.clock import now_ns
+from llmplay.loadgen.records import RequestRecord
 from llmplay.loadgen.send import LoadSender
 from llmplay.loadgen.workload import PlannedRequest
 
@@ -24,7 +25,7 @@ class RequestFeed:
         self._buf: collections.deque[PlannedRequest] = collections.deque()
         self._it: Iterator[PlannedRequest] | None = None
         self._exhausted = False
-        self._refill: asyncio.Future | None = None
+        self._refill: asyncio.Future[list[PlannedRequest]] | None = None
         if isinstance(requests, (list, tuple)):
             self._seq = requests
         else:
@@ -102,7 +103,7 @@ async def open_loop(
     assert wl.rate is not None and wl.rate > 0
     burst = max(1, wl.burst)
     mean_gap_s = burst / wl.rate  # rate counts requests, so bursts arrive rate/burst times a second
-    tasks: set[asyncio.Task] = set()
+    tasks: set[asyncio.Task[RequestRecord]] = set()
     t0 = now_ns()
     offset_s = 0.0
     first = True

@@ -80,7 +80,7 @@ def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:
     import pandas as pd  # deferred: pandas takes a second to import and only archiving needs it
 
     # Column by column: asdict() per record deep-copies every chunk tuple.
-    columns: dict[str, list] = {name: [getattr(r, name) for r in records] for name in RECORD_COLUMNS}
+    columns: dict[str, list[object]] = {name: [getattr(r, name) for r in records] for name in RECORD_COLUMNS}
     columns["chunk_ns"] = [list(r.chunk_ns) for r in records]
     df = pd.DataFrame(columns, columns=list(RECORD_COLUMNS))
     for col in _NULLABLE_INT_COLUMNS:

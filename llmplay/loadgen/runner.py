@@ -75,7 +75,7 @@ async def run_load(
     sender = LoadSender(client, base_url, workload, transport)
     arrival_rng = np.random.default_rng([workload.seed, 7])
     show = progress and sys.stderr.isatty()
-    bar: asyncio.Task | None = None
+    bar: asyncio.Task[None] | None = None
     t_warm = start_ns = now_ns()
     interrupted = False
     try:

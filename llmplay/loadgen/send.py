@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -38,7 +39,7 @@ class _Reply:
     """What the response said, streamed or not."""
 
     text: str = ""
-    usage: dict | None = None
+    usage: dict[str, Any] | None = None
     finish_reason: str | None = None
     first_ns: int | None = None
     end_ns: int | None = None

@@ -17,7 +17,7 @@ class Event(NamedTuple):
     content: str  # non-reasoning generated text
     reasoning: str  # reasoning_content / reasoning (reasoning models)
     finish_reason: str | None
-    usage: dict | None
+    usage: dict[str, Any] | None
     error: str | None
 
 
@@ -135,7 +135,7 @@ class StreamState:
         self.chunk_ns: list[int] = []
         self.end_ns: int | None = None
         self.texts: list[str] = []
-        self.usage: dict | None = None
+        self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
         self.done = False
         self.error: str | None = None

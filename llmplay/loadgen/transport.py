@@ -355,7 +355,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 return True
         return False
 
-    async def _acquire(self, host: str, port: int, timeouts: dict) -> _Conn:
+    async def _acquire(self, host: str, port: int, timeouts: dict[str, float | None]) -> _Conn:
         key = (host, port)
         conn = self._take_idle(key)
         if conn is not None:

@@ -6,6 +6,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +44,9 @@ class PlannedRequest:
     is_warmup: bool
     model: str
 
-    def body(self, *, temperature: float, ignore_eos: bool) -> dict:
+    def body(self, *, temperature: float, ignore_eos: bool) -> dict[str, Any]:
         """The OpenAI JSON body for this request."""
-        body: dict = {
+        body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens,
             "temperature": temperature,

@@ -11,6 +11,7 @@ import hashlib
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from llmplay.engines import get_engine
 from llmplay.playbook.convert import (
@@ -34,7 +35,7 @@ from llmplay.playbook.source import API_VERSION, MAX_FILE_BYTES, display_path, l
 from llmplay.spec import Goals, Metadata, Playbook, Workload, frozen_map
 
 
-def _check_api_version(doc: dict, problems: Problems) -> None:
+def _check_api_version(doc: dict[str, Any], problems: Problems) -> None:
     found = doc.get("apiVersion")
     if found != API_VERSION:
         hint = (
@@ -47,7 +48,11 @@ def _check_api_version(doc: dict, problems: Problems) -> None:
 
 
 def load_playbook(
-    path: str | os.PathLike, *, allow_outside_extends: bool = False, archived: bool = False, on_this_host: bool = False
+    path: str | os.PathLike[str],
+    *,
+    allow_outside_extends: bool = False,
+    archived: bool = False,
+    on_this_host: bool = False,
 ) -> Playbook:
     """The one loader: CLI, runner, retest and tests all come through here.
 
@@ -100,7 +105,7 @@ def load_playbook(
     return replace(playbook, sites=frozen_map(knob_sites(playbook, sources)))
 
 
-def load_workload(path: str | os.PathLike, *, allow_outside_tree: bool = False) -> tuple[Workload, Goals]:
+def load_workload(path: str | os.PathLike[str], *, allow_outside_tree: bool = False) -> tuple[Workload, Goals]:
     """`llmplay bench --workload FILE`: a whole playbook, or a file holding just a workload mapping; its dataset
     stays inside the file's directory tree, as a playbook's does."""
     file = Path(path).absolute()

@@ -29,7 +29,7 @@ _StrictValidator = jsonschema.validators.extend(
 )
 
 
-def _known_properties(schema: dict, root: dict) -> list[str]:
+def _known_properties(schema: dict[str, Any], root: dict[str, Any]) -> list[str]:
     if "$ref" in schema:
         return _known_properties(_deref(schema["$ref"], root), root)
     names = list(schema.get("properties", {}))
@@ -38,14 +38,14 @@ def _known_properties(schema: dict, root: dict) -> list[str]:
     return names
 
 
-def _deref(ref: str, root: dict) -> dict:
+def _deref(ref: str, root: dict[str, Any]) -> dict[str, Any]:
     node: Any = root
     for part in ref.lstrip("#/").split("/"):
         node = node[part]
     return node
 
 
-def _describe_expected(schema: dict, root: dict) -> str:
+def _describe_expected(schema: dict[str, Any], root: dict[str, Any]) -> str:
     if "$ref" in schema:
         schema = _deref(schema["$ref"], root)
     if "description" in schema:
@@ -100,7 +100,7 @@ def _non_finite_problems(value: Any, path: YamlPath, problems: Problems) -> bool
     return found
 
 
-def _mapping_branch_errors(err: jsonschema.ValidationError, root: dict) -> list[jsonschema.ValidationError]:
+def _mapping_branch_errors(err: jsonschema.ValidationError, root: dict[str, Any]) -> list[jsonschema.ValidationError]:
     """A mapping that fails `oneOf: [a short form, {a mapping}]` failed the mapping: its own errors say what is wrong
     (an unknown key, a wrong value) where "expected a value matching the schema" would not; a oneOf that describes
     itself keeps its own message."""
@@ -113,7 +113,9 @@ def _mapping_branch_errors(err: jsonschema.ValidationError, root: dict) -> list[
     return [e for e in err.context or () if e.relative_schema_path and e.relative_schema_path[0] == mappings[0]]
 
 
-def _add_problem(err: jsonschema.ValidationError, problems: Problems, root: dict, prefix: YamlPath = ()) -> None:
+def _add_problem(
+    err: jsonschema.ValidationError, problems: Problems, root: dict[str, Any], prefix: YamlPath = ()
+) -> None:
     path: YamlPath = (*prefix, *err.absolute_path)
     if err.validator == "oneOf" and (inner := _mapping_branch_errors(err, root)):
         for sub in inner:
@@ -142,7 +144,7 @@ def _add_problem(err: jsonschema.ValidationError, problems: Problems, root: dict
         problems.add(path, f"found {short_repr(err.instance)}; expected {_expected_from_error(err, root)}")
 
 
-def _expected_from_error(err: jsonschema.ValidationError, root: dict) -> str:
+def _expected_from_error(err: jsonschema.ValidationError, root: dict[str, Any]) -> str:
     v, value = err.validator, err.validator_value
     if v == "type":
         return _describe_expected({"type": value}, root)

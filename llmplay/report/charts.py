@@ -5,18 +5,24 @@ from __future__ import annotations
 import functools
 import io
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
+import matplotlib
 import numpy as np
-from matplotlib import rcParams
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 BASELINE_COLOR, CANDIDATE_COLOR = "#3b6ea8", "#d9822b"
 ROLE_COLORS = {"baseline": BASELINE_COLOR, "candidate": CANDIDATE_COLOR}
 GRID = "#dddddd"
 MAX_POINTS = 400  # per line: keeps each SVG a few tens of kB, far below what a screen resolves
-_STYLE = {
+# Any keys: matplotlib types rcParams keys as a Literal union that a plain str dict cannot satisfy
+_STYLE: dict[Any, Any] = {
     "svg.fonttype": "none",  # text stays <text>, not glyph paths: small files, selectable, crisp when printed
     "svg.hashsalt": "llmplay",  # stable element ids: the same archive renders the same bytes
     "font.family": "sans-serif",
@@ -42,7 +48,7 @@ def _figure(
     bottom_in: float = 0.48,
     top_in: float = 0.3,
     gap_in: float = 0.72,
-):
+) -> tuple[Figure, list[Axes]]:
     """Fixed margins in inches: a constrained layout measures every tick label and would double the render time."""
     fig = Figure(figsize=(width_in, height_in))
     axes = fig.subplots(nrows, ncols, squeeze=False)
@@ -58,27 +64,15 @@ def _figure(
     return fig, [ax for row in axes for ax in row]
 
 
-def _styled(func):
+def _styled(func: Callable[P, R]) -> Callable[P, R]:
     """Run a chart function under our rcParams: artists read them when created and when saved."""
 
     @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        with rc_context():
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with matplotlib.rc_context(_STYLE):
             return func(*args, **kwargs)
 
     return wrapper
-
-
-class rc_context:
-    """rcParams for our figures only, restored after (Figure reads most of them at creation and at save)."""
-
-    def __enter__(self):
-        self._saved = {k: rcParams[k] for k in _STYLE}
-        rcParams.update(_STYLE)
-        return self
-
-    def __exit__(self, *exc):
-        rcParams.update(self._saved)
 
 
 def to_svg(fig: Figure) -> str:
@@ -100,7 +94,7 @@ def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x[idx], y[idx]
 
 
-def _not_measured(ax, text: str = "not measured") -> None:
+def _not_measured(ax: Axes, text: str = "not measured") -> None:
     ax.set_xticks([])
     ax.set_yticks([])
     ax.grid(False)
@@ -109,7 +103,7 @@ def _not_measured(ax, text: str = "not measured") -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#888888", fontsize=10)
 
 
-def _ms(ax, axis: str = "x") -> None:
+def _ms(ax: Axes, axis: str = "x") -> None:
     (ax.set_xlabel if axis == "x" else ax.set_ylabel)("ms")
 
 
@@ -321,7 +315,7 @@ _SEARCH_COLORS = ("#3b6ea8", "#d9822b", "#4d9a5b", "#a8456b", "#7a6bb0", "#8c8c3
 
 @_styled
 def capacity_attainment(
-    configs: Sequence[tuple[str, Sequence[Mapping]]], target: float, unit: str, width_in: float = 7.0
+    configs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], target: float, unit: str, width_in: float = 7.0
 ) -> str:
     """SLO attainment against load, one colour per configuration: each probe's attainment with its interval, the
     target as a dashed line, and each search's boundary interval as a band with its estimate as a line."""
@@ -373,7 +367,10 @@ def capacity_attainment(
 
 @_styled
 def capacity_knee(
-    configs: Sequence[tuple[str, Sequence[Mapping]]], slo_s: Mapping[str, float], target: float, width_in: float = 9.0
+    configs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+    slo_s: Mapping[str, float],
+    target: float,
+    width_in: float = 9.0,
 ) -> str:
     """Output throughput against each SLO's latency at the target quantile (P95 for 95%), probe by probe: the knee
     where more load stops buying throughput and starts buying latency; the SLO as a dashed line."""

@@ -61,7 +61,7 @@ def run_bench(
     workload: Workload,
     *,
     model: str | None = None,
-    json_path: str | os.PathLike | None = None,
+    json_path: str | os.PathLike[str] | None = None,
     slo_s: Mapping[str, float] | None = None,
     progress: bool = True,
     tokenizer: Tokenizer | str = "auto",
