@@ -14,7 +14,6 @@ from llmplay.archive.model import to_plain
 from llmplay.runtime.cache import default_cache_dir
 from llmplay.runtime.cpu_image import model_path
 from llmplay.spec import Config, Playbook
-from llmplay.tuning.decide import TrialSample
 from llmplay.tuning.diagnose.checklist import diagnose, measured_only, rule_listing, targets_from_gates
 from llmplay.tuning.diagnose.gpus import lookup_gpu
 from llmplay.tuning.diagnose.memory import KV_DTYPE_BYTES, MemoryBreakdown, memory_breakdown
@@ -27,6 +26,7 @@ from llmplay.tuning.diagnose.model_facts import (
 from llmplay.tuning.diagnose.roofline import Roofline, decode_roofline
 from llmplay.tuning.diagnose.rule import SchedulerFacts
 from llmplay.tuning.environment import gpu_inventory
+from llmplay.tuning.samples import TrialSample
 
 
 def model_file(config: Config) -> Path | None:
