@@ -342,7 +342,9 @@ def request_timeline(records: Records) -> dict[str, np.ndarray]:
     """
     measured = measured_requests(records)
     sends = np.sort(np.asarray([r.sent_ns for r in measured], dtype=float))
-    done = [r for r in measured if completed(r)]
+    # Any request that ended without an error, timed to its first token or not (an old archive's frame may lack
+    # the first-token column): the timeline charts when requests finished.
+    done = [r for r in measured if r.ok and r.end_ns is not None]
     start = sends[0] if sends.size else 0.0
     return {
         "done_s": np.asarray([(r.end_ns - start) / 1e9 for r in done], dtype=float),  # type: ignore[operator]

@@ -30,7 +30,7 @@ from llmplay.runtime.labels import (
     LABEL_RUN,
 )
 from llmplay.runtime.owner import Owner, process_started
-from llmplay.spec import EngineSpec
+from llmplay.spec import EngineSpec, gpu_count
 
 STOP_TIMEOUT_S = 10
 CPU_IMAGE_HINT = "build it: `llmplay engine build-cpu` (or scripts/cpu-engine.sh)"
@@ -97,7 +97,7 @@ def image_version_labels(image: Any) -> dict[str, str]:
 def _start_failure(exc: docker.errors.APIError, spec: EngineSpec, image_ref: str) -> InfrastructureError:
     """What a refused `docker run` means, and how to fix it where the cause is known."""
     message = exc.explanation or str(exc)
-    if spec.gpus and _is_gpu_error(exc):
+    if gpu_count(spec.gpus) and _is_gpu_error(exc):
         return InfrastructureError(
             f"GPUs requested but Docker cannot provide them: {message}; install "
             "nvidia-container-toolkit, run `nvidia-ctk runtime configure "

@@ -13,7 +13,7 @@ import psutil
 from llmplay.archive.model import to_plain
 from llmplay.runtime.cache import default_cache_dir
 from llmplay.runtime.cpu_image import model_path
-from llmplay.spec import Config, Playbook
+from llmplay.spec import Config, Playbook, gpu_count
 from llmplay.tuning.diagnose.checklist import diagnose, measured_only, rule_listing, targets_from_gates
 from llmplay.tuning.diagnose.gpus import lookup_gpu
 from llmplay.tuning.diagnose.memory import KV_DTYPE_BYTES, MemoryBreakdown, memory_breakdown
@@ -112,8 +112,9 @@ def diagnose_run(
         diagnosis["notes"].append(
             "model facts unavailable: no config.json or GGUF found on the host (set engine.model_dir)"
         )
-    gpu = gpu_inventory() if config.engine.gpus else None
-    on_gpu = bool(config.engine.gpus) and gpu and gpu.get("name")
+    gpus = gpu_count(config.engine.gpus)
+    gpu = gpu_inventory() if gpus else None
+    on_gpu = bool(gpus) and gpu and gpu.get("name")
     if on_gpu:
         peak, capacity, device = telemetry.get("memory.peak_bytes"), telemetry.get("memory.capacity_bytes"), "gpu"
     else:
