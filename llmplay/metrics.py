@@ -60,6 +60,17 @@ def _as_records(records: Records) -> Sequence[RequestRecord]:
     return tuple(records)
 
 
+def measured_requests(records: Records) -> list[RequestRecord]:
+    """Every request sent after the warm-up: what errors.rate and the request counts are over."""
+    return [r for r in _as_records(records) if not r.is_warmup]
+
+
+def completed(r: RequestRecord) -> bool:
+    """Error-free and timed from send to its first and last token message: what latency, throughput and goodput
+    count. (A failed request is `not r.ok`: it counts toward errors.)"""
+    return r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None
+
+
 def _e2el_s(r: RequestRecord) -> float:
     return (r.end_ns - r.sent_ns) / 1e9  # type: ignore[operator]
 
@@ -80,10 +91,9 @@ def per_request_arrays(records: Records) -> dict[str, np.ndarray]:
     ttft_nonstream: non-streamed requests; itl: pooled gaps between token messages; ttft_content: first text
     (content or reasoning); ttfo: first non-reasoning content.
     """
-    recs = [r for r in _as_records(records) if not r.is_warmup and r.error_kind is None]
     ttft, tpot, e2el, nonstream, content, ttfo, itl, qwait = [], [], [], [], [], [], [], []
-    for r in recs:
-        if r.end_ns is None or r.first_chunk_ns is None:
+    for r in measured_requests(records):
+        if not completed(r):
             continue
         e = _e2el_s(r)
         e2el.append(e)
@@ -169,8 +179,8 @@ class Attainment:
 
 def slo_attainment(records: Records, duration_s: float, slo_s: Mapping[str, float], target: float) -> Attainment:
     """Attainment of every SLO in slo_s by the measured requests of one load run (capacity search probes)."""
-    recs = sorted((r for r in _as_records(records) if not r.is_warmup), key=lambda r: r.sent_ns)
-    done = [r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None for r in recs]
+    recs = sorted(measured_requests(records), key=lambda r: r.sent_ns)
+    done = [completed(r) for r in recs]
     values = [_slo_values(r) if ok else {} for r, ok in zip(recs, done, strict=True)]
     keys = [k for k in slo_s if k in SLO_KEYS]
 
@@ -207,15 +217,7 @@ def batch_shares(met: np.ndarray, n_batches: int) -> np.ndarray:
 
 def good_mask(records: Records, slo_s: Mapping[str, float]) -> np.ndarray:
     """1.0 per record that completed with text and met every SLO (goodput's numerator), else 0.0."""
-    return np.asarray(
-        [
-            float(
-                r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None and meets_slo(r, slo_s)
-            )
-            for r in _as_records(records)
-        ],
-        dtype=float,
-    )
+    return np.asarray([float(completed(r) and meets_slo(r, slo_s)) for r in _as_records(records)], dtype=float)
 
 
 @dataclass(frozen=True)
@@ -260,8 +262,8 @@ def summarize(
     unknown = set(slo) - set(SLO_KEYS)
     if unknown:
         raise ValueError(f"unknown SLO keys {sorted(unknown)}; expected {', '.join(SLO_KEYS)}")
-    recs = [r for r in _as_records(records) if not r.is_warmup]
-    ok = [r for r in recs if r.error_kind is None and r.end_ns is not None and r.first_chunk_ns is not None]
+    recs = measured_requests(records)
+    ok = [r for r in recs if completed(r)]
     arrays = per_request_arrays(ok)
     values: dict[str, float | int | None] = {}
     for name in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttft_content", "ttfo"):
@@ -281,7 +283,7 @@ def summarize(
     values["throughput.total_tok_s"] = (in_tokens + out_tokens) / dur if dur else None
     values["goodput.req_s"] = good / dur if dur else None
     values["goodput.fraction"] = good / len(recs) if recs else None
-    errors = [r for r in recs if r.error_kind is not None]
+    errors = [r for r in recs if not r.ok]
     values["errors.count"] = len(errors)
     values["errors.rate"] = len(errors) / len(recs) if recs else 0.0
     for kind in ERROR_KINDS:
@@ -338,9 +340,11 @@ def request_timeline(records: Records) -> dict[str, np.ndarray]:
     Per completed request, in record order: done_s (end since the first measured send), ttft (NaN when not
     streamed), input_tokens, output_tokens. send_gap_s: gaps between successive sends of every measured request.
     """
-    measured = [r for r in _as_records(records) if not r.is_warmup]
+    measured = measured_requests(records)
     sends = np.sort(np.asarray([r.sent_ns for r in measured], dtype=float))
-    done = [r for r in measured if r.error_kind is None and r.end_ns is not None]
+    # Any request that ended without an error, timed to its first token or not (an old archive's frame may lack
+    # the first-token column): the timeline charts when requests finished.
+    done = [r for r in measured if r.ok and r.end_ns is not None]
     start = sends[0] if sends.size else 0.0
     return {
         "done_s": np.asarray([(r.end_ns - start) / 1e9 for r in done], dtype=float),  # type: ignore[operator]

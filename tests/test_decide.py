@@ -232,7 +232,7 @@ def _fixed(objective: MetricDelta, guards: tuple[MetricDelta, ...] = ()):
 
 def _decide_with_throughput_guard(monkeypatch, objective: MetricDelta, guard: MetricDelta):
     """decide_step on 3 trials a side whose objective and 15% throughput guard compare as given."""
-    monkeypatch.setattr(decide, "_compare", _fixed(objective, (guard,)))
+    monkeypatch.setattr(decide, "compare_trials", _fixed(objective, (guard,)))
     rng = np.random.default_rng(1)
     g = Goals(
         objective=Objective("minimize", "ttft.p95", 0.02),
@@ -279,13 +279,13 @@ def test_more_trials_use_the_threshold_that_decides(monkeypatch):
     rng = np.random.default_rng(1)
     a, b = [trial(rng) for _ in range(3)], [trial(rng) for _ in range(3)]
     near = MetricDelta("throughput.output_tok_s", 100.0, 101.9, 0.019, -0.03, 0.07)
-    monkeypatch.setattr(decide, "_compare", _fixed(near))
+    monkeypatch.setattr(decide, "compare_trials", _fixed(near))
     d = decide_step(a, b, goals(), TRIALS)
     assert d.verdict == INCONCLUSIVE and "18 more" not in d.reason and d.more_trials_needed is None
     assert d.reason.endswith("within noise, not decidable within 50 more trial(s) per side")
     # Above min_effect, keeping needs the CI's bottom above zero: the half-width must shrink from ~5 points to 4.
     far = MetricDelta("throughput.output_tok_s", 100.0, 104.0, 0.04, -0.01, 0.08)
-    monkeypatch.setattr(decide, "_compare", _fixed(far))
+    monkeypatch.setattr(decide, "compare_trials", _fixed(far))
     d = decide_step(a, b, goals(), TRIALS)
     assert d.verdict == INCONCLUSIVE and d.more_trials_needed == 1, d.reason
     assert "about 1 more trial(s) per side would decide it" in d.reason

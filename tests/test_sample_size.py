@@ -243,3 +243,50 @@ def test_an_objective_from_a_zero_baseline_is_inconclusive_and_says_why():
     d = decide_step(a, b, Goals(objective=Objective("minimize", "errors.rate", 0.02)), TRIALS)
     assert d.verdict == INCONCLUSIVE
     assert d.reason.startswith("error rate not comparable: the objective has no relative change or interval")
+
+
+def test_pooled_counts_from_samples_and_from_archived_summaries_agree():
+    """One rule for pooled counts (samples.summed_counts): the run's samples and the report's trial summaries."""
+    from llmplay.loadgen.records import RequestRecord, records_to_dataframe
+    from llmplay.metrics import summarize
+    from llmplay.tuning.decide import sample_from_records, summed_counts
+
+    def rec(i: int, *, stream: bool = True, warmup: bool = False, error: str | None = None) -> RequestRecord:
+        sent = 1_000_000_000 + i * 10_000_000
+        done = error is None
+        return RequestRecord(
+            index=i,
+            is_warmup=warmup,
+            stream=stream,
+            scheduled_ns=sent,
+            sent_ns=sent,
+            first_chunk_ns=sent + 5_000_000 if done else None,
+            first_content_ns=sent + 5_000_000 if done else None,
+            chunk_ns=(sent + 5_000_000, sent + 6_000_000, sent + 7_000_000) if done and stream else (),
+            end_ns=sent + 7_000_000 if done else None,
+            input_tokens=5,
+            output_tokens=3 if done else 0,
+            output_tokens_source="usage",
+            finish_reason="length" if done else None,
+            http_status=200 if done else 500,
+            error_kind=error,
+            error_message=error,
+            queue_wait_s=0.0,
+        )
+
+    trials = [
+        [rec(0, warmup=True), rec(1), rec(2, stream=False), rec(3, error="http_5xx")],
+        [rec(0), rec(1), rec(2), rec(3, stream=False), rec(4, error="timeout")],
+    ]
+    summaries = [summarize(records, 1.0).as_dict() for records in trials]
+    samples = [
+        sample_from_records(records_to_dataframe(records), 1.0, summary, {}, 0.0)
+        for records, summary in zip(trials, summaries, strict=True)
+    ]
+    from_samples = pooled_counts(samples)
+    assert from_samples == summed_counts(summaries)
+    assert (
+        from_samples["ttft.n"] == 4 and from_samples["requests.total"] == 8 and from_samples["requests.completed"] == 6
+    )
+    assert [s.n_errors for s in samples] == [1, 1] and [s.n_requests for s in samples] == [3, 5]
+    assert summed_counts([summaries[0], {}]) == {} and summed_counts([]) == {}

@@ -127,6 +127,31 @@ def load_dataset(path: str, tokenizer: Tokenizer) -> tuple[DatasetEntry, ...]:
     )
 
 
+class _SharedTexts:
+    """The texts requests share, each made once and drawn the same however lazily requests are: every prefix
+    group's system prompt, and the dataset's rows in a fresh seeded permutation per pass."""
+
+    def __init__(self, workload: Workload, tokenizer: Tokenizer):
+        self.workload, self.tokenizer = workload, tokenizer
+        self.dataset = load_dataset(workload.dataset, tokenizer) if workload.dataset else ()
+        self._order: list[int] = []
+        self._prefixes: dict[int, str] = {}
+
+    def prefix(self, group: int) -> str:
+        if group not in self._prefixes:
+            # Each group's prefix is its own text (system prompt), identical across its requests.
+            rng = _sub_rng(self.workload.seed, _PURPOSE_PREFIX, group)
+            self._prefixes[group] = self.tokenizer.make_text(self.workload.prefix_tokens, rng)
+        return self._prefixes[group]
+
+    def dataset_entry(self, conv: int) -> DatasetEntry:
+        size = len(self.dataset)
+        while len(self._order) <= conv:
+            passes = len(self._order) // size
+            self._order.extend(_sub_rng(self.workload.seed, _PURPOSE_DATASET, passes).permutation(size).tolist())
+        return self.dataset[self._order[conv]]
+
+
 def _sub_rng(seed: int, *keys: int) -> np.random.Generator:
     # Independent stream per (purpose, index): request i is the same however lazily it is drawn.
     return np.random.default_rng([seed, *keys])
@@ -141,40 +166,21 @@ def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Itera
     total: int | None = None
     if workload.num_requests is not None:
         total = workload.warmup_requests + workload.num_requests
-    dataset = load_dataset(workload.dataset, tokenizer) if workload.dataset else ()
-    order: list[int] = []
-    prefixes: dict[int, str] = {}
-
-    def prefix_for(group: int) -> str:
-        if group not in prefixes:
-            # Each group's prefix is its own text (system prompt), identical across its requests.
-            prefixes[group] = tokenizer.make_text(
-                workload.prefix_tokens, _sub_rng(workload.seed, _PURPOSE_PREFIX, group)
-            )
-        return prefixes[group]
-
-    def dataset_entry(conv: int) -> DatasetEntry:
-        # A fresh seeded permutation per pass over the dataset.
-        while len(order) <= conv:
-            order.extend(
-                _sub_rng(workload.seed, _PURPOSE_DATASET, len(order) // len(dataset)).permutation(len(dataset)).tolist()
-            )
-        return dataset[order[conv]]
-
+    shared = _SharedTexts(workload, tokenizer)
     turns = max(1, workload.turns)
     index = 0
     for conv in itertools.count():
         rng = _sub_rng(workload.seed, _PURPOSE_PLAN, conv)
         group = int(rng.integers(0, max(1, workload.prefix_groups))) if workload.prefix_tokens > 0 else 0
-        prefix = prefix_for(group) if workload.prefix_tokens > 0 else ""
+        prefix = shared.prefix(group) if workload.prefix_tokens > 0 else ""
         history: list[tuple[str, str]] = []  # (user, assistant) turns already sent
         history_tokens = 0
         for turn in range(turns):
             if total is not None and index >= total:
                 return
             text_rng = _sub_rng(workload.seed, _PURPOSE_TEXT, conv, turn)
-            if dataset and turn == 0:
-                entry = dataset_entry(conv)
+            if shared.dataset and turn == 0:
+                entry = shared.dataset_entry(conv)
                 user_text = entry.prompt
                 user_tokens = tokenizer.count(user_text)
                 planned_out = entry.output_tokens

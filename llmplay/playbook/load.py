@@ -18,7 +18,6 @@ from llmplay.playbook.convert import (
     PromptFiles,
     parse_cost,
     parse_engine,
-    parse_goals,
     parse_runtime,
     parse_steps,
     parse_trials,
@@ -26,6 +25,7 @@ from llmplay.playbook.convert import (
 )
 from llmplay.playbook.credentials import check_text
 from llmplay.playbook.extends import resolve_extends
+from llmplay.playbook.goals import parse_goals
 from llmplay.playbook.knobs import check_knobs, knob_sites
 from llmplay.playbook.limits import check_configurations
 from llmplay.playbook.mounts import check_model_dir

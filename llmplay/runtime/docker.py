@@ -30,7 +30,7 @@ from llmplay.runtime.labels import (
     LABEL_RUN,
 )
 from llmplay.runtime.owner import Owner, process_started
-from llmplay.spec import EngineSpec
+from llmplay.spec import EngineSpec, gpu_count
 
 STOP_TIMEOUT_S = 10
 CPU_IMAGE_HINT = "build it: `llmplay engine build-cpu` (or scripts/cpu-engine.sh)"
@@ -94,6 +94,23 @@ def image_version_labels(image: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in labels.items() if k.startswith(("llmplay.", "org.opencontainers.image."))}
 
 
+def _start_failure(exc: docker.errors.APIError, spec: EngineSpec, image_ref: str) -> InfrastructureError:
+    """What a refused `docker run` means, and how to fix it where the cause is known."""
+    message = exc.explanation or str(exc)
+    if gpu_count(spec.gpus) and _is_gpu_error(exc):
+        return InfrastructureError(
+            f"GPUs requested but Docker cannot provide them: {message}; install "
+            "nvidia-container-toolkit, run `nvidia-ctk runtime configure "
+            "--runtime=docker` and restart dockerd (or set gpus: 0)"
+        )
+    if spec.model_dir and "bind source path does not exist" in message:
+        return InfrastructureError(
+            f"engine.model_dir {spec.model_dir} does not exist where Docker runs; expected the directory "
+            "holding the model's files (nothing was created)"
+        )
+    return InfrastructureError(f"Docker could not start {image_ref}: {message}")
+
+
 class DockerRuntime(Runtime):
     """`with DockerRuntime().start(spec, engine, labels) as endpoint:` runs one container."""
 
@@ -142,34 +159,12 @@ class DockerRuntime(Runtime):
             raise InfrastructureError(f"Docker could not inspect image {image_ref}: {exc.explanation or exc}") from None
 
         container_port = spec.port or engine.default_port
-        host_network = spec.network_mode == "host"
-        host_port = container_port if host_network else free_port(self.bind_host)
+        host_port = container_port if spec.network_mode == "host" else free_port(self.bind_host)
         command = engine.command(spec, container_port)
-        instance = self._instance
         all_labels = {str(k): str(v) for k, v in (labels or {}).items()}
-        all_labels.update({LABEL_INSTANCE: instance, **owner_labels(), LABEL_ENGINE: engine.kind})
+        all_labels.update({LABEL_INSTANCE: self._instance, **owner_labels(), LABEL_ENGINE: engine.kind})
         all_labels.setdefault(LABEL_RUN, "adhoc")
-        kwargs: dict[str, Any] = {
-            "command": command,
-            "detach": True,
-            "labels": all_labels,
-            "name": f"llmplay-{engine.kind}-{instance}",
-            "environment": dict(spec.env),
-            "device_requests": _gpu_requests(spec.gpus) or None,
-        }
-        if spec.shm_size:
-            kwargs["shm_size"] = spec.shm_size
-        if spec.ipc_mode:
-            kwargs["ipc_mode"] = spec.ipc_mode
-        if host_network:
-            kwargs["network_mode"] = "host"
-        else:
-            kwargs["ports"] = {f"{container_port}/tcp": (self.bind_host, host_port)}
-        if spec.model_dir:
-            # A bind *mount* (not a volume bind): the daemon refuses a missing source instead of creating it as an
-            # empty root-owned directory, so a wrong model_dir fails here, clearly, not after the engine starts.
-            source = str(Path(spec.model_dir).expanduser())
-            kwargs["mounts"] = [docker.types.Mount(engine.model_path_in_container, source, type="bind", read_only=True)]
+        kwargs = self._run_options(spec, engine, command, all_labels, container_port, host_port)
         digests = image.attrs.get("RepoDigests") or []
         image_labels = image_version_labels(image)
         self._info = {
@@ -192,19 +187,7 @@ class DockerRuntime(Runtime):
         try:
             self.container = client.containers.run(image_ref, **kwargs)
         except docker.errors.APIError as exc:
-            message = exc.explanation or str(exc)
-            if spec.gpus and _is_gpu_error(exc):
-                raise InfrastructureError(
-                    f"GPUs requested but Docker cannot provide them: {message}; install "
-                    "nvidia-container-toolkit, run `nvidia-ctk runtime configure "
-                    "--runtime=docker` and restart dockerd (or set gpus: 0)"
-                ) from None
-            if spec.model_dir and "bind source path does not exist" in message:
-                raise InfrastructureError(
-                    f"engine.model_dir {spec.model_dir} does not exist where Docker runs; expected the directory "
-                    "holding the model's files (nothing was created)"
-                ) from None
-            raise InfrastructureError(f"Docker could not start {image_ref}: {message}") from None
+            raise _start_failure(exc, spec, image_ref) from None
         self._info["container_id"] = self.container.id
         base_url = f"http://127.0.0.1:{host_port}"
         self._info["health_s"] = wait_healthy(
@@ -222,6 +205,39 @@ class DockerRuntime(Runtime):
         self._info["engine_version_reported"] = reported
         self._info["base_url"] = base_url
         return Endpoint(base_url, engine.served_model(spec), dict(self._info), self.stop)
+
+    def _run_options(
+        self,
+        spec: EngineSpec,
+        engine: Engine,
+        command: list[str],
+        labels: Mapping[str, str],
+        container_port: int,
+        host_port: int,
+    ) -> dict[str, Any]:
+        """The docker SDK's `containers.run` arguments for this engine container."""
+        kwargs: dict[str, Any] = {
+            "command": command,
+            "detach": True,
+            "labels": dict(labels),
+            "name": f"llmplay-{engine.kind}-{self._instance}",
+            "environment": dict(spec.env),
+            "device_requests": _gpu_requests(spec.gpus) or None,
+        }
+        if spec.shm_size:
+            kwargs["shm_size"] = spec.shm_size
+        if spec.ipc_mode:
+            kwargs["ipc_mode"] = spec.ipc_mode
+        if spec.network_mode == "host":
+            kwargs["network_mode"] = "host"
+        else:
+            kwargs["ports"] = {f"{container_port}/tcp": (self.bind_host, host_port)}
+        if spec.model_dir:
+            # A bind *mount* (not a volume bind): the daemon refuses a missing source instead of creating it as an
+            # empty root-owned directory, so a wrong model_dir fails here, clearly, not after the engine starts.
+            source = str(Path(spec.model_dir).expanduser())
+            kwargs["mounts"] = [docker.types.Mount(engine.model_path_in_container, source, type="bind", read_only=True)]
+        return kwargs
 
     def _exit_code(self) -> int | None:
         try:

@@ -13,9 +13,8 @@ import psutil
 from llmplay.archive.model import to_plain
 from llmplay.runtime.cache import default_cache_dir
 from llmplay.runtime.cpu_image import model_path
-from llmplay.spec import Config, Playbook
-from llmplay.tuning.decide import TrialSample
-from llmplay.tuning.diagnose.checklist import diagnose, measured_only, targets_from_gates
+from llmplay.spec import Config, Playbook, gpu_count
+from llmplay.tuning.diagnose.checklist import diagnose, measured_only, rule_listing, targets_from_gates
 from llmplay.tuning.diagnose.gpus import lookup_gpu
 from llmplay.tuning.diagnose.memory import KV_DTYPE_BYTES, MemoryBreakdown, memory_breakdown
 from llmplay.tuning.diagnose.model_facts import (
@@ -25,7 +24,9 @@ from llmplay.tuning.diagnose.model_facts import (
     model_facts_from_hf_config,
 )
 from llmplay.tuning.diagnose.roofline import Roofline, decode_roofline
+from llmplay.tuning.diagnose.rule import SchedulerFacts
 from llmplay.tuning.environment import gpu_inventory
+from llmplay.tuning.samples import TrialSample
 
 
 def model_file(config: Config) -> Path | None:
@@ -61,10 +62,31 @@ def _tokens_in_flight(config: Config, samples: Sequence[TrialSample]) -> float:
     return users * per_request
 
 
+def scheduler_facts(config: Config) -> SchedulerFacts:
+    """What the engine and the load were told, for the §6 rules."""
+    args = config.engine.args
+    batch = args.get("max_num_seqs") or args.get("parallel")
+    return SchedulerFacts(
+        continuous_batching=bool(args.get("cont_batching", True)),
+        max_batch=int(batch) if isinstance(batch, (int, float)) and not isinstance(batch, bool) else None,
+        concurrency=config.workload.concurrency,
+        rate=config.workload.rate,
+        # Every adapted engine caches prefixes by default now (vLLM V1, SGLang radix, TGI 3, llama.cpp
+        # cache_prompt); only an explicit `prefix_caching: false` turns it off.
+        prefix_caching=args.get("prefix_caching") is not False,
+        shared_prefix_tokens=config.workload.prefix_tokens,
+        # These engines reserve the KV pool up front, so a ~90% peak is by design, not pressure.
+        kv_preallocated_frac=float(args.get("gpu_memory_utilization") or 0.9)
+        if config.engine.kind in ("vllm", "sglang", "trtllm")
+        else None,
+    )
+
+
 def diagnose_run(
     playbook: Playbook, config: Config, samples: Sequence[TrialSample], summary: Mapping[str, float]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Findings (plain dicts, most severe first) and the diagnosis (model, memory, roofline, scheduler, notes)."""
+    """Findings (plain dicts, most severe first) and the diagnosis (model, memory, roofline, scheduler, notes, and
+    the rules checked, fired or not)."""
     # Any figure may be absent (a trial without /metrics or NVML, an archive from an older llmplay): only
     # finite numbers go in, so each rule sees a missing key and skips.
     telemetry = {
@@ -90,8 +112,9 @@ def diagnose_run(
         diagnosis["notes"].append(
             "model facts unavailable: no config.json or GGUF found on the host (set engine.model_dir)"
         )
-    gpu = gpu_inventory() if config.engine.gpus else None
-    on_gpu = bool(config.engine.gpus) and gpu and gpu.get("name")
+    gpus = gpu_count(config.engine.gpus)
+    gpu = gpu_inventory() if gpus else None
+    on_gpu = bool(gpus) and gpu and gpu.get("name")
     if on_gpu:
         peak, capacity, device = telemetry.get("memory.peak_bytes"), telemetry.get("memory.capacity_bytes"), "gpu"
     else:
@@ -116,19 +139,7 @@ def diagnose_run(
                 bandwidth_source=f"table: {spec.model}",
             )
             diagnosis["roofline"] = to_plain(roofline)
-    scheduler = {
-        "continuous_batching": bool(config.engine.args.get("cont_batching", True)),
-        "max_batch": config.engine.args.get("max_num_seqs") or config.engine.args.get("parallel"),
-        "concurrency": config.workload.concurrency,
-        "rate": config.workload.rate,
-        # Every adapted engine caches prefixes by default now (vLLM V1, SGLang radix, TGI 3, llama.cpp
-        # cache_prompt); only an explicit `prefix_caching: false` turns it off.
-        "prefix_caching": config.engine.args.get("prefix_caching") is not False,
-        "shared_prefix_tokens": config.workload.prefix_tokens,
-    }
-    if config.engine.kind in ("vllm", "sglang", "trtllm"):
-        # These engines reserve the KV pool up front, so a ~90% peak is by design, not pressure.
-        scheduler["kv_preallocated_frac"] = float(config.engine.args.get("gpu_memory_utilization") or 0.9)
+    scheduler = scheduler_facts(config)
     findings = diagnose(
         summary,
         telemetry,
@@ -138,5 +149,6 @@ def diagnose_run(
         targets=targets_from_gates(playbook.goals.gates),
         notes=diagnosis["notes"],
     )
-    diagnosis["scheduler"] = scheduler
+    diagnosis["scheduler"] = scheduler.to_json()
+    diagnosis["rules"] = rule_listing()
     return [to_plain(f) for f in findings], diagnosis

@@ -1,0 +1,113 @@
+"""§6 scheduler rules: continuous batching, load beyond the engine's batch, prefix caching, a persistent queue."""
+
+from __future__ import annotations
+
+from llmplay.tuning.diagnose.rule import Outcome, Rule, RunFacts, pct
+from llmplay.tuning.diagnose.steps import S_BATCH, S_CONT_BATCH, S_PREFIX, S_SCALE, S_WEIGHT_QUANT, steps
+
+# Without a per-sample share of time queued, a mean of one waiting request counts as "persistently".
+_PERSISTENT_MEAN_WAITING = 1.0
+# A prefix-cache hit rate below this, with prefixes to share, means they are not being reused.
+_PREFIX_HIT_FLOOR = 0.1
+
+NO_CONTINUOUS_BATCHING = Rule(
+    "sched.no_continuous_batching",
+    "§6",
+    "continuous batching off: the engine runs static batches",
+    lambda f: f.scheduler.continuous_batching is False,
+    lambda f: Outcome("warn", "Continuous batching is off", "engine runs static batches", S_CONT_BATCH),
+)
+
+
+def _over_batch(f: RunFacts) -> bool:
+    batch, users = f.scheduler.max_batch, f.scheduler.concurrency
+    return bool(batch and users and users > batch)
+
+
+def _over_batch_finding(f: RunFacts) -> Outcome:
+    batch, users = f.scheduler.max_batch or 0, f.scheduler.concurrency or 0
+    return Outcome(
+        "info",
+        "Load concurrency exceeds the engine's max batch",
+        f"concurrency {users} > max batch {batch}: {users - batch} requests wait in the engine queue",
+        steps(S_BATCH, S_SCALE),
+    )
+
+
+CONCURRENCY_OVER_BATCH = Rule(
+    "sched.concurrency_over_batch",
+    "§6",
+    "load concurrency above the engine's max batch: requests wait in the engine queue",
+    _over_batch,
+    _over_batch_finding,
+)
+
+PREFIX_CACHE_OFF = Rule(
+    "sched.prefix_cache_off",
+    "§6",
+    "prompts share a prefix but prefix caching is off",
+    lambda f: f.scheduler.prefix_caching is False and f.scheduler.shared_prefix_tokens > 0,
+    lambda f: Outcome(
+        "info",
+        "Prompts share a prefix but prefix caching is off",
+        f"{f.scheduler.shared_prefix_tokens} shared prefix tokens per request",
+        S_PREFIX,
+    ),
+)
+
+
+def _prefix_misses(f: RunFacts) -> bool:
+    hit = f.telemetry.get("engine.prefix_cache_hit_rate")
+    return hit is not None and f.scheduler.shared_prefix_tokens > 0 and hit < _PREFIX_HIT_FLOOR
+
+
+PREFIX_CACHE_MISSES = Rule(
+    "sched.prefix_cache_misses",
+    "§6",
+    "shared prefixes miss the prefix cache (hit rate below 10%)",
+    _prefix_misses,
+    lambda f: Outcome(
+        "info",
+        "Shared prefixes are not being hit in the prefix cache",
+        f"prefix-cache hit rate {pct(f.telemetry['engine.prefix_cache_hit_rate'])} with "
+        f"{f.scheduler.shared_prefix_tokens} shared prefix tokens",
+        S_PREFIX,
+    ),
+)
+
+
+def _queue_persistent(f: RunFacts) -> bool:
+    share = f.telemetry.get("engine.waiting_nonzero_frac")
+    if share is not None:
+        return share >= f.thresholds.queue_persistent_frac
+    mean = f.telemetry.get("engine.waiting_mean")
+    return mean is not None and mean >= _PERSISTENT_MEAN_WAITING
+
+
+def _queue_finding(f: RunFacts) -> Outcome:
+    share = f.telemetry.get("engine.waiting_nonzero_frac")
+    mean, most = f.telemetry.get("engine.waiting_mean"), f.telemetry.get("engine.waiting_max")
+    evidence = f"waiting queue > 0 in {pct(share)} of samples" if share is not None else ""
+    if mean is not None:
+        evidence += (
+            f"{'; ' if evidence else ''}mean {mean:.1f}"
+            + (f", max {most:.0f}" if most is not None else "")
+            + " waiting"
+        )
+    return Outcome(
+        "warn",
+        "Requests queue persistently in the engine",
+        evidence,
+        steps(S_BATCH, S_PREFIX, S_WEIGHT_QUANT, S_SCALE),
+    )
+
+
+QUEUE_PERSISTENT = Rule(
+    "queue.persistent",
+    "§6",
+    "requests queue persistently in the engine (waiting > 0 in half the samples, or 1 waiting on average)",
+    _queue_persistent,
+    _queue_finding,
+)
+
+RULES = (NO_CONTINUOUS_BATCHING, CONCURRENCY_OVER_BATCH, PREFIX_CACHE_OFF, PREFIX_CACHE_MISSES, QUEUE_PERSISTENT)
