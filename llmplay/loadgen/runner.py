@@ -10,7 +10,7 @@ from dataclasses import replace
 import httpx
 import numpy as np
 
-from llmplay.loadgen.arrivals import RequestFeed, closed_loop, open_loop
+from llmplay.loadgen.arrivals import RequestFeed, closed_loop, open_loop, trace_loop
 from llmplay.loadgen.clock import now_ns
 from llmplay.loadgen.records import LoadResult, RequestRecord
 from llmplay.loadgen.send import LoadSender
@@ -67,8 +67,8 @@ async def run_load(
     num_requests are done or duration_s has passed. Every request sent yields exactly one record.
 
     transport: the StreamingTransport `client` was built on, to send straight to it (see LoadSender)."""
-    if (workload.concurrency is None) == (workload.rate is None):
-        raise ValueError("workload needs exactly one of concurrency (closed loop) or rate (open loop)")
+    if (workload.concurrency is None) == (workload.rate is None and workload.trace is None):
+        raise ValueError("workload needs exactly one of concurrency (closed loop) or rate or a trace (open loop)")
     mode = "closed" if workload.concurrency is not None else "open"
     ahead = (workload.concurrency or 0) * 4 + int((workload.rate or 0) * 4) + workload.warmup_requests
     feed = RequestFeed(requests, ahead)
@@ -83,6 +83,8 @@ async def run_load(
             until = t_warm + int(workload.warmup_s * 1e9) if workload.warmup_s else None
             if mode == "closed":
                 await closed_loop(sender, feed, workload.concurrency or 1, warmup=True, until_ns=until)
+            elif workload.trace is not None:
+                await trace_loop(sender, feed, warmup=True, until_ns=until)
             else:
                 await open_loop(sender, feed, arrival_rng, warmup=True, until_ns=until)
         start_ns = now_ns()
@@ -91,6 +93,8 @@ async def run_load(
             bar = asyncio.ensure_future(_progress_loop(sender, workload.num_requests, workload.duration_s, start_ns))
         if mode == "closed":
             await closed_loop(sender, feed, workload.concurrency or 1, warmup=False, until_ns=until)
+        elif workload.trace is not None:
+            await trace_loop(sender, feed, warmup=False, until_ns=until)
         else:
             await open_loop(sender, feed, arrival_rng, warmup=False, until_ns=until)
         end_wall = now_ns()
