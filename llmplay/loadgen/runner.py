@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
@@ -15,6 +16,7 @@ from llmplay.loadgen.clock import now_ns
 from llmplay.loadgen.records import LoadResult, RequestRecord
 from llmplay.loadgen.send import LoadSender
 from llmplay.loadgen.tokenizer import FallbackTokenizer, Tokenizer, WordRatioTokenizer
+from llmplay.loadgen.trace import prefetch_requests
 from llmplay.loadgen.transport import StreamingTransport
 from llmplay.loadgen.workload import PlannedRequest
 from llmplay.spec import Workload
@@ -71,11 +73,15 @@ async def run_load(
         raise ValueError("workload needs exactly one of concurrency (closed loop) or rate or a trace (open loop)")
     mode = "closed" if workload.concurrency is not None else "open"
     ahead = (workload.concurrency or 0) * 4 + int((workload.rate or 0) * 4) + workload.warmup_requests
-    feed = RequestFeed(requests, ahead)
+    feed = RequestFeed(requests, max(ahead, prefetch_requests(workload)))
     sender = LoadSender(client, base_url, workload, transport)
     arrival_rng = np.random.default_rng([workload.seed, 7])
     show = progress and sys.stderr.isatty()
     bar: asyncio.Task[None] | None = None
+    # What exists now (prompts, client, tokenizer) lives through the run: a full collection walking it mid-run
+    # stalls the loop for tens of milliseconds at a few thousand requests, each one schedule lag.
+    gc.collect()
+    gc.freeze()
     t_warm = start_ns = now_ns()
     interrupted = False
     try:
@@ -101,6 +107,7 @@ async def run_load(
     except asyncio.CancelledError:
         interrupted, end_wall = True, now_ns()
     finally:
+        gc.unfreeze()
         if bar is not None:
             bar.cancel()
             await asyncio.gather(bar, return_exceptions=True)

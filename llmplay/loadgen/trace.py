@@ -17,6 +17,10 @@ from llmplay.spec import Workload
 
 _PURPOSE_SHARED, _PURPOSE_OWN = 11, 12  # seed streams apart from the synthetic workload's (workload.py)
 DEFAULT_CACHE_TOKENS = 4_000_000  # ~20 MB of text; a block made again after eviction is the same text
+# A window whose prompts hold at most this many tokens (~100 MB of text) is synthesised before the clock starts:
+# drawing prompts in a thread mid-replay takes the interpreter lock from the sending loop, and a trace's send
+# times are fixed, so every stall shows up as schedule lag.
+PREFETCH_MAX_TOKENS = 20_000_000
 
 
 class TraceReplayError(LlmplayError):
@@ -65,6 +69,16 @@ class TracePrompt:
     input_tokens_target: int
     output_tokens: int
     group_id: int  # the first hash id: requests opening with the same block share a prefix group
+
+
+def prefetch_requests(workload: Workload) -> int:
+    """How many requests the load runner should draw before its clock starts: the whole window when its prompts
+    fit PREFETCH_MAX_TOKENS (the loader measured them), else none beyond its usual read-ahead."""
+    spec = workload.trace
+    if spec is None or spec.facts is None or workload.num_requests is None:
+        return 0
+    count = workload.warmup_requests + workload.num_requests
+    return count if count * spec.facts.input_mean_tokens <= PREFETCH_MAX_TOKENS else 0
 
 
 def _block_key(hid: int | None, line: int, block: int) -> tuple[int, ...]:
