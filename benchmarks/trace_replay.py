@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import time
 import tracemalloc
 from dataclasses import replace
@@ -46,8 +47,11 @@ def replay(trace: Path, requests: int, rate: float, repeats: int) -> list[dict[s
         url = srv.url_for(ttft_ms=20, itl_ms=5)
         for _ in range(repeats):
             cpu0, t0 = time.process_time(), time.perf_counter()
+            switches0, load0 = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw, os.getloadavg()[0]
             res = run_load_sync(url, workload, iter_requests(workload, WordRatioTokenizer(), "m"))
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            # Involuntary context switches: the kernel took the CPU from the sender (other processes wanted it).
+            preempted = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches0
             lag_ms = np.array([(r.sent_ns - r.scheduled_ns) / 1e6 for r in res.records])
             sched = sorted(r.scheduled_ns for r in res.records)
             out.append(
@@ -60,6 +64,8 @@ def replay(trace: Path, requests: int, rate: float, repeats: int) -> list[dict[s
                     "lag_max_ms": float(lag_ms.max()),
                     "wall_s": wall,
                     "client_cpu_s": cpu,
+                    "preempted": preempted,
+                    "load_average": (load0 + os.getloadavg()[0]) / 2,
                 }
             )
             print(json.dumps(out[-1]), flush=True)

@@ -207,7 +207,7 @@ def test_blocks_are_the_same_text_after_eviction_and_prompts_fit_an_exact_tokeni
     rows = [(0, 40, 4, [1, 2, 3]), (10, 36, 4, [1, 2, 9]), (20, 50, 4, [7, 2, 3, 4])]
     (tmp_path / "m.jsonl").write_text(mooncake_lines(rows))
     spec = TraceSpec(str(tmp_path / "m.jsonl"), "mooncake", block_tokens=16)
-    from llmplay.spec import Workload
+    from llmplay.spec import LengthDist, Workload
 
     w = Workload(trace=spec, rate=1.0, num_requests=3)
     roomy = [p.text for p in iter_trace_prompts(w, TOK)]
@@ -354,3 +354,40 @@ def test_reading_stops_at_the_end_of_the_window(tmp_path):
     f = playbook(tmp_path, {"file": "m.jsonl", "format": "mooncake"}, extra="  num_requests: 30\n")
     assert load_playbook(f).workload.num_requests == 30
     assert "m.jsonl:51: invalid JSON" in load_error(playbook(tmp_path, {"file": "m.jsonl", "format": "mooncake"}))
+
+
+def test_a_rate_step_rescales_the_replay_and_chat_sends_one_user_message(tmp_path):
+    import gc
+
+    from llmplay.loadgen.trace import prefetch_requests
+    from llmplay.plan import build_plan
+
+    (tmp_path / "t.csv").write_text(BURSTGPT)
+    f = playbook(
+        tmp_path,
+        {"file": "t.csv", "format": "burstgpt", "input_scale": 0.05},
+        extra="  api: chat\nsteps:\n  - {name: faster, set: {workload.rate: 8}}\n",
+    )
+    pb = load_playbook(f)
+    assert pb.workload.rate == pytest.approx(4 / 2.0)  # the trace's own mean rate: 4 gaps over 2 s
+    faster = build_plan(pb).steps[0].cumulative.workload
+    reqs = build_requests(faster, TOK, "m")
+    assert reqs[-1].arrival_s == pytest.approx(0.5)  # 4 gaps at 8 req/s
+    assert all(r.prompt is None and r.messages is not None and len(r.messages) == 1 for r in reqs)
+    assert prefetch_requests(faster) == 5  # a small window is made before the clock starts
+    with InstrumentServer() as srv:
+        result = run_load_sync(srv.url_for(ttft_ms=1, itl_ms=1), faster, iter(reqs))
+    assert all(r.ok for r in result.records) and gc.get_freeze_count() == 0  # the run leaves the collector as found
+
+
+def test_prefix_reuse_of_sent_prompts_for_any_workload():
+    from llmplay.spec import LengthDist, Workload
+
+    grouped = build_requests(
+        Workload(concurrency=1, num_requests=20, prefix_tokens=50, input=LengthDist("fixed", value=50)), TOK, "m"
+    )
+    share = sent_prefix_reuse(grouped)
+    assert share == pytest.approx(19 * 50 / (20 * 100), abs=0.02)  # every prefix but the first repeats
+    assert sent_prefix_reuse(grouped, sent=[0]) == 0.0
+    # Whole words only: "a b" of the second, "a" of the third (its "bc" is not the word "b").
+    assert prefix_reuse(["a b c", "a b d", "a bc"]) == pytest.approx((3 + 1) / 14)
