@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from llmplay.loadgen.trace import BlockTexts, iter_trace_prompts
 from llmplay.loadgen.workload import build_requests
 from llmplay.playbook.load import load_playbook, load_workload
 from llmplay.playbook.trace import read_window, scale_window
-from llmplay.spec import TraceSpec
+from llmplay.spec import LengthDist, TraceSpec, Workload
 from llmplay_testing.instrument import InstrumentServer
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake-synthetic.jsonl"
@@ -90,7 +91,7 @@ def test_shared_mooncake_trace_parses_windows_scales_and_synthesises_determinist
     assert [r.max_tokens for r in reqs] == [row.output_tokens for row in rows]
     # Deterministic from the seed; another seed, other text with the same structure.
     assert build_requests(w2, TOK, "m") == reqs
-    other = build_requests(type(w2)(**{**w2.__dict__, "seed": 4}), TOK, "m")
+    other = build_requests(replace(w2, seed=4), TOK, "m")
     assert [r.prompt for r in other] != [r.prompt for r in reqs]
     assert [r.input_tokens for r in other] == [r.input_tokens for r in reqs]
     # Requests agreeing on their first k hash ids share their first k scaled blocks, word for word.
@@ -207,8 +208,6 @@ def test_blocks_are_the_same_text_after_eviction_and_prompts_fit_an_exact_tokeni
     rows = [(0, 40, 4, [1, 2, 3]), (10, 36, 4, [1, 2, 9]), (20, 50, 4, [7, 2, 3, 4])]
     (tmp_path / "m.jsonl").write_text(mooncake_lines(rows))
     spec = TraceSpec(str(tmp_path / "m.jsonl"), "mooncake", block_tokens=16)
-    from llmplay.spec import LengthDist, Workload
-
     w = Workload(trace=spec, rate=1.0, num_requests=3)
     roomy = [p.text for p in iter_trace_prompts(w, TOK)]
     tight = [p.text for p in iter_trace_prompts(w, TOK, BlockTexts(TOK, w.seed, max_cached_tokens=1))]
@@ -381,8 +380,6 @@ def test_a_rate_step_rescales_the_replay_and_chat_sends_one_user_message(tmp_pat
 
 
 def test_prefix_reuse_of_sent_prompts_for_any_workload():
-    from llmplay.spec import LengthDist, Workload
-
     grouped = build_requests(
         Workload(concurrency=1, num_requests=20, prefix_tokens=50, input=LengthDist("fixed", value=50)), TOK, "m"
     )
