@@ -388,3 +388,31 @@ def test_prefix_reuse_of_sent_prompts_for_any_workload():
     assert sent_prefix_reuse(grouped, sent=[0]) == 0.0
     # Whole words only: "a b" of the second, "a" of the third (its "bc" is not the word "b").
     assert prefix_reuse(["a b c", "a b d", "a bc"]) == pytest.approx((3 + 1) / 14)
+
+
+@pytest.mark.docker
+def test_mooncake_trace_replays_against_llama_cpp(tmp_path, llama_endpoint):
+    """The real engine: prompts sized by its own tokenizer arrive at about the trace's lengths, sent on time."""
+    url = str(llama_endpoint.base_url).rstrip("/")
+    rows = [(i * 150, 900 + 211 * (i % 4), 40, [0, 1, 100 + i] if i % 2 else [0, 2, 3, 200 + i]) for i in range(10)]
+    (tmp_path / "m.jsonl").write_text(mooncake_lines(rows))
+    f = playbook(
+        tmp_path,
+        {"file": "m.jsonl", "format": "mooncake", "input_scale": 0.1, "output_scale": 0.1},
+        ctx=1024,
+        extra="  rate: 4\n  warmup_requests: 1\n  request_timeout: 60s\n",
+    )
+    w = load_playbook(f).workload
+    tok = LlamaCppTokenizer(url)
+    try:
+        reqs = build_requests(w, tok, llama_endpoint.model)
+        result = run_load_sync(url, w, iter(reqs), tokenizer=tok)
+    finally:
+        tok.close()
+    measured = [r for r in result.records if not r.is_warmup]
+    assert len(measured) == 9 and all(r.ok for r in measured), [r.error_message for r in measured]
+    targets = {r.index: r.input_tokens_target for r in reqs}
+    # usage.prompt_tokens: the planned length, plus the BOS the server adds and a merge at a block edge or two.
+    assert all(targets[r.index] <= r.input_tokens <= targets[r.index] + 3 for r in measured)
+    assert all(r.output_tokens == 4 for r in measured)
+    assert result.schedule_lag_p99_s is not None and result.schedule_lag_p99_s < 0.25
