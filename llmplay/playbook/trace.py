@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -148,9 +148,11 @@ def _timestamp_s(text: str) -> float | None:
     except ValueError:
         pass
     try:
-        return datetime.fromisoformat(text).timestamp()
+        moment = datetime.fromisoformat(text)
     except ValueError:
         return None
+    # A time without a zone is read as UTC, not local time: a daylight-saving jump must not open a gap.
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _csv_rows(path: Path, fmt: str, problems: list[str]) -> Iterator[TraceRow]:
