@@ -416,3 +416,12 @@ def test_mooncake_trace_replays_against_llama_cpp(tmp_path, llama_endpoint):
     assert all(targets[r.index] <= r.input_tokens <= targets[r.index] + 3 for r in measured)
     assert all(r.output_tokens == 4 for r in measured)
     assert result.schedule_lag_p99_s is not None and result.schedule_lag_p99_s < 0.25
+
+
+def test_a_trace_of_garbage_is_told_in_a_few_lines_without_reading_it_all(tmp_path):
+    (tmp_path / "m.jsonl").write_text("{garbage\n" * 100_000)
+    lines = load_error(playbook(tmp_path, {"file": "m.jsonl", "format": "mooncake"})).splitlines()
+    assert len(lines) == 10 and lines[-1].endswith("expected one JSON object per line")
+    (tmp_path / "t.csv").write_text("Timestamp,Request tokens,Response tokens\n" + "x,1,1\n" * 100_000)
+    lines = load_error(playbook(tmp_path, {"file": "t.csv", "format": "burstgpt"})).splitlines()
+    assert len(lines) == 10 and "t.csv:11: Timestamp: found 'x'" in lines[-1]

@@ -187,6 +187,8 @@ def _csv_rows(path: Path, fmt: str, problems: list[str]) -> Iterator[TraceRow]:
         if cells is None:
             return
         lineno = reader.line_num
+        if len(problems) >= MAX_PROBLEM_LINES:
+            return  # a file of garbage is told in a few lines, not read to its end
         if not cells or not any(c.strip() for c in cells):
             continue
         if len(cells) <= max(picks):
@@ -210,6 +212,8 @@ def _jsonl_rows(path: Path, problems: list[str]) -> Iterator[TraceRow]:
         got = _mooncake_row(lineno, raw)
         if isinstance(got, str):
             problems.append(f"{shown}:{lineno}: {got}")
+            if len(problems) >= MAX_PROBLEM_LINES:
+                return  # a file of garbage is told in a few lines, not read to its end
         elif got is not None:
             yield got
 
