@@ -376,7 +376,11 @@ def test_a_rate_step_rescales_the_replay_and_chat_sends_one_user_message(tmp_pat
     assert prefetch_requests(faster) == 5  # a small window is made before the clock starts
     with InstrumentServer() as srv:
         result = run_load_sync(srv.url_for(ttft_ms=1, itl_ms=1), faster, iter(reqs))
+        # A capacity search over users sends the trace closed loop, in its order.
+        users = replace(faster, concurrency=2, rate=None)
+        closed = run_load_sync(srv.url_for(ttft_ms=1, itl_ms=1), users, iter(build_requests(users, TOK, "m")))
     assert all(r.ok for r in result.records) and gc.get_freeze_count() == 0  # the run leaves the collector as found
+    assert closed.mode == "closed" and len(closed.records) == 5 and all(r.ok for r in closed.records)
 
 
 def test_prefix_reuse_of_sent_prompts_for_any_workload():

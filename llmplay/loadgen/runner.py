@@ -69,8 +69,9 @@ async def run_load(
     num_requests are done or duration_s has passed. Every request sent yields exactly one record.
 
     transport: the StreamingTransport `client` was built on, to send straight to it (see LoadSender)."""
-    if (workload.concurrency is None) == (workload.rate is None and workload.trace is None):
-        raise ValueError("workload needs exactly one of concurrency (closed loop) or rate or a trace (open loop)")
+    # A trace under a concurrency (a capacity search over users) is sent closed loop, in its order.
+    if (workload.concurrency is None) == (workload.rate is None) and (workload.trace is None or workload.rate):
+        raise ValueError("workload needs exactly one of concurrency (closed loop) or rate (open loop)")
     mode = "closed" if workload.concurrency is not None else "open"
     ahead = (workload.concurrency or 0) * 4 + int((workload.rate or 0) * 4) + workload.warmup_requests
     feed = RequestFeed(requests, max(ahead, prefetch_requests(workload)))
