@@ -429,3 +429,18 @@ def test_a_trace_of_garbage_is_told_in_a_few_lines_without_reading_it_all(tmp_pa
     (tmp_path / "t.csv").write_text("Timestamp,Request tokens,Response tokens\n" + "x,1,1\n" * 100_000)
     lines = load_error(playbook(tmp_path, {"file": "t.csv", "format": "burstgpt"})).splitlines()
     assert len(lines) == 10 and "t.csv:11: Timestamp: found 'x'" in lines[-1]
+
+
+def test_llmplay_bench_replays_a_trace_workload_file(tmp_path):
+    (tmp_path / "t.csv").write_text(AZURE)
+    wf = tmp_path / "wl.yaml"
+    wf.write_text("trace: {file: t.csv, format: azure, input_scale: 0.1, max_output_tokens: 4}\nrate: 20\n")
+    out = tmp_path / "bench.json"
+    with InstrumentServer() as srv:
+        result = CliRunner().invoke(
+            cli, ["bench", "--url", srv.url_for(ttft_ms=2, itl_ms=1), "--workload", str(wf), "--json", str(out)]
+        )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text())
+    assert summary["mode"] == "open" and summary["schedule_lag_p99_s"] is not None
+    assert summary["metrics"]["requests.completed"] == 6 and summary["metrics"]["errors.count"] == 0
