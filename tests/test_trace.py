@@ -444,3 +444,47 @@ def test_llmplay_bench_replays_a_trace_workload_file(tmp_path):
     summary = json.loads(out.read_text())
     assert summary["mode"] == "open" and summary["schedule_lag_p99_s"] is not None
     assert summary["metrics"]["requests.completed"] == 6 and summary["metrics"]["errors.count"] == 0
+
+
+@needs_shared
+@pytest.mark.docker
+def test_a_tuning_run_replays_the_shared_trace_on_llama_cpp(tmp_path, cpu_engine, docker_client):
+    """The whole path: a playbook replaying a window of the shared trace, one real trial each side of a step."""
+    import yaml
+
+    from llmplay.report import publish_report
+    from llmplay.tuning.run import RunOptions, run_playbook
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "playbooks" / "cpu-tiny.yaml").read_text())
+    doc["metadata"]["name"] = "trace-e2e"
+    doc["goals"] = {"objective": {"minimize": "ttft.p95"}}
+    doc["workload"] = {
+        "trace": {
+            "file": str(SHARED),
+            "format": "mooncake",
+            "start": "2m",
+            "input_scale": 1 / 64,
+            "max_output_tokens": 8,
+        },
+        "rate": 4,
+        "warmup_requests": 2,
+        "num_requests": 16,
+        "seed": 5,
+        "request_timeout": "60s",
+    }
+    doc["trials"] = {"repeats": 1, "interleave": True}
+    doc["engine"]["health"]["timeout"] = "60s"
+    doc["steps"] = [{"name": "faster", "set": {"workload.rate": 6}}]
+    path = tmp_path / "trace-e2e.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    playbook = load_playbook(path, allow_outside_extends=True)
+    lines: list[str] = []
+    outcome = run_playbook(
+        playbook, RunOptions(archive_root=tmp_path / "reports"), publish=publish_report, report=lines.append
+    )
+    assert outcome.status == "complete", lines
+    manifest = json.loads((outcome.run_dir / "manifest.json").read_text())
+    trials = manifest["trials"]
+    assert len(trials) == 2 and all(t["status"] == "ok" for t in trials), trials
+    assert all(t["summary"]["errors.rate"] == 0 and t["summary"]["requests.completed"] == 16 for t in trials)
+    assert all(c["workload"]["trace"]["facts"]["requests"] == 18 for c in manifest["configs"])
