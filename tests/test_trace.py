@@ -166,6 +166,8 @@ def test_csv_trace_replays_with_its_timestamps_against_a_real_server(tmp_path, f
         w = load_playbook(f).workload
         assert w.num_requests == len(gaps_s) + 1
         tok = LlamaCppTokenizer(srv.url)  # the server's own /tokenize sizes the prompts
+        # One token a word in its vocabulary: blocks are plain words, no call to the server per block.
+        assert isinstance(BlockTexts(tok, 0).tokenizer, WordRatioTokenizer)
         reqs = build_requests(w, tok, "m")
         assert [r.input_tokens for r in reqs] == [r.input_tokens_target for r in reqs]
         result = run_load_sync(url, w, iter(reqs), tokenizer=tok)
@@ -229,6 +231,7 @@ def test_synthesised_prompts_fit_the_engines_tokenizer(tmp_path):
     hf.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"]))
     hf.save(str(tmp_path / "tokenizer.json"))
     tok = HfTokenizer(tmp_path / "tokenizer.json")
+    assert BlockTexts(tok, 0).tokenizer is tok  # its 300 tokens split words: blocks are made exact, one by one
     rows = [(i * 100, 1000 + 37 * i, 10, [i % 3, 100 + i]) for i in range(12)]
     (tmp_path / "m.jsonl").write_text(mooncake_lines(rows))
     f = playbook(tmp_path, {"file": "m.jsonl", "format": "mooncake", "input_scale": 0.1})

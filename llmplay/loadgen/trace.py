@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmplay.errors import LlmplayError
-from llmplay.loadgen.tokenizer import Tokenizer
+from llmplay.loadgen.tokenizer import WORDS, Tokenizer, WordRatioTokenizer
 from llmplay.playbook.trace import read_window, replay_time_scale, scale_window
 from llmplay.spec import Workload
 
@@ -34,7 +34,7 @@ class BlockTexts:
     the same length) is the same text in every request, however the cache has evicted in between."""
 
     def __init__(self, tokenizer: Tokenizer, seed: int, max_cached_tokens: int = DEFAULT_CACHE_TOKENS):
-        self.tokenizer = tokenizer
+        self.tokenizer = _block_maker(tokenizer)
         self.seed = seed
         self.max_cached_tokens = max_cached_tokens
         self.cached_tokens = 0
@@ -56,6 +56,19 @@ class BlockTexts:
             _, (_, n) = self._cache.popitem(last=False)
             self.cached_tokens -= n
         return text
+
+
+def _block_maker(tokenizer: Tokenizer) -> Tokenizer:
+    """What writes block text: plain words when the engine's vocabulary holds every one of them as one token (words
+    are then exact and cost no call per block: a trace has tens of thousands of blocks, and an engine's tokenizer
+    answers over HTTP), else the engine's tokenizer itself, exact block by block."""
+    if not tokenizer.exact:
+        return tokenizer
+    try:
+        single = tokenizer.count(" ".join(WORDS)) == len(WORDS)
+    except LlmplayError:
+        return tokenizer  # it failed already: its own fallback (if any) takes over from here
+    return WordRatioTokenizer() if single and tokenizer.exact else tokenizer
 
 
 @dataclass(frozen=True)
