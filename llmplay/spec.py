@@ -130,6 +130,39 @@ class LengthDist:
 
 
 @dataclass(frozen=True)
+class TraceFacts:
+    """What the playbook loader measured on a trace's window, scaled as the workload says: the plan prints it and
+    the context check uses it without reading the file again. Lengths in tokens, times in trace seconds."""
+
+    requests: int  # rows in the window (warm-up included)
+    span_s: float  # trace time from the window's first request to its last
+    input_mean_tokens: float
+    output_mean_tokens: float
+    longest_input_tokens: int
+    longest_output_tokens: int
+    longest_line: int  # the line of the request with the most input + output tokens
+    longest_tokens: int  # that request's input + output tokens
+    prefix_reuse: float  # share of input tokens that repeat an earlier request's prefix (the hash ids say which)
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """workload.trace: a request trace replayed open loop at its (scaled) timestamps."""
+
+    file: str  # absolute path
+    format: str  # "mooncake" | "azure" | "burstgpt"
+    start_s: float = 0.0  # window start, trace seconds after the trace's first request
+    duration_s: float | None = None  # window length in trace seconds; None: to the end (or num_requests)
+    time_scale: float = 1.0  # multiplies every gap: 0.5 replays twice as fast (workload.rate sets it from a mean)
+    input_scale: float = 1.0
+    output_scale: float = 1.0
+    max_input_tokens: int | None = None  # cap after scaling, so long prompts fit the model's context
+    max_output_tokens: int | None = None
+    block_tokens: int = 512  # tokens per hash id in the trace; scaled with input_scale
+    facts: TraceFacts | None = None
+
+
+@dataclass(frozen=True)
 class Workload:
     api: str = "completions"  # "completions" | "chat"
     input: LengthDist = LengthDist("fixed", value=128)
@@ -153,6 +186,7 @@ class Workload:
     duration_s: float | None = None
     num_requests: int | None = None
     request_timeout_s: float = 120.0
+    trace: TraceSpec | None = None  # replay a trace: it gives each request's send time and lengths
 
 
 def gpu_count(gpus: int | Sequence[str] | None) -> int:

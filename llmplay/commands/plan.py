@@ -11,6 +11,7 @@ from llmplay.catalog import label_of
 from llmplay.errors import ExitCode
 from llmplay.plan import Config, Plan, SampleShortfall, build_plan, docker_run_argv, format_argv, sample_shortfalls
 from llmplay.playbook.load import load_playbook
+from llmplay.playbook.trace import describe_trace
 from llmplay.redaction import redact_text
 from llmplay.spec import LengthDist, Workload
 
@@ -36,6 +37,9 @@ def describe_length(dist: LengthDist) -> str:
 
 
 def describe_workload(w: Workload) -> str:
+    if w.trace is not None:
+        length = f"{w.num_requests} requests" + (f", at most {w.duration_s:g}s" if w.duration_s else "")
+        return f"{w.api}, {describe_trace(w)}, {length}, streaming {w.streaming_fraction:.0%}, seed {w.seed}"
     load = f"concurrency {w.concurrency} (closed loop)" if w.concurrency else f"rate {w.rate:g} req/s {w.arrival}"
     if w.sweep:
         load += f", sweep {list(w.sweep)}"

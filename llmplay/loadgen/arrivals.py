@@ -44,6 +44,12 @@ class RequestFeed:
         self._buf.extend(got)
         return got
 
+    async def upcoming(self) -> PlannedRequest | None:
+        """The next request without taking it, waiting for the drawing thread when the buffer has run dry."""
+        while self._seq is None and not self._buf and not self._exhausted:
+            await self._start_refill()
+        return self.peek()
+
     def peek(self) -> PlannedRequest | None:
         if self._seq is not None:
             return self._seq[self._pos] if self._pos < len(self._seq) else None
@@ -133,5 +139,36 @@ async def open_loop(
             task.add_done_callback(tasks.discard)
         if stop:
             break
+    if tasks:
+        await asyncio.gather(*tasks)
+
+
+async def trace_loop(sender: LoadSender, feed: RequestFeed, *, warmup: bool, until_ns: int | None) -> None:
+    """Trace replay, open loop: each request leaves at its own (scaled) arrival time, counted from the first
+    request of the phase, whether or not earlier ones finished."""
+    tasks: set[asyncio.Task[RequestRecord]] = set()
+    t0 = now_ns()
+    base_s: float | None = None
+    while True:
+        nxt = await feed.upcoming()
+        if nxt is None:
+            break
+        arrival_s = nxt.arrival_s or 0.0
+        base_s = arrival_s if base_s is None else base_s
+        at_ns = t0 + int((arrival_s - base_s) * 1e9)
+        if warmup:
+            if not nxt.is_warmup and (until_ns is None or at_ns >= until_ns):
+                break
+        elif until_ns is not None and at_ns >= until_ns:
+            break
+        # Re-check after waking: the loop's timers round to the millisecond and may fire early.
+        while (delay_ns := at_ns - now_ns()) > 0:
+            await asyncio.sleep(delay_ns / 1e9)
+        planned = await feed.next()
+        if planned is None:
+            break
+        task = asyncio.ensure_future(sender.send(planned, at_ns, warmup))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
     if tasks:
         await asyncio.gather(*tasks)

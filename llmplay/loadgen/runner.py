@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
@@ -10,11 +11,12 @@ from dataclasses import replace
 import httpx
 import numpy as np
 
-from llmplay.loadgen.arrivals import RequestFeed, closed_loop, open_loop
+from llmplay.loadgen.arrivals import RequestFeed, closed_loop, open_loop, trace_loop
 from llmplay.loadgen.clock import now_ns
 from llmplay.loadgen.records import LoadResult, RequestRecord
 from llmplay.loadgen.send import LoadSender
 from llmplay.loadgen.tokenizer import FallbackTokenizer, Tokenizer, WordRatioTokenizer
+from llmplay.loadgen.trace import prefetch_requests
 from llmplay.loadgen.transport import StreamingTransport
 from llmplay.loadgen.workload import PlannedRequest
 from llmplay.spec import Workload
@@ -67,15 +69,20 @@ async def run_load(
     num_requests are done or duration_s has passed. Every request sent yields exactly one record.
 
     transport: the StreamingTransport `client` was built on, to send straight to it (see LoadSender)."""
-    if (workload.concurrency is None) == (workload.rate is None):
+    # A trace under a concurrency (a capacity search over users) is sent closed loop, in its order.
+    if (workload.concurrency is None) == (workload.rate is None) and (workload.trace is None or workload.rate):
         raise ValueError("workload needs exactly one of concurrency (closed loop) or rate (open loop)")
     mode = "closed" if workload.concurrency is not None else "open"
     ahead = (workload.concurrency or 0) * 4 + int((workload.rate or 0) * 4) + workload.warmup_requests
-    feed = RequestFeed(requests, ahead)
+    feed = RequestFeed(requests, max(ahead, prefetch_requests(workload)))
     sender = LoadSender(client, base_url, workload, transport)
     arrival_rng = np.random.default_rng([workload.seed, 7])
     show = progress and sys.stderr.isatty()
     bar: asyncio.Task[None] | None = None
+    # What exists now (prompts, client, tokenizer) lives through the run: a full collection walking it mid-run
+    # stalls the loop for tens of milliseconds at a few thousand requests, each one schedule lag.
+    gc.collect()
+    gc.freeze()
     t_warm = start_ns = now_ns()
     interrupted = False
     try:
@@ -83,6 +90,8 @@ async def run_load(
             until = t_warm + int(workload.warmup_s * 1e9) if workload.warmup_s else None
             if mode == "closed":
                 await closed_loop(sender, feed, workload.concurrency or 1, warmup=True, until_ns=until)
+            elif workload.trace is not None:
+                await trace_loop(sender, feed, warmup=True, until_ns=until)
             else:
                 await open_loop(sender, feed, arrival_rng, warmup=True, until_ns=until)
         start_ns = now_ns()
@@ -91,12 +100,15 @@ async def run_load(
             bar = asyncio.ensure_future(_progress_loop(sender, workload.num_requests, workload.duration_s, start_ns))
         if mode == "closed":
             await closed_loop(sender, feed, workload.concurrency or 1, warmup=False, until_ns=until)
+        elif workload.trace is not None:
+            await trace_loop(sender, feed, warmup=False, until_ns=until)
         else:
             await open_loop(sender, feed, arrival_rng, warmup=False, until_ns=until)
         end_wall = now_ns()
     except asyncio.CancelledError:
         interrupted, end_wall = True, now_ns()
     finally:
+        gc.unfreeze()
         if bar is not None:
             bar.cancel()
             await asyncio.gather(bar, return_exceptions=True)

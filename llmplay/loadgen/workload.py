@@ -12,6 +12,7 @@ import numpy as np
 
 from llmplay.errors import LlmplayError, PlaybookError
 from llmplay.loadgen.tokenizer import Tokenizer
+from llmplay.loadgen.trace import iter_trace_prompts
 from llmplay.playbook.dataset import read_dataset
 from llmplay.spec import LengthDist, Workload
 
@@ -43,6 +44,7 @@ class PlannedRequest:
     stream: bool
     is_warmup: bool
     model: str
+    arrival_s: float | None = None  # trace replay: send time, seconds after the trace window's first request
 
     def body(self, *, temperature: float, ignore_eos: bool) -> dict[str, Any]:
         """The OpenAI JSON body for this request."""
@@ -163,6 +165,9 @@ _PURPOSE_PLAN, _PURPOSE_TEXT, _PURPOSE_PREFIX, _PURPOSE_DATASET, _PURPOSE_REPLY 
 def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Iterator[PlannedRequest]:
     """Every request the workload can send, in order: warm-up first, then measured; endless when
     the workload is bounded by duration_s instead of num_requests. Deterministic from workload.seed."""
+    if workload.trace is not None:
+        yield from _trace_requests(workload, tokenizer, model)
+        return
     total: int | None = None
     if workload.num_requests is not None:
         total = workload.warmup_requests + workload.num_requests
@@ -229,6 +234,28 @@ def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Itera
                 reply = tokenizer.make_text(max_tokens, _sub_rng(workload.seed, _PURPOSE_REPLY, conv, turn))
                 history.append((user_text, reply))
                 history_tokens += user_tokens + max_tokens
+
+
+def _trace_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Iterator[PlannedRequest]:
+    """A trace's window as planned requests: one single-turn request per row, sent at its (scaled) time."""
+    for p in iter_trace_prompts(workload, tokenizer):
+        stream = bool(_sub_rng(workload.seed, _PURPOSE_PLAN, p.index).random() < workload.streaming_fraction)
+        chat = workload.api == "chat"
+        yield PlannedRequest(
+            index=p.index,
+            conversation_id=p.index,
+            group_id=p.group_id,
+            turn=0,
+            prompt=None if chat else p.text,
+            messages=(("user", p.text),) if chat else None,
+            input_tokens_target=p.input_tokens_target,
+            input_tokens=tokenizer.count(p.text),
+            max_tokens=workload.max_tokens if workload.max_tokens is not None else p.output_tokens,
+            stream=stream,
+            is_warmup=p.index < workload.warmup_requests,
+            model=model,
+            arrival_s=p.arrival_s,
+        )
 
 
 def build_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> tuple[PlannedRequest, ...]:

@@ -15,6 +15,7 @@ from llmplay.playbook.dataset import DatasetProblems, DatasetRow, read_dataset
 from llmplay.playbook.problems import Problems, did_you_mean
 from llmplay.playbook.schema import value_problems
 from llmplay.playbook.source import YamlPath, display_path
+from llmplay.playbook.trace import EXPECTED, apply_trace
 from llmplay.spec import (
     Change,
     Cost,
@@ -89,7 +90,13 @@ class PromptFiles:
 
 
 def prompt_file(
-    written: str, what: str, base_dir: Path, files: PromptFiles, path: YamlPath, problems: Problems
+    written: str,
+    what: str,
+    base_dir: Path,
+    files: PromptFiles,
+    path: YamlPath,
+    problems: Problems,
+    expected: str = "a JSONL file",
 ) -> Path | None:
     """The file a playbook names, relative to it; like `extends:`, it must stay inside the playbook's directory
     tree, so a shared playbook cannot send /etc/shadow (or ../../secrets) to an engine as prompts."""
@@ -103,7 +110,7 @@ def prompt_file(
         return None
     if not resolved.exists():
         problems.add(
-            path, f"{what} '{written}' not found (looked for {display_path(str(resolved))}); expected a JSONL file"
+            path, f"{what} '{written}' not found (looked for {display_path(str(resolved))}); expected {expected}"
         )
         return None
     return resolved
@@ -129,16 +136,17 @@ def parse_workload(
     """The workload, with the rules the schema cannot say (one load kind, a length, a dataset that exists inside the
     playbook's tree and parses, line by line)."""
     files = files if files is not None else PromptFiles(None)
+    traced = "trace" in raw  # a trace brings its own arrivals and length (playbook/trace.py checks what it owns)
     if raw.get("concurrency") is not None and raw.get("rate") is not None:
         problems.add(
             (*path, "rate"),
             "both concurrency and rate are set; expected one: concurrency (closed loop) or rate (open loop, req/s)",
         )
-    if raw.get("concurrency") is None and raw.get("rate") is None:
+    if raw.get("concurrency") is None and raw.get("rate") is None and not traced:
         problems.add(path, "no load given; expected concurrency: N (closed loop) or rate: R req/s (open loop)")
-    if raw.get("duration") is None and raw.get("num_requests") is None:
+    if raw.get("duration") is None and raw.get("num_requests") is None and not traced:
         problems.add(path, "no length given; expected duration: 60s or num_requests: N")
-    if "arrival" in raw and raw.get("rate") is None:
+    if "arrival" in raw and raw.get("rate") is None and not traced:
         problems.add((*path, "arrival"), "arrival applies to open-loop load; expected rate: R alongside it")
     dataset = raw.get("dataset")
     if dataset is not None:
@@ -152,7 +160,7 @@ def parse_workload(
             )
         dataset = str(resolved or (base_dir / dataset).resolve())
     defaults = Workload()
-    return Workload(
+    workload = Workload(
         api=raw.get("api", defaults.api),
         input=parse_length(raw["input"], (*path, "input"), problems) if "input" in raw else defaults.input,
         output=parse_length(raw["output"], (*path, "output"), problems) if "output" in raw else defaults.output,
@@ -176,6 +184,13 @@ def parse_workload(
         num_requests=raw.get("num_requests"),
         request_timeout_s=parse_duration(raw, "request_timeout", path, problems, 120.0) or 120.0,
     )
+    if traced:
+        fpath = (*path, "trace", "file")
+        file = prompt_file(
+            raw["trace"]["file"], "trace", base_dir, files, fpath, problems, EXPECTED[raw["trace"]["format"]]
+        )
+        workload = apply_trace(workload, raw, file, path, problems)
+    return workload
 
 
 def parse_engine(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problems: Problems) -> EngineSpec:

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from llmplay.engines.base import Engine
 from llmplay.playbook.dataset import DatasetRow
 from llmplay.playbook.problems import Problems
-from llmplay.playbook.source import YamlPath
-from llmplay.spec import Config, LengthDist, Playbook, apply_step
+from llmplay.playbook.source import YamlPath, display_path
+from llmplay.spec import Config, LengthDist, Playbook, Workload, apply_step
 
 
 def check_configurations(playbook: Playbook, engine: Engine, dataset: Sequence[DatasetRow], problems: Problems) -> None:
@@ -44,6 +44,9 @@ def _check(
     limit = engine.context_tokens(config.engine.args)
     if limit is None:
         return
+    if w.trace is not None:
+        _check_trace(w, limit.tokens, limit.because, path, where, problems)
+        return
     output: int | None
     if w.max_tokens is not None:
         output = w.max_tokens
@@ -68,4 +71,21 @@ def _check(
             path,
             f"{where}the longest request holds {need} tokens ({' + '.join(parts)}); expected at most "
             f"{limit.tokens}, the context one request gets with {limit.because}",
+        )
+
+
+def _check_trace(w: Workload, limit: int, because: str, path: YamlPath, where: str, problems: Problems) -> None:
+    """The trace's longest request after scaling (the loader measured it) must fit: named by the trace's line."""
+    facts = w.trace.facts if w.trace is not None else None
+    if facts is None:
+        return
+    output = facts.longest_output_tokens if w.max_tokens is None else w.max_tokens
+    need = facts.longest_tokens if w.max_tokens is None else facts.longest_input_tokens + w.max_tokens
+    if need > limit:
+        assert w.trace is not None
+        problems.add(
+            (*path, "trace") if path == ("workload",) else path,
+            f"{where}{display_path(w.trace.file)}:{facts.longest_line}: a request holds {need} tokens after scaling "
+            f"(up to input {facts.longest_input_tokens} + output {output}); expected at most {limit}, the context one "
+            f"request gets with {because}: lower trace.input_scale or set trace.max_input_tokens / max_output_tokens",
         )

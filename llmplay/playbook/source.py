@@ -154,19 +154,9 @@ def read_bounded(path: Path, limit: int, expected: str) -> bytes:
     and no more than limit + 1 bytes are ever read (a /proc file says 0 bytes and holds more).
     """
     shown = display_path(str(path))
-    try:
-        before = os.stat(path)
-        if not stat.S_ISREG(before.st_mode):
-            raise PlaybookError(f"{shown}: not a regular file ({_file_kind(before.st_mode)}); expected {expected}")
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise PlaybookError(f"{shown}: no such file; expected {expected}") from None
-    except OSError as exc:
-        raise PlaybookError(f"{shown}: cannot read ({exc.strerror}); expected {expected}") from None
+    fd = open_regular(path, expected)
     try:
         opened = os.fstat(fd)
-        if not stat.S_ISREG(opened.st_mode):
-            raise PlaybookError(f"{shown}: not a regular file ({_file_kind(opened.st_mode)}); expected {expected}")
         if opened.st_size > limit:
             raise PlaybookError(f"{shown}: file is {opened.st_size} bytes; expected at most {limit}")
         chunks, size = [], 0
@@ -183,6 +173,30 @@ def read_bounded(path: Path, limit: int, expected: str) -> bytes:
     if size > limit:
         raise PlaybookError(f"{shown}: file is more than {limit} bytes; expected at most {limit}")
     return b"".join(chunks)
+
+
+def open_regular(path: Path, expected: str) -> int:
+    """A read-only descriptor on a regular file (after links), opened without blocking and checked again once open,
+    so neither a FIFO nor a device swapped in between is ever read; anything else is a one-line PlaybookError."""
+    shown = display_path(str(path))
+    try:
+        before = os.stat(path)
+        if not stat.S_ISREG(before.st_mode):
+            raise PlaybookError(f"{shown}: not a regular file ({_file_kind(before.st_mode)}); expected {expected}")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise PlaybookError(f"{shown}: no such file; expected {expected}") from None
+    except OSError as exc:
+        raise PlaybookError(f"{shown}: cannot read ({exc.strerror}); expected {expected}") from None
+    try:
+        opened = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise PlaybookError(f"{shown}: cannot read ({exc.strerror}); expected {expected}") from None
+    if not stat.S_ISREG(opened.st_mode):
+        os.close(fd)
+        raise PlaybookError(f"{shown}: not a regular file ({_file_kind(opened.st_mode)}); expected {expected}")
+    return fd
 
 
 def _file_kind(mode: int) -> str:
