@@ -42,10 +42,13 @@ from llmplay.tuning.decide import (
     TrialSample,
     compare_metric,
     decide_step,
+    decision_level,
     metric_value,
 )
 from llmplay.tuning.intervals import Effect, paired_effect, sequential_level
 
+# Ordered knobs with at least this many values are bracketed (SearchDesign.bracket).
+BRACKET_FROM = 7
 # Round phases: racing the candidates, then the winner's fixed confirmation pairs.
 RACE, CONFIRM = "race", "confirm"
 # Why a value left the race (ValueOutcome.status).
@@ -237,10 +240,13 @@ class ValueSearch:
 
     # ------------------------------------------------------------------------------------------ bracketing
     def _initial(self) -> list[int]:
+        """Every value, or for a long ordered range four spread over it: a value that joins late runs its first
+        rounds after the others, so below BRACKET_FROM values bracketing costs more rounds than it saves."""
         k = len(self.values)
-        if not (self.ordered and self.design.bracket) or k <= 4:
+        if not (self.ordered and self.design.bracket) or k < BRACKET_FROM:
             return list(range(k))
-        return sorted({0, (k - 1) // 2, k - 1})
+        ranked = sorted(range(k), key=lambda i: self.values[i])  # type: ignore[arg-type, return-value]
+        return sorted({ranked[round(x)] for x in np.linspace(0, k - 1, 4)})
 
     def _enter(self, indexes: Sequence[int]) -> None:
         for i in indexes:
@@ -271,6 +277,23 @@ class ValueSearch:
             max_repeats=d.max_rounds + d.confirm_rounds,
             confidence=1.0 - share,
         )
+
+    def _may_decide(self, a: Sequence[TrialSample], b: Sequence[TrialSample], trials: Trials) -> bool:
+        """Whether decide_step could return more than inconclusive: always with guards; without them only when the
+        objective's interval at the look's level already clears 0 or falls short of min_effect. A shortcut that
+        saves the full decision (every recorded metric) at looks that cannot decide."""
+        if self.goals.guards:
+            return True
+        xa = [metric_value([s], self.metric) for s in a]
+        xb = [metric_value([s], self.metric) for s in b]
+        if any(x is None for x in (*xa, *xb)):
+            return True
+        effect = paired_effect(xa, xb, decision_level(trials, len(a)))  # type: ignore[arg-type]
+        if effect.low is None or effect.high is None:
+            return True
+        sign = -1.0 if self.lower_better else 1.0
+        low, high = sorted((sign * effect.low, sign * effect.high))
+        return low > 0 or high < self.goals.objective.min_effect
 
     def _gain_log(self, i: int) -> float | None:
         """The mean per-pair log ratio against the incumbent, in the good direction."""
@@ -312,6 +335,9 @@ class ValueSearch:
         ready = [i for i in self._active if len(self._pairs(i)[0]) >= self.design.first_rounds]
         for i in ready:
             a, b = self._pairs(i)
+            if not self._may_decide(a, b, trials):
+                self._decisions.pop(i, None)
+                continue
             decision = decide_step(a, b, self.goals, trials)
             self._decisions[i] = decision
             if decision.verdict == REJECTED:
@@ -340,6 +366,9 @@ class ValueSearch:
             self._finish(INCONCLUSIVE, "no value has a measured objective", None)
             return
         decision = self._decisions.get(pick)
+        if decision is None and self._pairs(pick)[0]:
+            decision = decide_step(*self._pairs(pick), self.goals, trials)  # its advice on more pairs is needed
+            self._decisions[pick] = decision
         kept = decision is not None and decision.verdict == KEPT
         # The confirmation pairs are the design's last looks: a leader they could still carry over the line runs
         # them too (the gain is then estimated from pairs that also decided the keep, which the bias figures of
@@ -388,7 +417,7 @@ class ValueSearch:
                     return
             if len(self._entered) == len(self.values):
                 self.unimodal = True
-        if leader is not None and self._round >= self.design.first_rounds:
+        if leader is not None:
             self._enter(self._joinable(leader))
 
     def _after_confirm(self) -> None:
