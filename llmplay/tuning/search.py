@@ -295,6 +295,23 @@ class ValueSearch:
         low, high = sorted((sign * effect.low, sign * effect.high))
         return low > 0 or high < self.goals.objective.min_effect
 
+    def _futile(self, i: int) -> str | None:
+        """Why value i cannot beat the incumbent by min_effect, shown at drop_confidence (None: not shown). Dropping
+        for futility never makes a keep more likely, so, like a drop against the leader, it needs no share of the
+        error rate; it costs power only, and the search's "rejected" rests on it."""
+        a = _objective_per_round(self._incumbent, self.metric)
+        b = _objective_per_round(self._samples.get(self.values[i], {}), self.metric)
+        common = sorted(set(a) & set(b))
+        if len(common) < self.design.first_rounds:
+            return None
+        effect = paired_effect([a[r] for r in common], [b[r] for r in common], self.design.drop_confidence)
+        if not self._shown_worse(effect, self.goals.objective.min_effect):
+            return None
+        return (
+            f"{self.metric} {effect.rel:+.1%} [{effect.low:+.1%}, {effect.high:+.1%}] against the incumbent "
+            f"({self.design.drop_confidence:.0%}): cannot reach the {self.goals.objective.min_effect:.0%} minimum effect"
+        )
+
     def _gain_log(self, i: int) -> float | None:
         """The mean per-pair log ratio against the incumbent, in the good direction."""
         a = _objective_per_round(self._incumbent, self.metric)
@@ -342,6 +359,10 @@ class ValueSearch:
             self._decisions[i] = decision
             if decision.verdict == REJECTED:
                 self._drop(i, DROPPED_VS_INCUMBENT, number, decision.reason)
+        for i in [i for i in ready if i in self._active]:
+            futile = self._futile(i)
+            if futile:
+                self._drop(i, DROPPED_VS_INCUMBENT, number, futile)
         scored = [(g, i) for i in self._active if (g := self._gain_log(i)) is not None]
         leader = max(scored)[1] if scored else None
         if leader is not None:
@@ -410,8 +431,10 @@ class ValueSearch:
     def _bracket(self, leader: int | None) -> None:
         order = self._order()
         if len(order) >= 3 and self.unimodal is not False:
-            for left, mid, right in zip(order, order[1:], order[2:], strict=False):
-                if self._shown_worse(self._versus(left, mid)) and self._shown_worse(self._versus(right, mid)):
+            for at, mid in enumerate(order):
+                if any(self._shown_worse(self._versus(x, mid)) for x in order[:at]) and any(
+                    self._shown_worse(self._versus(x, mid)) for x in order[at + 1 :]
+                ):
                     self.unimodal = False  # a dip between two measured values: more than one peak
                     self._enter(range(len(self.values)))
                     return
