@@ -46,6 +46,9 @@ def test_a_clear_peak_is_found_confirmed_and_costs_less_than_the_grid():
     assert result.engine_s < result.grid_engine_s
     assert [v.status for v in result.values if v.value == 64] == [WINNER]
     assert "Bonferroni over 5 value(s)" in result.familywise
+    winner = search.samples_of(Arm(64))
+    assert [s.repeat for s in winner] == sorted(s.repeat for s in winner)
+    assert len(search.samples_of(Arm(None, incumbent=True))) == result.rounds
 
 
 def test_every_round_starts_with_the_incumbent_in_a_seeded_order_and_confirms_only_the_winner():

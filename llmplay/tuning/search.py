@@ -45,7 +45,7 @@ from llmplay.tuning.decide import (
     decision_level,
     metric_value,
 )
-from llmplay.tuning.intervals import Effect, paired_effect, sequential_level
+from llmplay.tuning.intervals import Effect, paired_effect
 
 # Ordered knobs with at least this many values are bracketed (SearchDesign.bracket).
 BRACKET_FROM = 7
@@ -218,6 +218,12 @@ class ValueSearch:
             self._received = set()
         return self._pending
 
+    def samples_of(self, arm: Arm) -> tuple[TrialSample, ...]:
+        """Every successful trial of `arm` so far, by round: what the gates, the tuning record and the value chart
+        of that configuration are computed from."""
+        store = self._incumbent if arm.incumbent else self._samples.get(arm.value, {})
+        return tuple(store[r] for r in sorted(store))
+
     def record(self, number: int, arm: Arm, sample: TrialSample | None, engine_s: float | None = None) -> None:
         """One trial of round `number` (None: it failed; its pairs are left out). `engine_s`: the engine time it
         took (start to stop); its load duration when not given."""
@@ -355,10 +361,10 @@ class ValueSearch:
             if not self._may_decide(a, b, trials):
                 self._decisions.pop(i, None)
                 continue
-            decision = decide_step(a, b, self.goals, trials)
-            self._decisions[i] = decision
-            if decision.verdict == REJECTED:
-                self._drop(i, DROPPED_VS_INCUMBENT, number, decision.reason)
+            judged = decide_step(a, b, self.goals, trials)
+            self._decisions[i] = judged
+            if judged.verdict == REJECTED:
+                self._drop(i, DROPPED_VS_INCUMBENT, number, judged.reason)
         for i in [i for i in ready if i in self._active]:
             futile = self._futile(i)
             if futile:
