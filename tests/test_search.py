@@ -265,3 +265,11 @@ def test_bad_search_is_refused_with_file_line_and_path(tmp_path, steps, line, fr
 def test_the_range_limit_is_configurable(tmp_path):
     pb, _ = load(tmp_path, "  - name: s\n    max_candidates: 40\n    search:\n      parallel: {from: 1, to: 32}\n")
     assert pb.steps[0].search is not None and len(pb.steps[0].search.values) == 32
+
+
+def test_a_strict_early_look_caps_the_bound_instead_of_raising():
+    # A search's first looks sit at levels like 1 - 1e-9 with two degrees of freedom: the log bound passes 700.
+    from llmplay.tuning.intervals import paired_effect
+
+    effect = paired_effect([1.0, 1.0, 1.0], [1.0, 2.0, 0.5], 1 - 1e-12)
+    assert effect.high is not None and math.isfinite(effect.high) and effect.low is not None and effect.low > -1.0001
