@@ -16,9 +16,13 @@ Reported per scenario:
 - right: share of searches whose declared winner is the true best or within min_effect of it (flat: share with
   no winner, the procedure's right answer)
 - false kept: share of flat searches that declare a winner
-- bias: mean of (reported gain - true gain) of the winner, in points, for the re-estimated gain the result reports,
-  and beside it for the gain over every pair of the winner (what selection does to an estimate)
-- engine: engine time relative to a grid of every value and the incumbent for max_rounds rounds
+- bias: mean of (reported gain - true gain) of the winner, in points, with its standard error, for the gain the
+  result reports (re-estimated from the confirmation pairs), and beside it (sel. bias) for the gain over every pair
+  of the winner, race included: what selection does to an estimate
+- kept: share of searches that declare a winner at all
+- engine/grid: engine time relative to a grid giving every value and the incumbent as many trials as the search
+  gave its most-measured value (the same trials per value); /max grid: relative to a grid of max_rounds rounds
+  (plus the confirmation pairs when there is a winner)
 
     PYTHONPATH=. .venv/bin/python benchmarks/search.py              # the table (about 3 minutes, one core)
     PYTHONPATH=. .venv/bin/python benchmarks/search.py --reps 100   # quicker, noisier
@@ -73,9 +77,11 @@ class Outcome:
     rounds: int
 
 
-def one_search(mu: np.ndarray, sigma: float, rng: np.random.Generator, seed: int) -> Outcome:
+def one_search(
+    mu: np.ndarray, sigma: float, rng: np.random.Generator, seed: int, design: SearchDesign = DESIGN
+) -> Outcome:
     values = [int(8 * 2**i) if len(mu) <= 5 else int(8 * (i + 1)) for i in range(len(mu))]
-    search = ValueSearch(values, GOALS, DESIGN, ordered=True, seed=seed)
+    search = ValueSearch(values, GOALS, design, ordered=True, seed=seed)
     while (rnd := search.next_round()) is not None:
         drift = ROUND_DRIFT * rng.standard_normal()
         for arm in rnd.arms:
@@ -96,10 +102,10 @@ def one_search(mu: np.ndarray, sigma: float, rng: np.random.Generator, seed: int
     )
 
 
-def scenario(shape: str, k: int, sigma: float, reps: int, seed: int) -> dict[str, float]:
+def scenario(shape: str, k: int, sigma: float, reps: int, seed: int, design: SearchDesign = DESIGN) -> dict[str, float]:
     mu = curve(shape, k)
     rng = np.random.default_rng(seed)
-    outs = [one_search(mu, sigma, rng, seed * 100_000 + r) for r in range(reps)]
+    outs = [one_search(mu, sigma, rng, seed * 100_000 + r, design) for r in range(reps)]
     best = float(mu.max())
     won = [o for o in outs if o.winner is not None]
     if shape == "flat":

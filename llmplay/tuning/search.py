@@ -8,21 +8,25 @@ Statistics are the step's own (tuning.decide, tuning.intervals); this module onl
 - Error control over candidates and looks: each value is judged against the incumbent by `decide_step` with a
   Bonferroni share of the run's error rate ((1 - confidence) / m for m candidates, the first step of Holm's
   procedure, which is all a single winner needs), inside the O'Brien-Fleming sequential boundary that
-  `sequential_level` calibrates over every look of the search (first_rounds .. max_rounds + confirm_rounds). A
+  `sequential_level` calibrates over every look of the race (first_rounds .. max_rounds). A
   value is kept only by that rule, so with no real gain anywhere a winner is declared at most (1 - confidence) / 2
   of the time, over all candidates and looks. Guards are judged inside the same call, as for any step.
 - Racing (successive elimination): a value leaves the race when `decide_step` rejects it against the incumbent
-  (shown worse, shown unable to reach min_effect, or a guard shown beyond its tolerance), or when the current
-  leader is shown better than it (paired interval on the rounds both ran, at the run's confidence inside the same
-  sequential boundary). Dropping a value costs power only, never the error rate of a keep: keeps are judged
-  against the incumbent alone.
-- Ordered knobs (numbers) are bracketed: the race starts with the ends and the middle of the range, and a value
-  joins when it neighbours the current leader, so a unimodal response is found without measuring its far side.
-  The shape is checked every round: a value shown worse than a measured value on each side of it means more than
-  one peak, and then every value joins.
-- Honest effect: once one value is left and kept, it runs `confirm_rounds` more pairs with the incumbent, a fixed
-  number with no stopping rule, and the reported gain is estimated from those pairs only (they took no part in
-  selecting it). With confirm_rounds 0 the gain comes from the selecting pairs, and the result says it is not
+  (a guard shown beyond its tolerance, or the objective shown worse), when its paired interval against the
+  incumbent at drop_confidence shows it cannot reach min_effect, or when its paired interval against the current
+  leader (the rounds both ran) shows it cannot beat the leader by min_effect: choosing either is then right within
+  min_effect, the indifference zone of ranking and selection. Dropping a value costs power only, never the error
+  rate of a keep (keeps are judged against the incumbent alone, at the familywise level), so drops use the plain
+  drop_confidence at every look; a wrong drop of a value that was in fact better is measured by the benchmark's
+  "right" column, not promised.
+- Ordered knobs (numbers) with at least BRACKET_FROM values are bracketed: the race starts with four values spread
+  over the range, and a value joins when it neighbours the current leader, so a unimodal response is found
+  without measuring its far side. The shape is checked every round: a value shown worse than a measured value on
+  each side of it means more than one peak, and then every value joins (`unimodal` False in the result).
+- Honest effect: once a value has won the race (kept against the incumbent, the others dropped), it runs
+  `confirm_rounds` more pairs with the incumbent, a fixed number with no stopping rule, and the reported gain is
+  estimated from those pairs only: they took no part in selecting it nor in keeping it, so the winner's curse
+  does not reach them. With confirm_rounds 0 the gain comes from the selecting pairs, and the result says it is not
   corrected for selection.
 """
 
@@ -280,7 +284,7 @@ class ValueSearch:
             repeats=d.first_rounds,
             interleave=True,
             sequential=True,
-            max_repeats=d.max_rounds + d.confirm_rounds,
+            max_repeats=self.design.max_rounds,
             confidence=1.0 - share,
         )
 
@@ -397,15 +401,7 @@ class ValueSearch:
             decision = decide_step(*self._pairs(pick), self.goals, trials)  # its advice on more pairs is needed
             self._decisions[pick] = decision
         kept = decision is not None and decision.verdict == KEPT
-        # The confirmation pairs are the design's last looks: a leader they could still carry over the line runs
-        # them too (the gain is then estimated from pairs that also decided the keep, which the bias figures of
-        # benchmarks/search.py include).
-        near = (
-            decision is not None
-            and decision.more_trials_needed is not None
-            and decision.more_trials_needed <= self.design.confirm_rounds
-        )
-        if kept or (near and self._rounds_in[pick] >= self.design.max_rounds):
+        if kept:
             self._winner = pick
             if self.design.confirm_rounds > 0:
                 self._confirm_from = self._round + 1
@@ -452,13 +448,9 @@ class ValueSearch:
     def _after_confirm(self) -> None:
         winner = self._winner
         assert winner is not None
-        a, b = self._pairs(winner)
-        decision = decide_step(a, b, self.goals, self._race_trials())
-        self._decisions[winner] = decision
-        if decision.verdict == KEPT:
-            self._finish(KEPT, decision.reason, winner)
-        else:
-            self._finish(decision.verdict, f"{self.values[winner]!r} led the race; {decision.reason}", winner)
+        # The keep was decided by the race; the confirmation pairs only measure the gain, so that estimate is not
+        # read only where it helped keep the value (which would bias it up whenever the keep was marginal).
+        self._finish(KEPT, self._decisions[winner].reason, winner)
 
     def _finish(self, verdict: str, reason: str, pick: int | None) -> None:
         self._verdict = (verdict, reason)
@@ -518,6 +510,6 @@ class ValueSearch:
             unimodal=self.unimodal,
             familywise=(
                 f"Bonferroni over {m} value(s) ({(1 - d.confidence) / max(m, 1):.2%} each), inside one "
-                f"O'Brien-Fleming sequential boundary over rounds {d.first_rounds}..{d.max_rounds + d.confirm_rounds}"
+                f"O'Brien-Fleming sequential boundary over rounds {d.first_rounds}..{d.max_rounds}"
             ),
         )
