@@ -24,7 +24,7 @@ Reported per scenario:
   gave its most-measured value (the same trials per value); /max grid: relative to a grid of max_rounds rounds
   (plus the confirmation pairs when there is a winner)
 
-    PYTHONPATH=. .venv/bin/python benchmarks/search.py              # the table (about 3 minutes, one core)
+    PYTHONPATH=. .venv/bin/python benchmarks/search.py              # the table (250 searches a row, 2.5 min CPU)
     PYTHONPATH=. .venv/bin/python benchmarks/search.py --reps 100   # quicker, noisier
 """
 
@@ -128,7 +128,7 @@ def scenario(shape: str, k: int, sigma: float, reps: int, seed: int, design: Sea
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=300)
+    parser.add_argument("--reps", type=int, default=250)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     d = DESIGN
