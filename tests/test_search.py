@@ -273,3 +273,14 @@ def test_a_strict_early_look_caps_the_bound_instead_of_raising():
 
     effect = paired_effect([1.0, 1.0, 1.0], [1.0, 2.0, 0.5], 1 - 1e-12)
     assert effect.high is not None and math.isfinite(effect.high) and effect.low is not None and effect.low > -1.0001
+
+
+def test_plan_shows_the_values_a_step_searches(tmp_path):
+    from click.testing import CliRunner
+
+    from llmplay.cli import cli
+
+    _, f = load(tmp_path, "  - name: slots\n    search: {parallel: [1, 2, 4]}\n")
+    result = CliRunner().invoke(cli, ["plan", str(f)])
+    assert result.exit_code == 0, result.output
+    assert "searches args.parallel over 1, 2, 4" in result.output
