@@ -233,13 +233,24 @@ class Change:
 
 
 @dataclass(frozen=True)
+class SearchSpace:
+    """A search step's one knob (a Change target) and its candidate values, in the order written (a range: rising).
+    `ordered`: numbers, whose order a search may use (bracketing); otherwise the values are unordered choices."""
+
+    target: str
+    values: tuple[Scalar, ...]
+    ordered: bool
+
+
+@dataclass(frozen=True)
 class Step:
     name: str
-    changes: tuple[Change, ...]
+    changes: tuple[Change, ...]  # empty for a search step: its value is chosen by the search
     bundle: bool = False
     carry: str = "if_kept"  # always | if_kept | never
     description: str = ""
     line: int = 0
+    search: SearchSpace | None = None
 
 
 @dataclass(frozen=True)

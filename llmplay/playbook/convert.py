@@ -14,6 +14,7 @@ from llmplay.playbook.credentials import check_args, check_env, check_env_value,
 from llmplay.playbook.dataset import DatasetProblems, DatasetRow, read_dataset
 from llmplay.playbook.problems import Problems, did_you_mean
 from llmplay.playbook.schema import value_problems
+from llmplay.playbook.search import search_step
 from llmplay.playbook.source import YamlPath, display_path
 from llmplay.playbook.trace import EXPECTED, apply_trace
 from llmplay.spec import (
@@ -235,6 +236,9 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
         if item["name"] in names:
             problems.add((*spath, "name"), f"step name '{item['name']}' is used twice; expected unique names")
         names.add(item["name"])
+        if "search" in item or "set" not in item:
+            steps.append(search_step(item, spath, WORKLOAD_FIELDS, problems))
+            continue
         changes = []
         for key, value in item["set"].items():
             key = str(key)

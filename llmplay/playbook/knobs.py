@@ -8,6 +8,7 @@ from llmplay.engines import get_engine
 from llmplay.engines.base import BadKnobValue, Engine
 from llmplay.errors import PlaybookError
 from llmplay.playbook.problems import Problems, did_you_mean, short_repr
+from llmplay.playbook.search import search_knobs
 from llmplay.playbook.source import SourceMap, YamlPath, display_path, format_path
 from llmplay.spec import Change, Config, Playbook, Scalar, apply_step, show_value
 
@@ -56,6 +57,8 @@ def _knobs_written(playbook: Playbook, sources: SourceMap) -> Iterator[tuple[Yam
         for change in step.changes:
             if change.target.startswith("args."):
                 yield _step_path(i, change, sources), change.target.removeprefix("args."), change.value
+        if step.search is not None and step.search.target.startswith("args."):
+            yield from search_knobs(i, step.search, sources)
 
 
 def _step_path(index: int, change: Change, sources: SourceMap) -> YamlPath:

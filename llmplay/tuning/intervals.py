@@ -70,6 +70,16 @@ class Effect:
     noise: Noise | None = None  # its own units' spread (paired, log scale), what later steps may borrow
 
 
+# Past this a log ratio's bound is no longer a number expm1 can return; a bound that far out means "anything".
+_MAX_LOG = 700.0
+
+
+def _rel(log_ratio: float) -> float:
+    """exp(x) - 1 for a bound on the log scale; a sequential look's extreme level with few units can put it past
+    what a float holds, where the bound is capped instead of raising."""
+    return math.expm1(min(log_ratio, _MAX_LOG))
+
+
 def _t(level: float, df: float) -> float:
     return float(stats.t.ppf(0.5 + level / 2, df))
 
@@ -97,9 +107,7 @@ def paired_effect(a: Sequence[float], b: Sequence[float], level: float, borrow: 
             method = f"{PAIRED_LOG}, variance moderated over {len(borrow) + 1} steps (df {df:.3g})"
         se = math.sqrt(var / n)
         half = _t(level, df) * se
-        return Effect(
-            math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half), n, method, level, se, df, noise=own
-        )
+        return Effect(math.expm1(mean), _rel(mean - half), _rel(mean + half), n, method, level, se, df, noise=own)
     return _difference(vb - va, float(va.mean()), n, PAIRED_DIFF, level, n - 1)
 
 
@@ -121,9 +129,7 @@ def welch_effect(a: Sequence[float], b: Sequence[float], level: float) -> Effect
     df = (qa + qb) ** 2 / (qa**2 / (xa.size - 1) + qb**2 / (xb.size - 1)) if se > 0 else float(xa.size + xb.size - 2)
     if log:
         half = _t(level, df) * se
-        return Effect(
-            math.expm1(diff), math.expm1(diff - half), math.expm1(diff + half), units, WELCH_LOG, level, se, df
-        )
+        return Effect(math.expm1(diff), _rel(diff - half), _rel(diff + half), units, WELCH_LOG, level, se, df)
     return _scaled(diff, se, float(va.mean()), units, WELCH_DIFF, level, df)
 
 
