@@ -30,6 +30,8 @@ class TrialSlot:
 
 @dataclass
 class TrialBook:
+    """One run's trials: read back on --resume, numbered, archived, shown; one per run, shared by its scheduler."""
+
     archive: RunArchive
     playbook: Playbook
     narrator: Narrator

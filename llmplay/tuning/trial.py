@@ -1,4 +1,5 @@
-"""One trial: a fresh engine start, warm-up, measured load and telemetry, reduced to a record and a sample."""
+"""One trial: a fresh engine start, warm-up, measured load (or capacity search) and telemetry, reduced to a record
+and a sample. The one trial function of runs, capacity searches and cluster nodes."""
 
 from __future__ import annotations
 
@@ -272,6 +273,7 @@ def _on_one_engine(
                 # trial failed, the run goes on. Not EngineStartError's path: the container is still ours here.
                 failed = started.record(TRIAL_FAILED, error=_failed_during(exc), engine_describe=runtime.describe())
                 return TrialResult(failed, engine_log=runtime.logs())
+            # Read while the engine still exists: its description, whether it outlived the load, its log.
             return _Measured(
                 load,
                 dict(runtime.describe()),
