@@ -30,7 +30,7 @@ from llmplay.archive.model import KEPT, REJECTED
 from llmplay.spec import Goals, Guard, Objective, Trials
 from llmplay.tuning.decide import TrialSample, decide_step
 from llmplay.tuning.intervals import Noise
-from llmplay.tuning.run import candidate_first
+from llmplay.tuning.steps import candidate_first
 
 FIXED = Trials(repeats=3, interleave=True, sequential=False, max_repeats=3)
 SEQUENTIAL = Trials(repeats=3, interleave=True, sequential=True, max_repeats=6)

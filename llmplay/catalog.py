@@ -363,3 +363,28 @@ def absence_reason(metric: str) -> str:
     if family == "memory":
         return "no GPU memory telemetry (no NVML, or the engine exposed none)"
     return "no data"
+
+
+# ------------------------------------------------------------------ figures of a summary, as lines show them
+def measured(value: object) -> float | None:
+    """A summary value as a number, or None when it is absent (None, NaN, inf, or not a number at all)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def figure(metric: str, summary: Mapping[str, Any]) -> str:
+    """One figure as a console line shows it: "12.0 ms", or "not measured (why)" when the summary lacks it."""
+    value = measured(summary.get(metric))
+    if value is None:
+        return f"not measured ({absence_reason(metric)})"
+    return fmt_full(metric, value)
+
+
+def thin_warning(metric: str, summary: Mapping[str, Any]) -> str | None:
+    """The warning when a measured percentile rests on too few requests; None otherwise."""
+    key = sample_count_key(metric)
+    count = measured(summary.get(key)) if key else None
+    if key is None or count is None or measured(summary.get(metric)) is None:
+        return None  # an absent figure already says why; an unknown count warns of nothing
+    return thin_sample(metric, {key: count})

@@ -31,7 +31,7 @@ from llmplay.report import publish_report
 from llmplay.telemetry.sampler import TelemetrySeries
 from llmplay.tuning.decide import TrialSample, evaluate_gates, sample_from_records
 from llmplay.tuning.intervals import PAIRED_LOG
-from llmplay.tuning.run import tuning_record_row
+from llmplay.tuning.steps import tuning_record_row
 
 SECRET = "hf_sEcReTvAlUe0123456789"
 URL_PASSWORD = "pa55w0rdXYZ"

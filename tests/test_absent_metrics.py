@@ -27,8 +27,9 @@ from llmplay.loadgen.records import RequestRecord
 from llmplay.metrics import per_request_frame, summarize
 from llmplay.playbook.load import load_playbook
 from llmplay.tuning.diagnose.checklist import diagnose
+from llmplay.tuning.progress import describe_trial
 from llmplay.tuning.run import RunOptions, TuningRun
-from llmplay.tuning.trial import TrialResult, describe_trial, trial_sample
+from llmplay.tuning.trial import TrialResult, trial_sample
 from llmplay_testing.synthetic import scripted_trial
 
 ROOT = Path(__file__).resolve().parents[1]

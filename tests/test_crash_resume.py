@@ -20,9 +20,12 @@ from llmplay.loadgen.records import RequestRecord
 from llmplay.metrics import per_request_frame, summarize
 from llmplay.playbook.load import load_playbook
 from llmplay.telemetry.sampler import TelemetrySeries
+from llmplay.tuning import book as book_module
 from llmplay.tuning import run as run_module
+from llmplay.tuning import steps as steps_module
+from llmplay.tuning.progress import describe_trial
 from llmplay.tuning.run import RunOptions, TuningRun
-from llmplay.tuning.trial import TrialResult, describe_trial, trial_sample
+from llmplay.tuning.trial import TrialResult, trial_sample
 from llmplay_testing.instrument import InstrumentServer, scenario_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +107,7 @@ def test_a_progress_line_that_fails_to_render_costs_only_that_line(tmp_path, mon
             return f"{trial.summary['no.such.figure'] * 1000:.1f}"  # the issue's kind of bug: a KeyError here
         return describe_trial(trial)
 
-    monkeypatch.setattr(run_module, "describe_trial", breaks_on_t002)
+    monkeypatch.setattr(book_module, "describe_trial", breaks_on_t002)
     pb = playbook(tmp_path)
     trials = CountingTrials(pb)
     lines: list[str] = []
@@ -152,7 +155,7 @@ def test_a_report_callable_that_fails_on_one_line(tmp_path):
 def test_a_bug_after_archived_trials_stops_the_run_resumably(tmp_path, monkeypatch, where):
     """A bug past the trials (deciding step 1, or pooling its figures) stops the run: the archive is marked
     interrupted, and --resume measures only what was never measured."""
-    real = getattr(run_module, where)
+    real = getattr(steps_module, where)
     calls = {"n": 0}
 
     def breaks_once(*args, **kwargs):
@@ -161,7 +164,7 @@ def test_a_bug_after_archived_trials_stops_the_run_resumably(tmp_path, monkeypat
             raise ZeroDivisionError("injected")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(run_module, where, breaks_once)
+    monkeypatch.setattr(steps_module, where, breaks_once)
     pb = playbook(tmp_path)
     trials = CountingTrials(pb)
     lines: list[str] = []

@@ -10,7 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from llmplay.catalog import absence_reason
+from llmplay.catalog import absence_reason, thin_warning
 from llmplay.errors import ExitCode
 from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.metrics import Summary
@@ -18,7 +18,7 @@ from llmplay.playbook.load import load_workload
 from llmplay.playbook.source import located_error
 from llmplay.spec import Goals, Workload
 from llmplay.tuning.sweep import discover_model, run_sweep
-from llmplay.tuning.trial import capacity_search, thin_warning
+from llmplay.tuning.trial import capacity_search
 
 
 def bench_command(

@@ -19,7 +19,7 @@ from llmplay.errors import ExitCode
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.source import located_error
 from llmplay.report import publish_report
-from llmplay.tuning.capacity import SLO_LABELS, CapacityResult
+from llmplay.tuning.capacity_result import SLO_LABELS, CapacityResult
 from llmplay.tuning.run import RunOptions, run_playbook
 
 

@@ -12,7 +12,17 @@ from rich.table import Table
 
 from llmplay.archive.listing import archive_root
 from llmplay.archive.model import GateResult
-from llmplay.catalog import CAPACITY_METRICS, TUNING_RECORD_METRICS, absence_reason, fmt_bytes, fmt_full, label_of
+from llmplay.catalog import (
+    CAPACITY_METRICS,
+    TUNING_RECORD_METRICS,
+    absence_reason,
+    figure,
+    fmt_bytes,
+    fmt_full,
+    label_of,
+    measured,
+    thin_warning,
+)
 from llmplay.commands.plan import render_plan
 from llmplay.errors import ExitCode, PlaybookError
 from llmplay.plan import build_plan
@@ -21,7 +31,6 @@ from llmplay.report import publish_report
 from llmplay.tuning.decide import error_rates_text
 from llmplay.tuning.resume import resumed_overrides, resumed_playbook
 from llmplay.tuning.run import RunOptions, RunOutcome, apply_overrides, run_playbook
-from llmplay.tuning.trial import figure, measured, thin_warning
 from llmplay.units import UnitError, parse_duration_s
 
 

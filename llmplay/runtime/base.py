@@ -69,6 +69,10 @@ class Runtime(ABC):
     """Starts one engine, waits until it is healthy, and always cleans up."""
 
     kind: str = ""
+    # What telemetry samples besides the engine's /metrics, while the engine runs: its container (docker SDK
+    # Container), or its process and children (pid). Neither for an engine this runtime did not start.
+    container: Any = None
+    pid: int | None = None
 
     def _register(self) -> None:
         with _live_lock:

@@ -84,14 +84,31 @@ def run_bench(
     return result
 
 
-def run_sweep(url: str, workload: Workload, **kwargs: Any) -> tuple[BenchResult, ...]:
-    """One bench per sweep value: concurrency for closed-loop workloads, rate for open-loop ones."""
+def run_sweep(
+    url: str,
+    workload: Workload,
+    *,
+    model: str | None = None,
+    json_path: str | os.PathLike[str] | None = None,
+    slo_s: Mapping[str, float] | None = None,
+    progress: bool = True,
+    tokenizer: Tokenizer | str = "auto",
+) -> tuple[BenchResult, ...]:
+    """One bench per sweep value: concurrency for closed-loop workloads, rate for open-loop ones (the summary JSON
+    at `json_path` only for a workload without a sweep: one file cannot hold several points)."""
     if not workload.sweep:
-        return (run_bench(url, workload, **kwargs),)
+        return (
+            run_bench(
+                url, workload, json_path=json_path, model=model, slo_s=slo_s, progress=progress, tokenizer=tokenizer
+            ),
+        )
     field = "concurrency" if workload.concurrency is not None else "rate"
     out = []
     for value in workload.sweep:
-        load: dict[str, Any] = {field: int(value) if field == "concurrency" else float(value)}
-        point = replace(workload, **load)
-        out.append(run_bench(url, point, **{**kwargs, "json_path": None}))
+        point = (
+            replace(workload, concurrency=int(value))
+            if field == "concurrency"
+            else replace(workload, rate=float(value))
+        )
+        out.append(run_bench(url, point, model=model, slo_s=slo_s, progress=progress, tokenizer=tokenizer))
     return tuple(out)

@@ -1,35 +1,35 @@
-"""One trial: a fresh engine start, warm-up, measured load and telemetry, reduced to a record and a sample."""
+"""One trial: a fresh engine start, warm-up, measured load (or capacity search) and telemetry, reduced to a record
+and a sample. The one trial function of runs, capacity searches and cluster nodes."""
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 import re
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import httpx
 import pandas as pd
 
 from llmplay.archive.model import TRIAL_FAILED, TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
-from llmplay.catalog import CAPACITY_METRICS, absence_reason, fmt_full, label_of, sample_count_key, thin_sample
 from llmplay.engines.base import Engine
 from llmplay.errors import EngineStartError, InfrastructureError
 from llmplay.loadgen.records import LoadResult
 from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
-from llmplay.loadgen.tokenizer import make_tokenizer
-from llmplay.loadgen.workload import iter_requests
+from llmplay.loadgen.tokenizer import Tokenizer, make_tokenizer
+from llmplay.loadgen.workload import PlannedRequest, iter_requests
 from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
 from llmplay.redaction import resolve_args, resolve_env
-from llmplay.runtime.base import Runtime
+from llmplay.runtime import RuntimeFactory, make_runtime
+from llmplay.runtime.base import Endpoint, Runtime
 from llmplay.runtime.labels import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
-from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook, gpu_count
+from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook, Workload, gpu_count
 from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
 from llmplay.telemetry.prom import PrometheusSource
-from llmplay.telemetry.sampler import Source, TelemetrySampler
+from llmplay.telemetry.sampler import Source, TelemetrySampler, TelemetrySeries
 from llmplay.tuning.capacity import (
     CapacityResult,
     ProbeRun,
@@ -81,15 +81,13 @@ def trial_sample(
     )
 
 
-def telemetry_sources(runtime: Any, endpoint: Any, engine: Engine, spec: EngineSpec) -> list[Source]:
+def telemetry_sources(runtime: Runtime, endpoint: Endpoint, engine: Engine, spec: EngineSpec) -> list[Source]:
     """What can be sampled for this engine: its /metrics, its container or process, and its GPUs."""
     sources: list[Source] = [PrometheusSource(endpoint.base_url, engine.metric_names)]
-    container = getattr(runtime, "container", None)
-    pid = getattr(runtime, "pid", None)
-    if container is not None:
-        sources.append(DockerStatsSource(container))
-    elif pid:
-        sources.append(ProcessSource(pid))
+    if runtime.container is not None:
+        sources.append(DockerStatsSource(runtime.container))
+    elif runtime.pid:
+        sources.append(ProcessSource(runtime.pid))
     if isinstance(spec.gpus, tuple):
         sources.append(NvmlSource([int(g) for g in spec.gpus if str(g).isdigit()] or None))
     elif spec.gpus:
@@ -117,11 +115,99 @@ def start_failure_cause(exc: EngineStartError) -> str:
     return f"{head}: {_LOG_STAMP.sub('', cause)[:300]}" if cause else head
 
 
+class MeasureTrial(Protocol):
+    """The seam to one trial: measure `config` once under this trial's id and key. A run's trials go through
+    FreshEngineTrial unless a test hands in trials with known effects; a scheduler runs either the same way."""
+
+    def __call__(self, config: Config, *, trial_id: str, step: str | None, role: str, repeat: int) -> TrialResult: ...
+
+
+@dataclass(frozen=True)
+class FreshEngineTrial:
+    """run_trial bound to one run: each call one fresh engine start and its measured load (or capacity search).
+    Picklable, so a cluster node runs the very same function (with its own runtime, see tuning.schedule.ray)."""
+
+    playbook: Playbook
+    engine: Engine
+    run_id: str
+    runtime_factory: RuntimeFactory = make_runtime
+    progress: bool = False
+    capacity: CapacitySpec | None = None
+
+    def __call__(self, config: Config, *, trial_id: str, step: str | None, role: str, repeat: int) -> TrialResult:
+        return run_trial(
+            self.playbook,
+            config,
+            self.engine,
+            self.runtime_factory,
+            trial_id=trial_id,
+            step=step,
+            role=role,
+            repeat=repeat,
+            run_id=self.run_id,
+            progress=self.progress,
+            capacity=self.capacity,
+        )
+
+
+@dataclass(frozen=True)
+class _Started:
+    """One trial's key and clock: what every way of ending it (measured, failed, interrupted) writes first."""
+
+    trial_id: str
+    config_id: str
+    step: str | None
+    role: str
+    repeat: int
+    started_utc: str = field(default_factory=utc_now)
+    t0: float = field(default_factory=time.perf_counter)
+
+    def record(
+        self,
+        status: str,
+        *,
+        summary: Mapping[str, Any] | None = None,
+        error: str | None = None,
+        engine_describe: Mapping[str, Any] | None = None,
+        notes: tuple[str, ...] = (),
+    ) -> TrialRecord:
+        return TrialRecord(
+            trial_id=self.trial_id,
+            config_id=self.config_id,
+            step=self.step,
+            role=self.role,
+            repeat=self.repeat,
+            started_utc=self.started_utc,
+            status=status,
+            wall_s=time.perf_counter() - self.t0,
+            summary=dict(summary or {}),
+            engine_describe=dict(engine_describe or {}),
+            error=error,
+            notes=notes,
+        )
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What a trial's load left on the driver, before it is reduced to a record: the same for a plain load, a
+    capacity search on one engine start, and a search with an engine start per probe."""
+
+    load: LoadResult  # the measured load (a search's boundary probe)
+    engine_describe: Mapping[str, Any]
+    engine_log: str
+    search: CapacityResult | None = None
+    alive: bool = True
+    telemetry: TelemetrySeries | None = None
+    telemetry_start_s: float = 0.0  # where the measured window starts on the telemetry's clock
+    probes: tuple[ProbeResult, ...] | None = None
+    notes: tuple[str, ...] = ()
+
+
 def run_trial(
     playbook: Playbook,
     config: Config,
     engine: Engine,
-    runtime_factory: Callable[..., Runtime],
+    runtime_factory: RuntimeFactory,
     *,
     trial_id: str,
     step: str | None,
@@ -133,28 +219,40 @@ def run_trial(
 ) -> TrialResult:
     """One fresh engine start, warm-up, measured load, telemetry; failures become a failed TrialRecord.
 
-    With `capacity`, the measured load is a capacity search on this one engine start (tuning.capacity); the
-    trial's records and summary are then those of its boundary probe, with the capacity.* figures added.
-    A signal mid-load raises TrialInterrupted carrying what finished, after the engine has stopped."""
-    started, t0 = utc_now(), time.perf_counter()
+    With `capacity`, the measured load is a capacity search (tuning.capacity), on this one engine start or, with
+    goals.capacity.engine fresh, on an engine start per probe; the trial's records and summary are then those of
+    its boundary probe, with the capacity.* figures added. A signal mid-load raises TrialInterrupted carrying what
+    finished, after the engine has stopped."""
+    started = _Started(trial_id, config.label, step, role, repeat)
     # Common random numbers: both trials of A/B pair `repeat` send the same request sequence (lengths, prompts,
     # arrival times), so the workload's own randomness cancels in the pair's ratio, while each pair draws a new
     # sequence and the verdict does not hinge on one sample of requests.
     config = replace(config, workload=replace(config.workload, seed=config.workload.seed + repeat))
     labels = {LABEL_RUN: run_id, LABEL_TRIAL: trial_id, LABEL_CONFIG: config.label}
-    runtime = runtime_factory(playbook.runtime)
     spec = replace(config.engine, env=resolve_env(config.engine.env), extra_args=resolve_args(config.engine.extra_args))
-    base: dict[str, Any] = {
-        "trial_id": trial_id,
-        "config_id": config.label,
-        "step": step,
-        "role": role,
-        "repeat": repeat,
-        "started_utc": started,
-    }
-    log = ""
     if capacity is not None and capacity.engine == "fresh":
-        return _fresh_engine_search(playbook, config, engine, runtime_factory, spec, labels, base, capacity, t0)
+        measured = _search_fresh_engines(playbook, config, engine, runtime_factory, spec, labels, capacity, started)
+    else:
+        measured = _on_one_engine(
+            playbook, config, engine, runtime_factory(playbook.runtime), spec, labels, capacity, progress, started
+        )
+    if isinstance(measured, TrialResult):
+        return measured  # failed before it measured anything
+    return _conclude(playbook, config, started, measured)
+
+
+def _on_one_engine(
+    playbook: Playbook,
+    config: Config,
+    engine: Engine,
+    runtime: Runtime,
+    spec: EngineSpec,
+    labels: Mapping[str, str],
+    capacity: CapacitySpec | None,
+    progress: bool,
+    started: _Started,
+) -> _Measured | TrialResult:
+    """The trial's load (or capacity search) on one engine start, with telemetry, then the quality probes."""
     try:
         with runtime.start(spec, engine, labels) as endpoint:
             try:
@@ -163,135 +261,94 @@ def run_trial(
                 sources = telemetry_sources(runtime, endpoint, engine.at(str(version) if version else None), spec)
                 with TelemetrySampler(sources) as sampler:
                     sampler_origin_ns = time.perf_counter_ns() - int(sampler.elapsed_s() * 1e9)
-                    tokenizer = make_tokenizer("auto", endpoint.base_url, model_dir=spec.model_dir)
-                    try:
-                        search: CapacityResult | None = None
-                        if capacity is not None:
-                            load, search = capacity_search(
-                                endpoint.base_url,
-                                endpoint.model,
-                                config.workload,
-                                capacity,
-                                playbook.goals.slo_s,
-                                tokenizer,
-                                progress=progress,
-                            )
-                        else:
-                            requests: Any = iter_requests(config.workload, tokenizer, endpoint.model)
-                            if config.workload.num_requests is not None:
-                                requests = tuple(requests)  # bounded: every prompt built before the clock starts
-                            load = run_load_sync(
-                                endpoint.base_url, config.workload, requests, progress=progress, tokenizer=tokenizer
-                            )
-                    finally:
-                        tokenizer.close()
+                    load, search = _load(playbook, config, endpoint, spec, capacity, progress)
                 # After the timed window, before the engine stops: the probes cost seconds and no latency figure.
                 probes = _answer_probes(playbook, config, endpoint)
             except LoadInterrupted as exc:
                 # A signal mid-load: keep what finished (and the engine's log, while the container exists),
                 # then let the interrupt go on unwinding; --resume runs this trial again.
-                partial = exc.partial
-                measured = partial.measured()
-                partial_summary: dict[str, Any] = summarize(
-                    partial.records, partial.duration_s, playbook.goals.slo_s
-                ).as_dict()
-                trial = TrialRecord(
-                    **base,
-                    status=TRIAL_INTERRUPTED,
-                    wall_s=time.perf_counter() - t0,
-                    summary=partial_summary,
-                    engine_describe=dict(runtime.describe()),
-                    error=f"interrupted by a signal; {sum(r.ok for r in measured)} finished "
-                    "request(s) kept, requests in flight were not recorded",
-                )
-                raise TrialInterrupted(trial, per_request_frame(partial.records), runtime.logs()) from None
+                raise _interrupted(playbook, started, exc.partial, runtime) from None
             except InfrastructureError as exc:
                 # The engine was healthy, then failed us (e.g. froze while its tokenizer was asked): this
                 # trial failed, the run goes on. Not EngineStartError's path: the container is still ours here.
-                failed = TrialRecord(
-                    **base,
-                    status=TRIAL_FAILED,
-                    wall_s=time.perf_counter() - t0,
-                    summary={},
-                    error=f"the engine failed during the trial: {str(exc).splitlines()[0]}",
-                    engine_describe=dict(runtime.describe()),
-                )
+                failed = started.record(TRIAL_FAILED, error=_failed_during(exc), engine_describe=runtime.describe())
                 return TrialResult(failed, engine_log=runtime.logs())
-            telemetry = sampler.result()
-            describe = dict(runtime.describe())
-            alive = runtime.alive()
-            log = runtime.logs()
+            # Read while the engine still exists: its description, whether it outlived the load, its log.
+            return _Measured(
+                load,
+                dict(runtime.describe()),
+                runtime.logs(),
+                search=search,
+                alive=runtime.alive(),
+                telemetry=sampler.result(),
+                telemetry_start_s=max(0.0, (load.start_ns - sampler_origin_ns) / 1e9),
+                probes=probes,
+                notes=(
+                    f"tokenizer: {load.tokenizer}",
+                    "workload seed: the playbook's plus the trial's repeat (both trials of an A/B pair send the "
+                    "same requests)",
+                ),
+            )
     except EngineStartError as exc:
-        never_started = TrialRecord(
-            **base,
-            status=TRIAL_FAILED,
-            wall_s=time.perf_counter() - t0,
-            summary={},
-            error=start_failure_cause(exc),
-            engine_describe={},
-        )
-        return TrialResult(never_started, engine_log=exc.log_tail or log)
-    records = per_request_frame(load.records)
-    summary: dict[str, Any] = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
-    summary["duration_s"] = load.duration_s
-    # Telemetry of the measured window only, like the load metrics: warm-up and engine start excluded.
-    notes = [
-        *telemetry.notes,
-        f"tokenizer: {load.tokenizer}",
-        "workload seed: the playbook's plus the trial's repeat (both trials of an A/B pair send the same requests)",
-    ]
-    telemetry_frame: pd.DataFrame | None = None
+        return TrialResult(started.record(TRIAL_FAILED, error=start_failure_cause(exc)), engine_log=exc.log_tail)
+
+
+def _load(
+    playbook: Playbook,
+    config: Config,
+    endpoint: Endpoint,
+    spec: EngineSpec,
+    capacity: CapacitySpec | None,
+    progress: bool,
+) -> tuple[LoadResult, CapacityResult | None]:
+    """The measured load against a running engine: the workload, or a capacity search of it."""
+    tokenizer = make_tokenizer("auto", endpoint.base_url, model_dir=spec.model_dir)
     try:
-        summary.update(telemetry.summary(start_s=max(0.0, (load.start_ns - sampler_origin_ns) / 1e9)))
-        telemetry_frame = telemetry.to_frame()
-    except Exception as exc:  # a bug in telemetry must not cost the measured load: the trial keeps its requests
-        notes.append(f"telemetry not summarised ({type(exc).__name__}: {exc}); its figures are not measured")
-    cost = usd_per_1m_tokens(price_per_hour(playbook, config), summary.get("throughput.output_tok_s"))
-    if cost is not None:
-        summary["cost.usd_per_1m_tokens"] = cost
-    if search is not None:
-        summary.update(capacity_summary(search, price_per_hour(playbook, config)))
-        notes.append(
-            f"capacity search: {search.boundary_text()}; {search.runs} probe run(s), {search.engine_s:.0f} s of load; "
-            "the trial's requests and figures are its boundary probe's"
-        )
-    error = None
-    status = TRIAL_OK
-    if not alive:
-        status, error = TRIAL_FAILED, "the engine exited during the load"
-    elif summary.get("requests.completed", 0) == 0:
-        status, error = TRIAL_FAILED, f"no request completed ({summary.get('errors.count', 0):.0f} errors)"
-    trial = TrialRecord(
-        **base,
-        status=status,
-        wall_s=time.perf_counter() - t0,
+        if capacity is not None:
+            return capacity_search(
+                endpoint.base_url,
+                endpoint.model,
+                config.workload,
+                capacity,
+                playbook.goals.slo_s,
+                tokenizer,
+                progress=progress,
+            )
+        requests: Iterable[PlannedRequest] = iter_requests(config.workload, tokenizer, endpoint.model)
+        if config.workload.num_requests is not None:
+            requests = tuple(requests)  # bounded: every prompt built before the clock starts
+        load = run_load_sync(endpoint.base_url, config.workload, requests, progress=progress, tokenizer=tokenizer)
+        return load, None
+    finally:
+        tokenizer.close()
+
+
+def _interrupted(playbook: Playbook, started: _Started, partial: LoadResult, runtime: Runtime) -> TrialInterrupted:
+    summary = summarize(partial.records, partial.duration_s, playbook.goals.slo_s).as_dict()
+    finished = sum(r.ok for r in partial.measured())
+    trial = started.record(
+        TRIAL_INTERRUPTED,
         summary=summary,
-        engine_describe=describe,
-        error=error,
-        notes=tuple(notes),
+        engine_describe=runtime.describe(),
+        error=f"interrupted by a signal; {finished} finished request(s) kept, requests in flight were not recorded",
     )
-    return TrialResult(
-        trial,
-        records,
-        telemetry_frame,
-        log,
-        trial_sample(playbook, config, trial, records),
-        probes=probes,
-        capacity=search,
-    )
+    return TrialInterrupted(trial, per_request_frame(partial.records), runtime.logs())
 
 
-def _fresh_engine_search(
+def _failed_during(exc: InfrastructureError) -> str:
+    return f"the engine failed during the trial: {str(exc).splitlines()[0]}"
+
+
+def _search_fresh_engines(
     playbook: Playbook,
     config: Config,
     engine: Engine,
-    runtime_factory: Callable[..., Runtime],
+    runtime_factory: RuntimeFactory,
     spec: EngineSpec,
     labels: Mapping[str, str],
-    base: Mapping[str, Any],
     capacity: CapacitySpec,
-    t0: float,
-) -> TrialResult:
+    started: _Started,
+) -> _Measured | TrialResult:
     """goals.capacity.engine: fresh: a capacity search whose every probe has an engine start of its own (no
     telemetry: no sampler outlives one probe). The engine-seconds count load only, not the starts."""
     last: dict[str, Any] = {"describe": {}, "log": ""}
@@ -302,11 +359,11 @@ def _fresh_engine_search(
             tokenizer = make_tokenizer("auto", endpoint.base_url, model_dir=spec.model_dir)
             try:
                 probe = probe_workload(config.workload, capacity, load_value, replicate)
-                started = time.perf_counter()
+                t0 = time.perf_counter()
                 result = run_load_sync(
                     endpoint.base_url, probe, iter_requests(probe, tokenizer, endpoint.model), tokenizer=tokenizer
                 )
-                engine_s = time.perf_counter() - started
+                engine_s = time.perf_counter() - t0
             finally:
                 tokenizer.close()
             last.update(describe=dict(runtime.describe()), log=runtime.logs())
@@ -315,52 +372,76 @@ def _fresh_engine_search(
 
     try:
         search, runs = search_capacity(capacity, playbook.goals.slo_s, measure)
-    except (EngineStartError, InfrastructureError) as exc:
-        failed = TrialRecord(
-            **base,
-            status=TRIAL_FAILED,
-            wall_s=time.perf_counter() - t0,
-            summary={},
-            error=start_failure_cause(exc) if isinstance(exc, EngineStartError) else str(exc).splitlines()[0],
-            engine_describe=last["describe"],
-        )
-        return TrialResult(failed, engine_log=getattr(exc, "log_tail", None) or last["log"])
+    except EngineStartError as exc:
+        failed = started.record(TRIAL_FAILED, error=start_failure_cause(exc), engine_describe=last["describe"])
+        return TrialResult(failed, engine_log=exc.log_tail or last["log"])
+    except InfrastructureError as exc:
+        failed = started.record(TRIAL_FAILED, error=_failed_during(exc), engine_describe=last["describe"])
+        return TrialResult(failed, engine_log=last["log"])
     boundary = boundary_run(search, runs)
     assert boundary is not None  # the first probe always runs
-    load = boundary.load_result
+    return _Measured(
+        boundary.load_result,
+        last["describe"],
+        last["log"],
+        search=search,
+        notes=("a fresh engine start per probe: no telemetry",),
+    )
+
+
+def _conclude(playbook: Playbook, config: Config, started: _Started, measured: _Measured) -> TrialResult:
+    """A measured trial reduced to its record and sample: the summary of its load, its telemetry over the
+    measured window, its cost, its capacity figures, and whether it counts (ok) or failed."""
+    load, search = measured.load, measured.search
     summary: dict[str, Any] = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
     summary["duration_s"] = load.duration_s
+    notes = [*(measured.telemetry.notes if measured.telemetry is not None else ()), *measured.notes]
+    telemetry_frame: pd.DataFrame | None = None
+    if measured.telemetry is not None:
+        try:
+            # Telemetry of the measured window only, like the load metrics: warm-up and engine start excluded.
+            summary.update(measured.telemetry.summary(start_s=measured.telemetry_start_s))
+            telemetry_frame = measured.telemetry.to_frame()
+        except Exception as exc:  # a bug in telemetry must not cost the measured load: the trial keeps its requests
+            notes.append(f"telemetry not summarised ({type(exc).__name__}: {exc}); its figures are not measured")
     price = price_per_hour(playbook, config)
     cost = usd_per_1m_tokens(price, summary.get("throughput.output_tok_s"))
     if cost is not None:
         summary["cost.usd_per_1m_tokens"] = cost
-    summary.update(capacity_summary(search, price))
-    ok = summary.get("requests.completed", 0) > 0
-    trial = TrialRecord(
-        **base,
-        status=TRIAL_OK if ok else TRIAL_FAILED,
-        wall_s=time.perf_counter() - t0,
-        summary=summary,
-        engine_describe=last["describe"],
-        error=None if ok else "no request completed at the boundary probe",
-        notes=(
-            f"capacity search with a fresh engine start per probe: {search.boundary_text()}; {search.runs} probe "
-            f"run(s), {search.engine_s:.0f} s of load; no telemetry",
-        ),
+    if search is not None:
+        summary.update(capacity_summary(search, price))
+        notes.append(
+            f"capacity search: {search.boundary_text()}; {search.runs} probe run(s), {search.engine_s:.0f} s of load; "
+            "the trial's requests and figures are its boundary probe's"
+        )
+    status, error = TRIAL_OK, None
+    if not measured.alive:
+        status, error = TRIAL_FAILED, "the engine exited during the load"
+    elif summary.get("requests.completed", 0) == 0:
+        where = " at the boundary probe" if search is not None else ""
+        status, error = TRIAL_FAILED, f"no request completed{where} ({summary.get('errors.count', 0):.0f} errors)"
+    trial = started.record(
+        status, summary=summary, engine_describe=measured.engine_describe, error=error, notes=tuple(notes)
     )
     records = per_request_frame(load.records)
     return TrialResult(
-        trial, records, None, last["log"], trial_sample(playbook, config, trial, records), capacity=search
+        trial,
+        records,
+        telemetry_frame,
+        measured.engine_log,
+        trial_sample(playbook, config, trial, records),
+        probes=measured.probes,
+        capacity=search,
     )
 
 
 def capacity_search(
     url: str,
     model: str,
-    workload: Any,
+    workload: Workload,
     spec: CapacitySpec,
     slo_s: Mapping[str, float],
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     *,
     progress: bool = False,
 ) -> tuple[LoadResult, CapacityResult]:
@@ -382,7 +463,7 @@ def capacity_search(
     return boundary.load_result, search
 
 
-def _answer_probes(playbook: Playbook, config: Config, endpoint: Any) -> tuple[ProbeResult, ...] | None:
+def _answer_probes(playbook: Playbook, config: Config, endpoint: Endpoint) -> tuple[ProbeResult, ...] | None:
     quality = playbook.goals.quality
     if quality is None:
         return None
@@ -390,45 +471,3 @@ def _answer_probes(playbook: Playbook, config: Config, endpoint: Any) -> tuple[P
     timeout = httpx.Timeout(config.workload.request_timeout_s or 60.0)
     with httpx.Client(base_url=endpoint.base_url, timeout=timeout) as client:
         return tuple(run_probes(client, api, endpoint.model, quality.prompts, quality.max_tokens))
-
-
-def measured(value: object) -> float | None:
-    """A summary value as a number, or None when it is absent (None, NaN, inf, or not a number at all)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def figure(metric: str, summary: Mapping[str, Any]) -> str:
-    """One figure as the console shows it: "12.0 ms", or "not measured (why)" when the summary lacks it."""
-    value = measured(summary.get(metric))
-    if value is None:
-        return f"not measured ({absence_reason(metric)})"
-    return fmt_full(metric, value)
-
-
-def thin_warning(metric: str, summary: Mapping[str, Any]) -> str | None:
-    """The catalog's warning when a measured percentile rests on too few requests; None otherwise."""
-    key = sample_count_key(metric)
-    count = measured(summary.get(key)) if key else None
-    if key is None or count is None or measured(summary.get(metric)) is None:
-        return None  # an absent figure already says why; an unknown count warns of nothing
-    return thin_sample(metric, {key: count})
-
-
-def describe_trial(trial: TrialRecord) -> str:
-    """The console line of a finished trial: its headline figures (an absent one says why), or why it failed;
-    percentiles resting on too few requests are named at the end of the line."""
-    role = f"{trial.step or 'baseline'}/{trial.role} #{trial.repeat + 1}"
-    if trial.status != TRIAL_OK:
-        return f"  trial {trial.trial_id} {role}: FAILED: {trial.error or 'no reason recorded'}"
-    s: Mapping[str, Any] = trial.summary
-    shown = ("ttft.p95", "tpot.p95", "errors.rate")
-    figures = [f"output {figure('throughput.output_tok_s', s)}", *(f"{label_of(m)} {figure(m, s)}" for m in shown)]
-    head = ""
-    if "capacity.runs" in s:  # a capacity search: its boundary first, the figures after are its boundary probe's
-        found = [f"{label_of(m)} {figure(m, s)}" for m in CAPACITY_METRICS if measured(s.get(m)) is not None]
-        head = ", ".join(found or ["capacity not measured (indeterminate, or outside its bounds)"])
-        head += "; at the boundary probe: "
-    thin = [warning for m in shown if (warning := thin_warning(m, s)) is not None]
-    return f"  trial {trial.trial_id} {role}: {head}{', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")

@@ -1,9 +1,9 @@
-"""Trials on a Ray cluster: the driver's connection to it, where a pair may run, and what runs on the node.
+"""A Ray cluster as a place to run engines: joining it, its live nodes and what they can host, tasks pinned to one
+node, and the cleanup of engines a lost worker left behind.
 
-The tuning run stays on the driver (one writer of the archive, one place that decides); each trial is one Ray task
-asking for the engine's GPUs (and the playbook's accelerator type) and the CPUs the playbook gives a trial. The driver
-picks the node for a pair's first trial among the nodes with a free slot and pins the rest of the pair there, so both
-sides of a comparison meet the same machine. Ray itself is imported only here and only when a run asks for it.
+It knows nothing of trials or decisions: the tuning run's Ray scheduler (llmplay.tuning.schedule.ray) hands it a
+function and a job, and gets back what the function returned, or why it did not return. Ray itself is imported only
+here and only when a run asks for it.
 """
 
 from __future__ import annotations
@@ -14,25 +14,23 @@ import math
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
-from llmplay.engines.base import Engine
 from llmplay.errors import InfrastructureError
-from llmplay.runtime import make_runtime
-from llmplay.runtime.reaper import watched
-from llmplay.spec import Config, Playbook, RuntimeSpec, gpu_count
-from llmplay.tuning.trial import TrialResult, run_trial
+from llmplay.spec import Config, RuntimeSpec, gpu_count
 
 # Tasks Ray queues for a node that never frees up are legitimate waits on a shared cluster; a node that cannot host
-# the trial at all is refused before anything is submitted. How often the driver asks the cluster which nodes live:
+# the task at all is refused before anything is submitted. How often the driver asks the cluster which nodes live:
 LIVENESS_POLL_S = 1.0
 RAY_NAMESPACE = "llmplay"
+
+Job = TypeVar("Job")
 
 
 @dataclass(frozen=True)
 class Needs:
-    """What one trial holds on its node while it runs."""
+    """What one task holds on its node while it runs."""
 
     gpus: int
     cpus: float
@@ -63,6 +61,13 @@ def needs_of(config: Config, runtime: RuntimeSpec) -> Needs:
     return Needs(gpu_count(config.engine.gpus), runtime.cpus_per_trial, runtime.accelerator_type)
 
 
+def pair_needs(configs: Sequence[Config], runtime: RuntimeSpec) -> Needs:
+    needs = needs_of(configs[0], runtime)
+    for config in configs[1:]:
+        needs = needs.merge(needs_of(config, runtime))
+    return needs
+
+
 @dataclass(frozen=True)
 class Node:
     id: str
@@ -71,7 +76,7 @@ class Node:
     resources: Mapping[str, float]
 
     def slots(self, needs: Needs) -> int:
-        """How many such trials fit on this node at once."""
+        """How many such tasks fit on this node at once."""
         fits = [math.floor(self.resources.get(name, 0.0) / amount + 1e-9) for name, amount in needs.resources().items()]
         return max(0, min(fits))
 
@@ -91,100 +96,49 @@ class Node:
 
 
 @dataclass(frozen=True)
-class TrialJob:
-    """One trial as the driver hands it to a node."""
-
-    config: Config
-    trial_id: str
-    step: str | None
-    role: str
-    repeat: int
-
-
-@dataclass(frozen=True)
 class NodeLost:
-    """A trial that did not come back: its node died, or Ray could no longer place it on the pair's node."""
+    """A task that did not come back: its node died, or Ray could no longer place it on its node."""
 
     cause: str
 
 
 @dataclass(frozen=True)
 class TaskCrashed:
-    """The trial's own code raised on the node (a bug, or an LlmplayError the run stops on)."""
+    """The task's own code raised on the node (a bug, or an error the caller stops on)."""
 
     error: BaseException
 
 
-Outcome = TrialResult | NodeLost | TaskCrashed
-
-
-class NodeTrial:
-    """What a node runs for one trial: the engine started with the node's own runtime (its dockerd, or the engine
-    installed in its image), the load generator beside it on loopback, a watchdog that removes the engine should the
-    node's worker die mid-trial. Picklable: Ray ships it to the node."""
-
-    def __init__(self, playbook: Playbook, engine: Engine, run_id: str):
-        self.playbook = replace(playbook, runtime=playbook.runtime.on_node())
-        self.engine = engine
-        self.run_id = run_id
-
-    def __call__(self, config: Config, *, trial_id: str, step: str | None, role: str, repeat: int) -> TrialResult:
-        import ray  # deferred: only cluster nodes run this, and Ray is an optional install
-
-        gpu_ids = ray.get_gpu_ids()
-        if gpu_ids and config.engine.gpus:
-            # The GPUs Ray granted this task, not "the first N": trials sharing a node must not share a device.
-            config = replace(config, engine=replace(config.engine, gpus=tuple(str(g) for g in gpu_ids)))
-        runtime = self.playbook.runtime
-        if runtime.kind == "docker":
-            self._collect_orphans(runtime.docker_host)
-        with watched(self.run_id, runtime.docker_host if runtime.kind == "docker" else None):
-            return run_trial(
-                self.playbook,
-                config,
-                self.engine,
-                make_runtime,
-                trial_id=trial_id,
-                step=step,
-                role=role,
-                repeat=repeat,
-                run_id=self.run_id,
-            )
-
-    def _collect_orphans(self, docker_host: str | None) -> None:
-        """Engines of this run whose worker died on this node (a driver killed and resumed, a lost raylet)."""
-        from llmplay.runtime.docker import connect, gc  # deferred: the docker SDK only for the docker inner runtime
-
-        with contextlib.suppress(Exception):  # the trial itself reports a dockerd that does not answer
-            client = connect(docker_host, timeout_s=30)
-            try:
-                gc(client, run_id=self.run_id)
-            finally:
-                client.close()
-
-
-def _on_node(measure: Callable[..., TrialResult], job: TrialJob) -> TrialResult:
-    """The Ray task: one trial, its record stamped with the node that measured it."""
+def here() -> dict[str, str]:
+    """The node a task runs on, as a record names it (called on the node)."""
     import ray  # deferred: runs on a cluster node only
 
-    node = {
+    return {
         "id": ray.get_runtime_context().get_node_id(),
         "address": ray.util.get_node_ip_address(),
         "hostname": socket.gethostname(),
     }
-    result = measure(job.config, trial_id=job.trial_id, step=job.step, role=job.role, repeat=job.repeat)
-    return replace(result, trial=replace(result.trial, node=node))
+
+
+def granted_gpus() -> tuple[str, ...]:
+    """The GPUs Ray granted the task running here (called on the node)."""
+    import ray  # deferred: runs on a cluster node only
+
+    return tuple(str(g) for g in ray.get_gpu_ids())
+
+
+def _apply(task: Callable[[Any], object], job: object) -> object:
+    return task(job)
 
 
 @dataclass
-class RayCluster:
-    """The driver's handle on the cluster for one run: nodes, submissions, and what came back."""
+class RayCluster(Generic[Job]):
+    """The driver's handle on the cluster for one run: nodes, tasks pinned to a node, and what came back."""
 
     spec: RuntimeSpec
-    measure: Callable[..., TrialResult] | None = None  # set once the run knows its id (NodeTrial needs it)
-    _inflight: dict[Any, tuple[TrialJob, str]] = field(default_factory=dict)  # ref -> (job, node id)
+    _inflight: dict[Any, tuple[Job, str]] = field(default_factory=dict)  # ref -> (job, node id)
     _owns_connection: bool = False
-    _remote: Any = None
+    _remote: Any = None  # Ray's remote function: typed by Ray at run time only
     _nodes: dict[str, Node] = field(default_factory=dict)
     _checked_s: float = 0.0
 
@@ -212,7 +166,7 @@ class RayCluster:
                     f"{str(exc).splitlines()[0] if str(exc) else ''}; expected a running cluster (ray start --head)"
                 ) from None
             self._owns_connection = True
-        self._remote = ray.remote(max_retries=0)(_on_node)
+        self._remote = ray.remote(max_retries=0)(_apply)
         self.refresh(force=True)
 
     def _check_reachable(self) -> None:
@@ -274,6 +228,11 @@ class RayCluster:
     def node(self, node_id: str) -> Node | None:
         return self._nodes.get(node_id)
 
+    def label(self, node_id: str) -> dict[str, str]:
+        """The node as a record names it; its id alone once the cluster has forgotten it."""
+        known = self.node(node_id)
+        return known.label() if known else {"id": node_id}
+
     def check_placeable(self, needs: Needs, what: str) -> None:
         """Refuse at once (not a task pending forever) when no live node can host `needs`."""
         nodes = self.refresh(force=True)
@@ -298,7 +257,8 @@ class RayCluster:
         return sum(n.slots(needs) for n in self.refresh().values())
 
     # ---------------------------------------------------------------- tasks
-    def submit(self, job: TrialJob, node_id: str, needs: Needs) -> Any:
+    def submit(self, task: Callable[[Job], object], job: Job, *, name: str, node_id: str, needs: Needs) -> None:
+        """Run `task(job)` on `node_id`, holding `needs` there; what it returns comes back from wait()."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # deferred: see connect
 
         resources = needs.resources()
@@ -306,12 +266,11 @@ class RayCluster:
             num_cpus=resources.pop("CPU"),
             num_gpus=resources.pop("GPU", 0.0),
             resources=resources,
-            # soft=False: a pair's second trial runs where its first ran, or not at all (then NodeLost)
+            # soft=False: a task pinned to a node runs there or not at all (then NodeLost)
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            name=f"llmplay-{job.trial_id}",
-        ).remote(self.measure, job)
+            name=name,
+        ).remote(task, job)
         self._inflight[ref] = (job, node_id)
-        return ref
 
     def busy(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -319,8 +278,9 @@ class RayCluster:
             out[node_id] = out.get(node_id, 0) + 1
         return out
 
-    def wait(self, timeout_s: float = LIVENESS_POLL_S) -> list[tuple[TrialJob, str, Outcome]]:
-        """Trials that finished, failed or lost their node since the last call (empty after `timeout_s`)."""
+    def wait(self, timeout_s: float = LIVENESS_POLL_S) -> list[tuple[Job, str, object]]:
+        """Tasks that finished, failed or lost their node since the last call (empty after `timeout_s`): each job,
+        its node and what its task returned, or NodeLost, or TaskCrashed."""
         import ray  # deferred: see connect
 
         if not self._inflight:
@@ -329,28 +289,27 @@ class RayCluster:
         if ready and rest:  # whatever else has finished too, without waiting again
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
-        out: list[tuple[TrialJob, str, Outcome]] = []
+        out: list[tuple[Job, str, object]] = []
         for ref in ready:
             job, node_id = self._inflight.pop(ref)
             out.append((job, node_id, self._outcome(ref, node_id)))
         live = self.refresh()
         for ref, (job, node_id) in list(self._inflight.items()):
             if node_id not in live:
-                # A raylet that dies leaves its worker running the trial; the cluster no longer vouches for that
-                # node, so the trial is lost (its engine is removed by the node's watchdog or its own finally).
+                # A raylet that dies leaves its worker running the task; the cluster no longer vouches for that
+                # node, so the task is lost (an engine it started is removed by the node's watchdog or its finally).
                 del self._inflight[ref]
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
-                out.append((job, node_id, NodeLost(f"node {_short(node_id)} was marked dead by the cluster mid-trial")))
+                out.append((job, node_id, NodeLost(f"node {short(node_id)} was marked dead by the cluster mid-trial")))
         return out
 
-    def _outcome(self, ref: Any, node_id: str) -> Outcome:
+    def _outcome(self, ref: Any, node_id: str) -> object:  # ref: Ray's ObjectRef, typed by Ray at run time
         import ray  # deferred: see connect
         import ray.exceptions  # deferred: see connect
 
         try:
-            result: TrialResult = ray.get(ref)
-            return result
+            return ray.get(ref)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, BaseException) else exc
             return TaskCrashed(cause)
@@ -358,10 +317,10 @@ class RayCluster:
             return TaskCrashed(KeyboardInterrupt(f"trial cancelled: {exc}"))
         except ray.exceptions.RayError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            return NodeLost(f"node {_short(node_id)} lost mid-trial ({type(exc).__name__}: {first[:200]})")
+            return NodeLost(f"node {short(node_id)} lost mid-trial ({type(exc).__name__}: {first[:200]})")
 
     def cancel_all(self, grace_s: float = 15.0) -> None:
-        """Ask every running trial to stop (its engine stops in its own finally), then force what is left."""
+        """Ask every running task to stop (an engine stops in its own finally), then force what is left."""
         if not self._inflight:
             return
         import ray  # deferred: see connect
@@ -381,21 +340,21 @@ class RayCluster:
                 ray.cancel(ref, force=True)
         self._inflight.clear()
 
-    def gpu_inventory(self, needs: Needs) -> dict[str, Any] | None:
-        """The GPU model, driver and CUDA of a node the trials run on (the driver's own may have none), for the
-        archive header; None when that node has no NVML (a CPU node)."""
+    def ask_node(self, needs: Needs, probe: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
+        """`probe()` run on a node that could host `needs` (the GPU model, driver and CUDA of a node the trials run
+        on, for the archive header: the driver's own may have none), its node id added; None from a CPU node."""
         import ray  # deferred: see connect
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # deferred: see connect
 
         node = self.free_node(needs, {})
         if node is None:
             return None
-        inventory = ray.remote(max_retries=0, num_cpus=0)(_gpu_inventory_here)
-        ref = inventory.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote()
+        task = ray.remote(max_retries=0, num_cpus=0)(probe)
+        ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote()
         try:
             found: dict[str, Any] | None = ray.get(ref, timeout=60)
         except Exception as exc:  # the header then says why; the trials report real failures themselves
-            return {"error": f"GPU inventory of node {_short(node.id)} failed: {type(exc).__name__}"}
+            return {"error": f"GPU inventory of node {short(node.id)} failed: {type(exc).__name__}"}
         return None if found is None else {**found, "node": node.id}
 
     def collect_orphans(self, run_id: str, docker_host: str | None) -> None:
@@ -403,7 +362,7 @@ class RayCluster:
         import ray  # deferred: see connect
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # deferred: see connect
 
-        gc_task = ray.remote(max_retries=0, num_cpus=0)(_collect_orphans_here)
+        gc_task = ray.remote(max_retries=0, num_cpus=0)(collect_orphans_here)
         refs = [
             gc_task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False)).remote(
                 run_id, docker_host
@@ -414,31 +373,22 @@ class RayCluster:
             ray.wait(refs, num_returns=len(refs), timeout=60)
 
 
-def _gpu_inventory_here() -> dict[str, Any] | None:
-    from llmplay.tuning.environment import gpu_inventory  # deferred: NVML is read on the node, not the driver
-
-    return gpu_inventory()
-
-
-def _collect_orphans_here(run_id: str, docker_host: str | None) -> list[str]:
-    from llmplay.runtime.docker import connect, gc  # deferred: the docker SDK on the node only
+def collect_orphans_here(run_id: str, docker_host: str | None) -> list[str]:
+    """On this node: remove the engines of `run_id` whose worker died (a driver killed and resumed, a lost raylet).
+    A node without a dockerd that answers runs no containers to collect (a trial reports a dockerd that does not)."""
+    from llmplay.runtime.docker import connect, gc  # deferred: the docker SDK on a node of the docker runtime only
 
     try:
         client = connect(docker_host, timeout_s=30)
-    except Exception:  # a node without dockerd runs no containers to collect
+    except Exception:
         return []
     try:
         return gc(client, run_id=run_id).removed_names()
+    except Exception:
+        return []
     finally:
         client.close()
 
 
-def _short(node_id: str) -> str:
+def short(node_id: str) -> str:
     return node_id[:8]
-
-
-def pair_needs(configs: Sequence[Config], runtime: RuntimeSpec) -> Needs:
-    needs = needs_of(configs[0], runtime)
-    for config in configs[1:]:
-        needs = needs.merge(needs_of(config, runtime))
-    return needs

@@ -1,0 +1,213 @@
+"""The step loop: the baseline, then each step's A/B pairs, its verdict, and what is carried forward.
+
+It asks its scheduler for pairs of trials and knows nothing of where they run; the book archives every trial before
+the loop counts it, so an interrupted run resumes without measuring an archived trial again."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from llmplay.archive.model import FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, MetricDelta, StepVerdict, TrialRecord
+from llmplay.catalog import CAPACITY_METRICS, RECORD_METRICS, SAMPLE_COUNT_KEYS
+from llmplay.spec import Config, Playbook, Step, apply_step
+from llmplay.tuning.book import TrialBook, TrialSlot
+from llmplay.tuning.decide import Decision, TrialSample, decide_step, pooled_summary
+from llmplay.tuning.intervals import Noise
+from llmplay.tuning.progress import step_line, verdict_line
+from llmplay.tuning.quality import ProbeResult, judge_quality, load_probes, speed_goals
+from llmplay.tuning.schedule import TrialScheduler
+from llmplay.tuning.signals import StopRun
+
+
+@dataclass
+class ConfigTrials:
+    """One configuration and what the run has measured of it so far: samples of its ok trials, every trial id."""
+
+    config: Config
+    samples: list[TrialSample] = field(default_factory=list)
+    trial_ids: list[str] = field(default_factory=list)
+    failed: int = 0
+    nodes: dict[int, str] = field(default_factory=dict)  # repeat -> the cluster node its trial ran on
+    probes: tuple[ProbeResult, ...] | None = None  # goals.quality's answers from its first ok trial
+
+
+def candidate_first(run_id: str, step: str, repeat: int) -> bool:
+    """Which side of pair `repeat` starts, drawn per pair from the run id (archived): alternating A B | B A puts the
+    candidates of consecutive pairs next to each other, so trials that drift together make those pairs alike and
+    their spread too small; a random order leaves any advantage of starting second as noise, not as an effect."""
+    digest = hashlib.sha256(f"{run_id}\0{step}\0{repeat}".encode()).digest()
+    return bool(digest[0] & 1)
+
+
+class StepLoop:
+    """One pass over the playbook's steps. `verdicts`, `noise` and `record_rows` grow as it goes, so a run stopped
+    half-way still archives what it decided."""
+
+    def __init__(
+        self,
+        playbook: Playbook,
+        book: TrialBook,
+        scheduler: TrialScheduler,
+        write_config: Callable[[Config], None],
+    ):
+        self.playbook, self.book, self.scheduler, self.write_config = playbook, book, scheduler, write_config
+        self.verdicts: list[StepVerdict] = []
+        # Each decided step's own noise per metric, what later steps borrow when trials.pool_noise is on.
+        self.noise: dict[str, list[Noise]] = {}
+        self.record_rows: list[dict[str, Any]] = []
+
+    def run(self, best: ConfigTrials) -> ConfigTrials:
+        """The baseline (alone when there are no steps) and each step's A/B pairs and verdict; the final config."""
+        steps = self.playbook.steps
+        if not steps:
+            slots = [[TrialSlot(best.config, None, "baseline", r)] for r in range(self.playbook.trials.repeats)]
+            self.scheduler.run(slots, lambda _, trial, sample: self._take(best, trial, sample))
+            self.record_rows.append(_record_row(best, None))
+        for index, step in enumerate(steps, start=1):
+            best = self._step(index, step, best)
+        return best
+
+    def _step(self, index: int, step: Step, best: ConfigTrials) -> ConfigTrials:
+        cand_config, effects = apply_step(best.config, step)
+        cand_config = Config(step.name, cand_config.engine, cand_config.workload)
+        self.write_config(cand_config)
+        cand, reference = ConfigTrials(cand_config), ConfigTrials(best.config)
+        head = f"step {index}/{len(self.playbook.steps)} {step.name}"
+        self.book.narrator.say(f"the header line of step {step.name}", lambda: step_line(head, effects))
+        self._measure_pair(reference, cand, step)
+        decision = self._decide(reference, cand)
+        decision = judge_quality(decision, self.playbook.goals, reference.probes, cand.probes, effects)
+        carried = (step.carry == "always" and decision.verdict != FAILED) or (
+            step.carry == "if_kept" and decision.verdict == KEPT
+        )
+        verdict = StepVerdict(
+            step=step.name,
+            index=index,
+            verdict=decision.verdict,
+            reason=decision.reason,
+            changes=tuple(e.describe() for e in effects),
+            bundle=step.bundle,
+            baseline_config=reference.config.label,
+            candidate_config=cand_config.label,
+            objective=decision.objective,
+            guards=decision.guards,
+            deltas=decision.deltas,
+            trials_baseline=tuple(reference.trial_ids),
+            trials_candidate=tuple(cand.trial_ids),
+            more_trials_needed=decision.more_trials_needed,
+            carried=carried,
+        )
+        self.book.archive.write_verdict(verdict)
+        self.verdicts.append(verdict)
+        for metric, noise in decision.noise.items():
+            self.noise.setdefault(metric, []).append(noise)
+        self.book.narrator.say(f"the verdict line of step {step.name}", lambda: verdict_line(decision))
+        if index == 1:
+            self.record_rows.append(_record_row(reference, None))
+        self.record_rows.append(_record_row(cand, verdict))
+        return cand if carried else reference
+
+    def _measure_pair(self, reference: ConfigTrials, cand: ConfigTrials, step: Step) -> None:
+        """A B, B A, B A, A B ... in an order drawn per pair (candidate_first), or A A B B; in sequential mode, more
+        pairs until the verdict is no longer inconclusive. A pair is the unit a scheduler keeps on one machine."""
+        trials = self.playbook.trials
+        sides = [(reference, "baseline"), (cand, "candidate")]
+
+        def pair(r: int) -> list[TrialSlot]:
+            drawn = trials.interleave and candidate_first(self.book.archive.run_id, step.name, r)
+            return [TrialSlot(m.config, step.name, role, r) for m, role in (sides[::-1] if drawn else sides)]
+
+        def take(slot: TrialSlot, trial: TrialRecord, sample: TrialSample | None) -> None:
+            self._take(reference if slot.role == "baseline" else cand, trial, sample)
+
+        self.scheduler.run([pair(r) for r in range(trials.repeats)], take)
+        rep = trials.repeats
+        while trials.sequential and rep < trials.max_repeats:
+            if self._decide(reference, cand).verdict != "inconclusive":
+                break
+            # One look per batch: a pair per free node on a cluster, one pair on one machine. Looking less often
+            # than after every pair only leaves the sequential level (calibrated for every pair) conservative.
+            batch = min(self.scheduler.batch([reference.config, cand.config]), trials.max_repeats - rep)
+            self.scheduler.run([pair(r) for r in range(rep, rep + batch)], take)
+            rep += batch
+
+    def _decide(self, reference: ConfigTrials, cand: ConfigTrials) -> Decision:
+        """The verdict from the timed trials: one call for sequential mode's stopping check and the final verdict,
+        so the two agree (quality.* guards are judged from the probes afterwards, judge_quality)."""
+        decision = decide_step(
+            reference.samples,
+            cand.samples,
+            speed_goals(self.playbook.goals),
+            self.playbook.trials,
+            failed_candidate_trials=cand.failed,
+            borrowed=self.noise,
+        )
+        return _node_blocks(decision, reference, cand)
+
+    def _take(self, target: ConfigTrials, trial: TrialRecord, sample: TrialSample | None) -> None:
+        """One measured trial counted into its configuration (and the run stopped if the playbook says so)."""
+        target.trial_ids.append(trial.trial_id)
+        if trial.node.get("id"):
+            target.nodes[trial.repeat] = trial.node["id"]
+        if target.probes is None and trial.status == TRIAL_OK:
+            target.probes = load_probes(self.book.archive.run_dir, trial.trial_id)
+        if sample is None:
+            target.failed += 1
+        else:
+            target.samples.append(sample)
+        if trial.status == TRIAL_FAILED and self.playbook.trials.on_failure == "stop":
+            raise StopRun(f"trial {trial.trial_id} failed and on_failure is stop: {trial.error}")
+
+
+def _node_blocks(decision: Decision, reference: ConfigTrials, cand: ConfigTrials) -> Decision:
+    """On a cluster every A/B pair ran on one node, so each pair's log ratio is free of node-to-node differences: the
+    node is a block of the paired design. Said in each paired interval's method, for the archive and the report."""
+    common = set(reference.nodes) & set(cand.nodes)
+    if not common or any(reference.nodes[r] != cand.nodes[r] for r in common):
+        return decision
+
+    def blocked(delta: MetricDelta) -> MetricDelta:
+        if not (delta.method or "").startswith("paired"):
+            return delta
+        return replace(delta, method=f"{delta.method}, each pair on one node ({len(set(cand.nodes.values()))} nodes)")
+
+    return replace(
+        decision,
+        objective=blocked(decision.objective) if decision.objective is not None else None,
+        guards=tuple(map(blocked, decision.guards)),
+        deltas=tuple(map(blocked, decision.deltas)),
+    )
+
+
+def _record_row(measured: ConfigTrials, verdict: StepVerdict | None) -> dict[str, Any]:
+    return tuning_record_row(measured.config.label, measured.trial_ids, measured.failed, measured.samples, verdict)
+
+
+def tuning_record_row(
+    config_id: str,
+    trial_ids: Sequence[str],
+    failed_trials: int,
+    samples: Sequence[TrialSample],
+    verdict: StepVerdict | None,
+) -> dict[str, Any]:
+    """One row of the manifest's tuning record: a configuration's pooled figures and, for a step, its verdict."""
+    summary = pooled_summary(samples)
+    row: dict[str, Any] = {
+        "config_id": config_id,
+        "trials": list(trial_ids),
+        "failed_trials": failed_trials,
+        "metrics": {m: summary[m] for m in (*RECORD_METRICS, *CAPACITY_METRICS) if m in summary},
+        "samples": {k: int(summary[k]) for k in SAMPLE_COUNT_KEYS if k in summary},  # what the percentiles rest on
+    }
+    if verdict is not None:
+        row.update(
+            step=verdict.step,
+            verdict=verdict.verdict,
+            reason=verdict.reason,
+            compared_with=verdict.baseline_config,
+            changes=list(verdict.changes),
+        )
+    return row
