@@ -20,10 +20,12 @@ from llmplay.archive.model import (
     TRIAL_INTERRUPTED,
     TRIAL_OK,
     ConfigRecord,
+    Diagnosis,
+    Finding,
     GateResult,
     StepVerdict,
     TrialRecord,
-    to_plain,
+    TuningRow,
 )
 from llmplay.archive.writer import RunArchive
 from llmplay.catalog import CAPACITY_METRICS, RECORD_METRICS, SAMPLE_COUNT_KEYS
@@ -32,7 +34,7 @@ from llmplay.engines.base import Engine
 from llmplay.errors import ExitCode, LlmplayError, PlaybookError
 from llmplay.plan import docker_run_argv, format_argv
 from llmplay.playbook.source import located_error
-from llmplay.redaction import redact, redact_text, referenced_values, resolve_env, secret_values
+from llmplay.redaction import redact_text, referenced_values, resolve_env, secret_values
 from llmplay.runtime import live_runs, make_runtime, stop_all
 from llmplay.runtime.base import Runtime
 from llmplay.runtime.docker import connect as connect_docker
@@ -103,9 +105,9 @@ class RunOutcome:
     final_config_id: str
     gates: tuple[GateResult, ...]
     verdicts: tuple[StepVerdict, ...]
-    tuning_record: tuple[Mapping[str, Any], ...]
-    findings: tuple[Mapping[str, Any], ...] = ()
-    diagnosis: Mapping[str, Any] = field(default_factory=dict)
+    tuning_record: tuple[TuningRow, ...]
+    findings: tuple[Finding, ...] = ()
+    diagnosis: Diagnosis = field(default_factory=Diagnosis)
     final_summary: Mapping[str, Any] = field(default_factory=dict)  # the final configuration's pooled figures
     trials: Trials = field(default_factory=Trials)  # the design the verdicts were decided under
 
@@ -295,8 +297,8 @@ class TuningRun:
         spec = config.engine
         return ConfigRecord(
             config_id=config.label,
-            engine=redact(to_plain(spec), self.secrets),
-            workload=to_plain(config.workload),
+            engine=spec,  # redacted as the archive writes it
+            workload=config.workload,
             command=tuple(self.engine.command(spec)),
             docker_command=format_argv(docker_run_argv(spec, self.engine)),
         )
@@ -798,9 +800,9 @@ class TuningRun:
             final.config.label,
             tuple(gates),
             tuple(self.verdicts),
-            tuple(record_rows),
-            tuple(findings),
-            diagnosis,
+            tuple(archive.tuning_record()),  # as archived: read back through the archive's one conversion
+            tuple(archive.findings()),
+            archive.diagnosis(),
             final_summary,
             pb.trials,
         )
