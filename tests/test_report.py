@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from llmplay.archive.layout import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, MANIFEST
-from llmplay.archive.reader import requests_from
+from llmplay.archive.reader import ArchivedRun, requests_from
 from llmplay.archive.signing import keygen, load_public_key
 from llmplay.archive.verify import manifest_sha256, verify
 from llmplay.archive.writer import RunArchive
@@ -280,3 +280,14 @@ def test_no_p_value_is_shown_and_an_archive_with_old_p_values_still_loads_and_ve
     assert re.search(r'<th class="num">\d+(\.\d)?% CI</th><th>direction</th>', steps), re.findall(
         r"<th class=.num.>[^<]*</th><th>direction", steps
     )
+
+
+def test_method_lists_the_checklist_rules_the_diagnosis_evaluated(report):
+    run_dir, html = report
+    method = html[html.index('id="method"') : html.index('id="audit"')]
+    assert "Checklist rules evaluated" in method
+    assert "§5 decode-far-from-roofline" in method and "Decode far above its bandwidth floor" in method
+    # An archive from before the rules were listed has none: no heading, nothing invented.
+    manifest = json.loads((run_dir / MANIFEST).read_text())
+    del manifest["diagnosis"]["rules"]
+    assert ArchivedRun(run_dir, manifest).diagnosis().rules is None

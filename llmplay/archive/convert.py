@@ -289,7 +289,7 @@ def run_info_from(m: Mapping[str, Any]) -> RunInfo:
         exit_code=m.get("exit_code") if isinstance(m.get("exit_code"), int) else None,
         final_config_id=_text(m.get("final_config_id")),
         finished_utc=str(m.get("finished_utc", "")),
-        overrides={str(k): v if isinstance(v, str) else json.dumps(v) for k, v in overrides.items()},
+        overrides=dict(overrides),
         repeats_override=_whole(repeats) or None,
         files=len(mapping(m.get("files"))),
         manifest_sha256=str(m.get("manifest_sha256", "")),

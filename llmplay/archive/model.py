@@ -342,7 +342,7 @@ class RunInfo:
     exit_code: int | None = None
     final_config_id: str | None = None
     finished_utc: str = ""
-    overrides: Mapping[str, str] = field(default_factory=dict)  # command-line overrides, as text (JSON but strings)
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # command-line overrides as given (JSON values)
     repeats_override: int | None = None  # overrides' "repeats", when it is a number
     files: int = 0  # how many files the manifest hashes
     manifest_sha256: str = ""

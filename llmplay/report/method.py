@@ -3,6 +3,7 @@ definitions) and the goals it quotes, from the archived configuration and the ar
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from llmplay.archive.model import TRIAL_OK, PlaybookAsRun
@@ -132,7 +133,7 @@ def method(run: RunData, playbook: PlaybookAsRun, diagnosis_rules: Rows) -> dict
         "workload": workload_rows(config.workload) if config else _NOT_RECORDED,
         "trials": trial_rows(run, playbook),
         "histograms": _histograms(run),
-        "overrides": list(run.info.overrides.items()),
+        "overrides": [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in run.info.overrides.items()],
         "definitions": METRIC_DEFINITIONS,
         "slo": playbook.slo,
         "rules": diagnosis_rules,
