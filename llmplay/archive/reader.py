@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections.abc import Mapping, Sequence
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +131,9 @@ class ArchivedRun:
         """Whether the run carries a signature file (whether it is valid is `llmplay verify --public-key`'s job)."""
         return (self.run_dir / SIGNATURE_FILE).is_file()
 
-    @cached_property
+    @property
     def info(self) -> RunInfo:
+        """The manifest's head as it is now (a run still being written changes it)."""
         return run_info_from(self._manifest)
 
     def trials(self) -> list[TrialRecord]:
