@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from llmplay.archive.layout import PLAYBOOK_FILE, RESOLVED_FILE
+from llmplay.archive.layout import RESOLVED_FILE
 from llmplay.archive.model import TRIAL_OK, GateResult, MetricDelta, TrialRecord
 from llmplay.archive.paths import MAX_TEXT_BYTES, OutsideError, inside
-from llmplay.archive.reader import ArchivedRun, engine_label
+from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.writer import atomic_write_text
 from llmplay.catalog import COMPARED_METRICS, absence_reason, fmt_full, fmt_pct, label_of, metric_info, thin_comparison
 from llmplay.errors import LlmplayError
@@ -28,9 +28,8 @@ from llmplay.metrics import usd_per_hour_from_cost
 from llmplay.playbook.load import load_playbook
 from llmplay.report import charts
 from llmplay.report.html import render_html
+from llmplay.spec import Goals, Trials
 from llmplay.tuning.decide import TrialSample, compare_metric, describe_delta, regressed_beyond, sample_from_records
-
-DEFAULT_CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ class Comparison:
     objective: MetricComparison | None
     notes: tuple[str, ...] = ()
     cdf: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # for the HTML: per metric, per side, values
-    confidence: float = DEFAULT_CONFIDENCE  # run A's trials.confidence: the level of every interval
+    confidence: float = Trials.confidence  # run A's trials.confidence: the level of every interval
     # ("A" or "B", what verification found) for a run compared anyway (--unverified); empty when both verify
     unverified: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
@@ -114,9 +113,8 @@ class Comparison:
 # ---------------------------------------------------------------------------------------------- inputs
 def _playbook_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
     """Run A's playbook from its archive (resolved first, then as written); never a path outside the run."""
-    manifest = archive.manifest()
     errors = []
-    for relpath in (RESOLVED_FILE, manifest["playbook"].get("file") or PLAYBOOK_FILE):
+    for relpath in (RESOLVED_FILE, archive.info.playbook.file):
         try:
             path = inside(archive.run_dir, relpath, max_bytes=MAX_TEXT_BYTES)
         except OutsideError as exc:
@@ -135,8 +133,7 @@ def _playbook_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
 
 
 def _final_trials(archive: ArchivedRun) -> tuple[str, list[TrialRecord]]:
-    manifest = archive.manifest()
-    final = manifest.get("final_config_id") or "baseline"
+    final = archive.info.final_config_id or "baseline"
     # A superseded trial's pair was measured again on another cluster node: the run did not use it, nor does this.
     trials = [t for t in archive.trials() if t.config_id == final and t.status == TRIAL_OK and t.superseded is None]
     return final, trials
@@ -147,33 +144,147 @@ def _sample(archive: ArchivedRun, trial: TrialRecord, slo_s: Mapping[str, float]
     records = archive.load_records(trial.trial_id)
     if not len(records):
         return None
-    summary = dict(trial.summary)
+    summary = trial.summary
     # the trial's own $/h, recovered from its cost (archives keep the cost, not the price)
     price = usd_per_hour_from_cost(summary.get("cost.usd_per_1m_tokens"), summary.get("throughput.output_tok_s"))
-    return sample_from_records(records, float(summary.get("duration_s") or 0.0), summary, slo_s, price)
+    return sample_from_records(records, float(summary.get("duration_s") or 0.0), dict(summary), slo_s, price)
 
 
 def _side(archive: ArchivedRun, config_id: str, trials: Sequence[TrialRecord]) -> RunSide:
-    m = archive.manifest()
+    info = archive.info
     return RunSide(
         str(archive.run_dir),
-        m["run_id"],
-        m["playbook"]["name"],
+        info.run_id,
+        info.playbook.name,
         config_id,
         tuple(t.trial_id for t in trials),
-        engine_label(m),
-        (m.get("environment") or {}).get("started_utc", ""),
-        m.get("status", "?"),
+        archive.engine_facts().label,
+        info.environment.started_utc,
+        info.status,
     )
 
 
 # ---------------------------------------------------------------------------------------------- judging
+@dataclass(frozen=True)
+class _Judged:
+    """How one metric is judged: its role in run A's goals, the tolerance that makes a change a regression, and
+    which direction is better."""
+
+    role: str
+    tolerance: float | None
+    in_points: bool
+    lower_better: bool
+
+
+def _judged(metric: str, goals: Goals | None, d: MetricDelta) -> _Judged:
+    info = metric_info(metric)
+    lower_better = info.lower_is_better if info else True
+    objective = goals.objective if goals is not None else None
+    guards = {g.metric: g for g in goals.guards} if goals is not None else {}
+    if objective is not None and metric == objective.metric:
+        return _Judged("objective", objective.min_effect, False, objective.direction == "minimize")
+    if metric in guards:
+        guard = guards[metric]
+        return _Judged("guard", guard.tolerance, guard.absolute and d.points is not None, guard.direction == "minimize")
+    return _Judged("", None, False, lower_better)
+
+
+def _regression(metric: str, d: MetricDelta, judged: _Judged) -> tuple[bool, str]:
+    """Whether the change is worse than its tolerance (never claimed from an absent side), and why in one line."""
+    tolerance = judged.tolerance
+    if tolerance is None or not regressed_beyond(d, judged.lower_better, tolerance, judged.in_points):
+        return False, ""
+    if judged.in_points:
+        change = describe_delta(d, points=True).removeprefix(label_of(metric) + " ")
+        limit = f"{tolerance * 100:g}pp"
+    else:
+        change = fmt_pct(d.rel_change) if d.rel_change is not None else "from 0"
+        change += f" [{fmt_pct(d.ci_low)}, {fmt_pct(d.ci_high)}]"
+        limit = f"{tolerance:.0%}"
+    return True, (
+        f"{judged.role} {label_of(metric)}: {fmt_full(metric, d.baseline)} -> {fmt_full(metric, d.candidate)} "
+        f"({change}), beyond its {limit} tolerance"
+    )
+
+
+def _metric_row(metric: str, d: MetricDelta, judged: _Judged) -> MetricComparison:
+    regression, why = _regression(metric, d, judged)
+    better = None  # only a change whose CI clears zero is called better or worse; the rest is noise
+    clear = d.ci_low is not None and d.ci_high is not None and (d.ci_low > 0 or d.ci_high < 0)
+    if d.rel_change not in (None, 0) and clear:
+        better = (d.rel_change < 0) if judged.lower_better else (d.rel_change > 0)
+    missing = [side for side, v in (("A", d.baseline), ("B", d.candidate)) if v is None]
+    if missing:
+        note = f"not measured on {' or '.join(missing) if len(missing) == 1 else 'either run'}: "
+        note += absence_reason(metric)
+    else:
+        note = thin_comparison(metric, d.n_baseline, d.n_candidate) or ""
+    return MetricComparison(
+        metric,
+        label_of(metric),
+        d.baseline,
+        d.candidate,
+        d.rel_change,
+        d.ci_low,
+        d.ci_high,
+        better,
+        judged.role,
+        judged.tolerance,
+        regression,
+        why,
+        note,
+        judged.in_points,
+    )
+
+
+def _metric_rows(
+    goals: Goals | None, samples_a: list[TrialSample], samples_b: list[TrialSample], confidence: float
+) -> list[MetricComparison]:
+    objective = [goals.objective.metric] if goals is not None else []
+    guards = [g.metric for g in goals.guards] if goals is not None else []
+    gate_metrics = [g.metric for g in goals.gates] if goals is not None else []
+    rows = []
+    for metric in dict.fromkeys([*objective, *guards, *COMPARED_METRICS, *gate_metrics]):
+        if samples_a and samples_b:
+            d = compare_metric(samples_a, samples_b, metric, level=confidence, paired=False)
+        else:  # a side without a successful trial measured nothing: its goals' rows still say so
+            d = MetricDelta(metric, None, None, None, None, None)
+        judged = _judged(metric, goals, d)
+        if d.baseline is None and d.candidate is None and not judged.role and metric not in gate_metrics:
+            continue  # a figure neither run measured and no goal asks about: nothing to show
+        rows.append(_metric_row(metric, d, judged))
+    return rows
+
+
+def _gate_rows(archive_a: ArchivedRun, archive_b: ArchivedRun) -> list[GateComparison]:
+    gates_a = {g.gate: g for g in archive_a.gates()}
+    gates_b = {g.gate: g for g in archive_b.gates()}
+    either = {**gates_a, **{text: g for text, g in gates_b.items() if text not in gates_a}}  # A's gates first
+    rows = []
+    for text, gate in either.items():
+        ga, gb = gates_a.get(text), gates_b.get(text)
+        rows.append(
+            GateComparison(text, gate.metric, ga, gb, bool(ga and ga.met and gb is not None and gb.met is False))
+        )
+    return rows
+
+
+def _cdf(samples_a: list[TrialSample], samples_b: list[TrialSample]) -> dict[str, dict[str, Any]]:
+    return {
+        name: {
+            "A": np.concatenate([s.values.get(head, np.array([])) for s in samples_a]) if samples_a else [],
+            "B": np.concatenate([s.values.get(head, np.array([])) for s in samples_b]) if samples_b else [],
+        }
+        for name, head in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2EL", "e2el"))
+    }
+
+
 def compare_runs(run_a: Path, run_b: Path) -> Comparison:
     """Compare the final configuration of run B against run A's, with A's playbook deciding regressions."""
     archive_a, archive_b = ArchivedRun.open(Path(run_a)), ArchivedRun.open(Path(run_b))
     playbook, note = _playbook_of(archive_a)
     goals = playbook.goals if playbook is not None else None
-    confidence = playbook.trials.confidence if playbook is not None else DEFAULT_CONFIDENCE
+    confidence = playbook.trials.confidence if playbook is not None else Trials.confidence
     notes = [note] if note else []
     slo_s = dict(goals.slo_s) if goals is not None else {}
     config_a, trials_a = _final_trials(archive_a)
@@ -183,97 +294,15 @@ def compare_runs(run_a: Path, run_b: Path) -> Comparison:
     for name, samples in (("A", samples_a), ("B", samples_b)):
         if not samples:
             notes.append(f"run {name} has no successful trial of its final configuration: nothing to compare")
-    guards = {g.metric: g for g in goals.guards} if goals is not None else {}
-    objective = goals.objective if goals is not None else None
-    gate_metrics = [g.metric for g in goals.gates] if goals is not None else []
-    metrics = list(
-        dict.fromkeys([*([objective.metric] if objective else []), *guards, *COMPARED_METRICS, *gate_metrics])
-    )
-    rows: list[MetricComparison] = []
-    for metric in metrics:
-        info = metric_info(metric)
-        lower_better = info.lower_is_better if info else True
-        if samples_a and samples_b:
-            d = compare_metric(samples_a, samples_b, metric, level=confidence, paired=False)
-        else:  # a side without a successful trial measured nothing: its goals' rows still say so
-            d = MetricDelta(metric, None, None, None, None, None)
-        role, tolerance, in_points = "", None, False
-        if objective is not None and metric == objective.metric:
-            role, tolerance = "objective", objective.min_effect
-            lower_better = objective.direction == "minimize"
-        elif metric in guards:
-            role, tolerance = "guard", guards[metric].tolerance
-            in_points = guards[metric].absolute and d.points is not None
-            lower_better = guards[metric].direction == "minimize"
-        if d.baseline is None and d.candidate is None and not role and metric not in gate_metrics:
-            continue  # a figure neither run measured and no goal asks about: nothing to show
-        regression, why = False, ""  # regressed_beyond never claims a regression from an absent side
-        if tolerance is not None:
-            regression = regressed_beyond(d, lower_better, tolerance, in_points)
-            if regression:
-                if in_points:
-                    change = describe_delta(d, points=True).removeprefix(label_of(metric) + " ")
-                    limit = f"{tolerance * 100:g}pp"
-                else:
-                    change = fmt_pct(d.rel_change) if d.rel_change is not None else "from 0"
-                    change += f" [{fmt_pct(d.ci_low)}, {fmt_pct(d.ci_high)}]"
-                    limit = f"{tolerance:.0%}"
-                why = (
-                    f"{role} {label_of(metric)}: {fmt_full(metric, d.baseline)} -> {fmt_full(metric, d.candidate)} "
-                    f"({change}), beyond its {limit} tolerance"
-                )
-        better = None  # only a change whose CI clears zero is called better or worse; the rest is noise
-        clear = d.ci_low is not None and d.ci_high is not None and (d.ci_low > 0 or d.ci_high < 0)
-        if d.rel_change not in (None, 0) and clear:
-            better = (d.rel_change < 0) if lower_better else (d.rel_change > 0)
-        missing = [side for side, v in (("A", d.baseline), ("B", d.candidate)) if v is None]
-        if missing:
-            note = f"not measured on {' or '.join(missing) if len(missing) == 1 else 'either run'}: "
-            note += absence_reason(metric)
-        else:
-            note = thin_comparison(metric, d.n_baseline, d.n_candidate) or ""
-        rows.append(
-            MetricComparison(
-                metric,
-                label_of(metric),
-                d.baseline,
-                d.candidate,
-                d.rel_change,
-                d.ci_low,
-                d.ci_high,
-                better,
-                role,
-                tolerance,
-                regression,
-                why,
-                note,
-                in_points,
-            )
-        )
-    gates_a = {g.gate: g for g in archive_a.gates()}
-    gates_b = {g.gate: g for g in archive_b.gates()}
-    either = {**gates_a, **{text: g for text, g in gates_b.items() if text not in gates_a}}  # A's gates first
-    gate_rows = []
-    for text, gate in either.items():
-        ga, gb = gates_a.get(text), gates_b.get(text)
-        gate_rows.append(
-            GateComparison(text, gate.metric, ga, gb, bool(ga and ga.met and gb is not None and gb.met is False))
-        )
-    cdf: dict[str, dict[str, Any]] = {
-        name: {
-            "A": np.concatenate([s.values.get(head, np.array([])) for s in samples_a]) if samples_a else [],
-            "B": np.concatenate([s.values.get(head, np.array([])) for s in samples_b]) if samples_b else [],
-        }
-        for name, head in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2EL", "e2el"))
-    }
+    rows = _metric_rows(goals, samples_a, samples_b, confidence)
     return Comparison(
         _side(archive_a, config_a, trials_a),
         _side(archive_b, config_b, trials_b),
         tuple(rows),
-        tuple(gate_rows),
+        tuple(_gate_rows(archive_a, archive_b)),
         next((r for r in rows if r.role == "objective"), None),
         tuple(notes),
-        cdf,
+        _cdf(samples_a, samples_b),
         confidence,
     )
 

@@ -8,7 +8,7 @@ Secrets are planted where a careless writer would leak them (env, log, URLs, err
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,13 @@ import pandas as pd
 
 from llmplay.archive.model import (
     ConfigRecord,
+    Diagnosis,
+    Finding,
     GateResult,
+    MemoryFacts,
     MetricDelta,
+    RooflineFacts,
+    RuleChecked,
     StepVerdict,
     TrialRecord,
 )
@@ -253,17 +258,12 @@ def make_archive(
     rng = np.random.default_rng(seed)
 
     def config(cid: str, args: dict[str, Any]) -> ConfigRecord:
+        # The playbook's own engine and workload, as the runner archives them (the secret resolved, to be redacted).
         argv = ("llama-server", "-m", "/models/tiny.gguf", *(f"--{k.replace('_', '-')}={v}" for k, v in args.items()))
         return ConfigRecord(
             cid,
-            {
-                "kind": "llamacpp",
-                "image": "llmplay/llamacpp-cpu:local",
-                "gpus": 1,
-                "args": args,
-                "env": {"HF_TOKEN": SECRET},
-            },
-            {"concurrency": 4, "seed": 42},
+            replace(playbook.engine, gpus=1, args=args, env={"HF_TOKEN": SECRET}),
+            playbook.workload,
             argv,
             "docker run --rm -e HF_TOKEN=*** llmplay/llamacpp-cpu:local " + " ".join(argv[1:]),
         )
@@ -412,26 +412,26 @@ def make_archive(
     final = {m: mean(best, m) for m in RECORD_METRICS if any(m in s for s in by_config[best])}
     gates: list[GateResult] = evaluate_gates(playbook.goals.gates, final)
     findings = [
-        {
-            "id": "kv-share-high",
-            "severity": "warn",
-            "title": "KV cache holds most of the memory",
-            "evidence": "KV share 71% of peak (threshold 60%)",
-            "suggestion": "quantize the KV cache (kv_cache_dtype q8_0)",
-            "checklist_ref": "§4",
-        },
-        {
-            "id": "queueing",
-            "severity": "info",
-            "title": "Requests queue in the engine",
-            "evidence": "waiting > 0 in 55% of samples",
-            "suggestion": "raise parallel slots or scale out",
-            "checklist_ref": "§6",
-        },
+        Finding(
+            "kv-share-high",
+            "warn",
+            "KV cache holds most of the memory",
+            "KV share 71% of peak (threshold 60%)",
+            "quantize the KV cache (kv_cache_dtype q8_0)",
+            "§4",
+        ),
+        Finding(
+            "queueing",
+            "info",
+            "Requests queue in the engine",
+            "waiting > 0 in 55% of samples",
+            "raise parallel slots or scale out",
+            "§6",
+        ),
     ]
-    diagnosis = {
-        "notes": ["synthetic diagnosis"],
-        "model": {
+    diagnosis = Diagnosis(
+        notes=("synthetic diagnosis",),
+        model={
             "name": "tiny",
             "architecture": "llama",
             "layers": 4,
@@ -444,31 +444,35 @@ def make_archive(
             "quantization": "f16",
             "source": "GGUF /models/tiny.gguf",
         },
-        "memory": {
-            "weights_bytes": 1.4e10,
-            "kv_bytes_per_token": 131072.0,
-            "tokens_in_flight": 400000.0,
-            "kv_bytes": 5.2e10,
-            "other_bytes": 0.3e10,
-            "peak_bytes": 6.9e10,
-            "capacity_bytes": 8.0e10,
-            "kv_share": 0.75,
-            "peak_frac": 0.86,
-            "device": "gpu",
-            "notes": [],
-        },
-        "roofline": {
-            "bytes_per_step": 1.5e10,
-            "bandwidth_bytes_s": 3.35e12,
-            "floor_s": 0.0045,
-            "achieved_tpot_s": final.get("tpot.p95"),
-            "achieved_over_floor": 2.7,
-            "bandwidth_util": 0.37,
-            "achieved_bandwidth_bytes_s": 1.24e12,
-            "bandwidth_source": "table: H100 SXM",
-        },
-        "scheduler": {"continuous_batching": True, "max_batch": 4, "concurrency": 4},
-    }
+        memory=MemoryFacts(
+            weights_bytes=1.4e10,
+            kv_bytes_per_token=131072.0,
+            tokens_in_flight=400000.0,
+            kv_bytes=5.2e10,
+            other_bytes=0.3e10,
+            peak_bytes=6.9e10,
+            capacity_bytes=8.0e10,
+            kv_share=0.75,
+            peak_frac=0.86,
+            device="gpu",
+        ),
+        roofline=RooflineFacts(
+            floor_s=0.0045,
+            bytes_per_step=1.5e10,
+            bandwidth_bytes_s=3.35e12,
+            achieved_tpot_s=final.get("tpot.p95"),
+            achieved_over_floor=2.7,
+            bandwidth_util=0.37,
+            achieved_bandwidth_bytes_s=1.24e12,
+            bandwidth_source="table: H100 SXM",
+        ),
+        scheduler={"continuous_batching": True, "max_batch": 4, "concurrency": 4},
+        rules=(
+            RuleChecked("kv-share-high", "§4", "KV cache holds most of the memory"),
+            RuleChecked("queueing", "§6", "Requests queue in the engine"),
+            RuleChecked("decode-far-from-roofline", "§5", "Decode far above its bandwidth floor"),
+        ),
+    )
     archive.finish(
         status="complete",
         exit_code=0 if all(g.met for g in gates) else 3,

@@ -17,6 +17,7 @@ import numpy as np
 import yaml
 from rich.console import Console
 
+from llmplay.archive.convert import diagnosis_from, finding_from
 from llmplay.archive.listing import list_runs
 from llmplay.archive.model import TRIAL_FAILED, TRIAL_OK, GateResult, TrialRecord
 from llmplay.archive.verify import verify
@@ -205,14 +206,16 @@ def test_gate_line_without_an_observation():
 def test_diagnosis_print_accepts_missing_figures():
     buffer = io.StringIO()
     console = Console(file=buffer, width=300, highlight=False)
-    print_diagnosis(
+    print_diagnosis(  # as the archive reads them back: the figures a diagnosis lacks are None
         console,
-        {
-            "memory": {"device": "cpu", "weights_bytes": 2**20, "kv_share": None},
-            "roofline": {"floor_s": 0.002, "achieved_tpot_s": None, "achieved_over_floor": None},
-            "notes": ["no NVML: not found"],
-        },
-        [{"severity": "info", "title": "x"}],
+        diagnosis_from(
+            {
+                "memory": {"device": "cpu", "weights_bytes": 2**20, "kv_share": None},
+                "roofline": {"floor_s": 0.002, "achieved_tpot_s": None, "achieved_over_floor": None},
+                "notes": ["no NVML: not found"],
+            }
+        ),
+        [finding_from({"severity": "info", "title": "x"})],
     )
     text = buffer.getvalue()
     assert "weights 1.0 MiB, KV cache not measured, other not measured, peak not measured" in text

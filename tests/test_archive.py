@@ -14,6 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 import llmplay.archive.writer as archive_writer
+from llmplay.archive.convert import config_from, diagnosis_from, environment_from, playbook_as_run, tuning_row_from
 from llmplay.archive.layout import MANIFEST
 from llmplay.archive.listing import archive_root, list_runs
 from llmplay.archive.model import TrialRecord
@@ -294,3 +295,18 @@ def test_archive_root_precedence(monkeypatch):
     assert archive_root(None) == Path("/srv/runs")
     monkeypatch.delenv("LLMPLAY_ARCHIVE")
     assert archive_root(None) == Path("reports")
+
+
+def test_older_manifest_shapes_become_the_same_records():
+    """What older llmplay versions left out is handled once, in the reader's conversion."""
+    row = tuning_row_from({"config_id": "baseline", "metrics": {"ttft.p95": 0.2, "x": None}, "trials": ["t001"]})
+    assert row.samples == {} and row.metrics == {"ttft.p95": 0.2} and row.verdict is None and not row.rebuilt
+    diagnosis = diagnosis_from({"memory": {"weights_bytes": 1e9}, "roofline": {"floor_s": 0}, "model": {"a": None}})
+    assert diagnosis.memory is not None and diagnosis.memory.device == "gpu" and diagnosis.memory.kv_share is None
+    assert diagnosis.roofline is None and diagnosis.model == {} and diagnosis.rules is None
+    assert diagnosis_from({}).memory is None
+    env = environment_from({"docker": {"version": "26.1"}, "gpu": {"name": "H100", "count": 2}})
+    assert env.docker == "26.1" and env.gpu_label == "2x H100" and environment_from({}).gpu_label == "CPU only"
+    config = config_from({"config_id": "baseline", "engine": {"kind": "vllm", "gpus": [0, 1]}, "workload": {}})
+    assert config.engine.gpus == ("0", "1") and config.workload.input.kind == "fixed" and config.command == ()
+    assert playbook_as_run({"trials": {"confidence": "95%"}}).trials.confidence == 0.95  # the spec's default

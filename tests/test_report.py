@@ -13,6 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from llmplay.archive.layout import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, MANIFEST
+from llmplay.archive.reader import ArchivedRun, requests_from
 from llmplay.archive.signing import keygen, load_public_key
 from llmplay.archive.verify import manifest_sha256, verify
 from llmplay.archive.writer import RunArchive
@@ -21,7 +22,6 @@ from llmplay.cli import cli
 from llmplay.compare import compare_runs
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report, render_report
-from llmplay.report.context import TrialRequests
 from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.html_checks import assert_self_contained, parse_page
 from llmplay_testing.make_archive import SECRETS, shared_archive
@@ -184,11 +184,11 @@ def test_thin_percentiles_are_marked_in_the_record_and_the_step_sections(tmp_pat
 
 def test_trial_requests_tolerate_missing_and_extra_columns():
     df = pd.DataFrame({"sent_ns": [0, 10**9], "end_ns": [5 * 10**8, 2 * 10**9], "extra": ["x", "y"]})
-    requests = TrialRequests.of(df)
+    requests = requests_from(df)
     assert requests.timeline["done_s"].tolist() == [0.5, 2.0] and requests.timeline["send_gap_s"].tolist() == [1.0]
     assert requests.latency_s["itl"].size == 0 and requests.latency_s["ttft"].size == 0
-    assert TrialRequests.of(pd.DataFrame()).latency_s["ttft"].size == 0
-    assert TrialRequests.empty().timeline["done_s"].size == 0
+    assert requests_from(pd.DataFrame()).latency_s["ttft"].size == 0
+    assert requests_from(None).timeline["done_s"].size == 0
 
 
 def test_cell_formats():
@@ -227,7 +227,7 @@ def test_report_from_a_real_cpu_run(cpu_engine, tmp_path, monkeypatch):
     assert_self_contained(html)
     record = html[html.index('id="record"') : html.index('id="steps"')]
     for row in outcome.tuning_record:
-        assert f"<td>{row['config_id']}" in record
+        assert f"<td>{row.config_id}" in record
     for verdict in outcome.verdicts:
         assert verdict.reason.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") in record
     assert html.count("<svg") >= 5 and "CPU only" in html and "step-1" in html
@@ -280,3 +280,14 @@ def test_no_p_value_is_shown_and_an_archive_with_old_p_values_still_loads_and_ve
     assert re.search(r'<th class="num">\d+(\.\d)?% CI</th><th>direction</th>', steps), re.findall(
         r"<th class=.num.>[^<]*</th><th>direction", steps
     )
+
+
+def test_method_lists_the_checklist_rules_the_diagnosis_evaluated(report):
+    run_dir, html = report
+    method = html[html.index('id="method"') : html.index('id="audit"')]
+    assert "Checklist rules evaluated" in method
+    assert "§5 decode-far-from-roofline" in method and "Decode far above its bandwidth floor" in method
+    # An archive from before the rules were listed has none: no heading, nothing invented.
+    manifest = json.loads((run_dir / MANIFEST).read_text())
+    del manifest["diagnosis"]["rules"]
+    assert ArchivedRun(run_dir, manifest).diagnosis().rules is None

@@ -66,7 +66,7 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
     assert parallel.objective.rel_change < -0.3  # four slots serve four users at once: no queueing for one
     assert by_step["useless-env"].verdict != KEPT, by_step["useless-env"].reason
     assert outcome.final_config_id == "parallel-4"
-    assert [row["config_id"] for row in outcome.tuning_record] == ["baseline", "parallel-4", "useless-env"]
+    assert [row.config_id for row in outcome.tuning_record] == ["baseline", "parallel-4", "useless-env"]
     assert outcome.exit_code in (0, 3) and len(outcome.gates) == 4
     assert verify(outcome.run_dir) == []
     manifest = json.loads((outcome.run_dir / "manifest.json").read_text())

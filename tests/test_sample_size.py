@@ -217,7 +217,7 @@ def test_a_run_on_thin_samples_records_the_counts_and_says_so(tmp_path):
     gate = next(g for g in outcome.gates if g.metric == "ttft.p95")
     assert gate.note == "P95 TTFT from 12 request(s) (needs at least 20)"
     rows = outcome.tuning_record
-    assert all(row["samples"]["ttft.n"] == 12 and row["samples"]["requests.streamed"] == 12 for row in rows)
+    assert all(row.samples["ttft.n"] == 12 and row.samples["requests.streamed"] == 12 for row in rows)
     # the archive keeps the notes and counts, and reads them back
     archived = ArchivedRun.open(outcome.run_dir)
     assert next(g for g in archived.gates() if g.metric == "ttft.p95").note == gate.note

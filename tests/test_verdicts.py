@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED
+from llmplay.archive.verdicts import error_rates_text
 from llmplay.errors import PlaybookError
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Goals, Guard, Objective, Trials
-from llmplay.tuning.decide import TrialSample, decide_step, error_rates_text
+from llmplay.tuning.decide import TrialSample, decide_step
 from llmplay.tuning.intervals import Noise, holm, moderate, newcombe_difference, newcombe_p_above
 
 ROOT = Path(__file__).resolve().parents[1]

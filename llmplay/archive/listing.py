@@ -10,7 +10,7 @@ from typing import Any
 
 from llmplay.archive.layout import ENV_ARCHIVE, MANIFEST, SCHEMA_ID
 from llmplay.archive.paths import MAX_MANIFEST_BYTES, read_bytes_inside
-from llmplay.archive.reader import engine_label, gpu_label
+from llmplay.archive.reader import ArchivedRun
 from llmplay.errors import ArchiveError
 from llmplay.runtime.live_runs import lock_held
 from llmplay.runtime.owner import Owner
@@ -34,21 +34,21 @@ def _unreadable(run_dir: Path, why: str) -> dict[str, Any]:
 def _row(run_dir: Path, m: dict[str, Any]) -> dict[str, Any]:
     gates: list[Any] = m["gates"] if isinstance(m.get("gates"), list) else []
     met = sum(1 for g in gates if isinstance(g, Mapping) and g.get("met") is True)
-    env: Mapping[str, Any] = m["environment"] if isinstance(m.get("environment"), Mapping) else {}
-    playbook: Mapping[str, Any] = m["playbook"] if isinstance(m.get("playbook"), Mapping) else {}
-    stale = m.get("status") == "running" and not still_running(m)
+    archived = ArchivedRun(run_dir, {"run_id": run_dir.name, **m})
+    info = archived.info
+    stale = info.status == "running" and not still_running(m)
     return {
-        "playbook": str(playbook.get("name") or run_dir.parent.name),
-        "version": str(playbook.get("version") or ""),
-        "date": str(env.get("started_utc") or ""),
-        "status": "interrupted" if stale else str(m.get("status") or "?"),
+        "playbook": info.playbook.name or run_dir.parent.name,
+        "version": info.playbook.version,
+        "date": info.environment.started_utc,
+        "status": "interrupted" if stale else (info.status or "?"),
         "stale": stale,
-        "engine": engine_label(m),
-        "gpu": gpu_label(env),
+        "engine": archived.engine_facts().label,
+        "gpu": info.environment.gpu_label,
         "gates": f"{met}/{len(gates)}" if gates else "-",
         "path": str(run_dir),
-        "run_id": str(m.get("run_id") or run_dir.name),
-        "overridden": bool(m.get("overrides")),
+        "run_id": info.run_id or run_dir.name,
+        "overridden": bool(info.overrides),
     }
 
 

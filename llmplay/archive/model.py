@@ -1,7 +1,8 @@
-"""What a tuning run produces, as plain frozen values: trials, comparisons, verdicts, the run.
+"""What a tuning run produces, as plain frozen values: trials, comparisons, verdicts, the diagnosis, the run.
 
 These are the contract between the runner (which makes them) and the archive (which stores them as
-JSON in manifest.json); the report reads them back from the archive only.
+JSON in manifest.json); archive.convert turns the JSON back into them once, older archive versions included, and
+the report, compare and the console read nothing else.
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field, fields
 from typing import Any
+
+import numpy as np
+
+from llmplay.spec import EngineSpec, Workload
 
 TRIAL_OK, TRIAL_FAILED, TRIAL_INTERRUPTED = "ok", "failed", "interrupted"
 KEPT, REJECTED, INCONCLUSIVE, FAILED = "kept", "rejected", "inconclusive", "failed"
@@ -19,10 +24,19 @@ class ConfigRecord:
     """One measured configuration as the archive keeps it."""
 
     config_id: str  # "baseline", or the step name whose change produced it
-    engine: Mapping[str, Any]  # EngineSpec as a dict (secrets redacted)
-    workload: Mapping[str, Any]  # Workload as a dict
+    engine: EngineSpec  # secrets redacted once archived
+    workload: Workload
     command: tuple[str, ...]  # the engine's argv inside the container
     docker_command: str  # the equivalent `docker run` line for humans
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """Another llmplay run that was live on the same host during a trial."""
+
+    run_id: str
+    playbook: str  # "?" when it did not say
+    pid: str
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,21 @@ class TrialRecord:
     # competed for its CPUs and GPUs, so its figures may be slower and noisier than on a quiet machine.
     # Empty: none; None: not looked for (a cluster trial, a host registry that could not be read).
     shared_with: tuple[Mapping[str, Any], ...] | None = None
+
+    @property
+    def sharing(self) -> tuple[SharedRun, ...]:
+        """The other runs live on the host during the trial, as records (empty when none, or not looked for)."""
+        return tuple(
+            SharedRun(str(o.get("run_id")), str(o.get("playbook") or "?"), str(o.get("pid", "?")))
+            for o in self.shared_with or ()
+        )
+
+    @property
+    def node_label(self) -> str:
+        """The cluster node as people name it, "10.0.0.5 (3f2a9c1b)"; "" on one machine."""
+        if not self.node.get("id"):
+            return ""
+        return f"{self.node.get('address') or self.node.get('hostname', '')} ({self.node['id'][:8]})"
 
 
 @dataclass(frozen=True)
@@ -124,6 +153,224 @@ class Finding:
     evidence: str  # the numbers that triggered it
     suggestion: str  # next step(s), cheapest first (CHECKLIST §7)
     checklist_ref: str  # "§4", "§5", "§6"
+
+
+Scalar = str | int | float | bool
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    """Where the final configuration's peak memory went (tuning.diagnose.memory.MemoryBreakdown as archived); a
+    figure the run could not get is None. Peak and capacity are GPU memory, or host RSS and RAM when `device` is
+    "cpu"."""
+
+    weights_bytes: float | None = None
+    kv_bytes_per_token: float | None = None
+    tokens_in_flight: float | None = None
+    kv_bytes: float | None = None
+    other_bytes: float | None = None
+    peak_bytes: float | None = None
+    capacity_bytes: float | None = None
+    kv_share: float | None = None
+    peak_frac: float | None = None
+    device: str = "gpu"  # archives from before CPU runs were diagnosed measured GPUs only
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RooflineFacts:
+    """The decode roofline of the final configuration (tuning.diagnose.roofline.Roofline as archived)."""
+
+    floor_s: float  # the best TPOT the memory bandwidth allows
+    bytes_per_step: float | None = None
+    bandwidth_bytes_s: float | None = None
+    achieved_tpot_s: float | None = None
+    achieved_over_floor: float | None = None
+    bandwidth_util: float | None = None
+    achieved_bandwidth_bytes_s: float | None = None
+    bandwidth_source: str = ""
+
+
+@dataclass(frozen=True)
+class RuleChecked:
+    """One checklist rule the diagnosis evaluated (listed so a missing finding reads as "checked, fine")."""
+
+    id: str
+    section: str  # "§4"
+    title: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The final configuration's diagnosis beside its findings: model facts, memory, roofline, scheduler, notes."""
+
+    notes: tuple[str, ...] = ()
+    model: Mapping[str, Scalar] = field(default_factory=dict)  # facts the engine or model file gave, by name
+    memory: MemoryFacts | None = None
+    roofline: RooflineFacts | None = None
+    scheduler: Mapping[str, Scalar] = field(default_factory=dict)
+    rules: tuple[RuleChecked, ...] | None = None  # None: an archive from before the rules were listed
+
+
+@dataclass(frozen=True)
+class TuningRow:
+    """One row of the tuning record: a configuration's pooled figures and, for a step's candidate, its verdict."""
+
+    config_id: str
+    trials: tuple[str, ...]
+    metrics: Mapping[str, float]  # pooled over its ok trials; absent = not measured
+    failed_trials: int = 0
+    # Request counts its percentiles rest on; empty in archives from before they were kept.
+    samples: Mapping[str, int] = field(default_factory=dict)
+    step: str | None = None  # None: the baseline row
+    verdict: str | None = None
+    reason: str = ""
+    compared_with: str = ""
+    changes: tuple[str, ...] = ()
+    rebuilt: bool = False  # not archived (an interrupted run): rebuilt by the reader from its trials' summaries
+
+
+@dataclass(frozen=True)
+class CapacityProbe:
+    """One load a capacity search measured (tuning.capacity.ProbeVerdict as archived)."""
+
+    load: float
+    attainment: float | None = None  # share of requests meeting every SLO
+    ci_low: float | None = None
+    ci_high: float | None = None
+    output_tok_s: float | None = None
+    at_quantile_s: Mapping[str, float] = field(default_factory=dict)  # per SLO, its latency at the target quantile
+
+
+@dataclass(frozen=True)
+class CapacitySearch:
+    """A trial's capacity search as archived (trials/<id>/capacity.json): every probe, the bracket, what binds."""
+
+    trial_id: str
+    target: float
+    unit: str
+    status: str
+    slo_s: Mapping[str, float] = field(default_factory=dict)
+    capacity: float | None = None
+    boundary_ci: tuple[float | None, float | None] = (None, None)
+    boundary_text: str = ""
+    binding_sentence: str = ""
+    runs: int = 0
+    engine_s: float = 0.0
+    order: str = ""
+    notes: tuple[str, ...] = ()
+    probes: tuple[CapacityProbe, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrialRequests:
+    """One trial's measured requests as the charts need them (computed by llmplay.metrics in the reader)."""
+
+    latency_s: Mapping[str, np.ndarray]  # per_request_arrays: ttft, tpot, itl (pooled), e2el, ... seconds
+    timeline: Mapping[str, np.ndarray]  # request_timeline: done_s, ttft, input/output tokens; send_gap_s
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """The final configuration's engine as archived: the trials' own description of it (the last of a trial of
+    the final configuration, else of any trial), and the configuration's spec where the trials did not say."""
+
+    kind: str
+    model: str
+    image: str | None  # as the trial described it, else as configured
+    version: str | None  # None: the engine did not report one
+    digest: str | None
+    images: tuple[str, ...]  # every image some trial ran (several after a retest on a new image)
+
+    @property
+    def label(self) -> str:
+        """As people name it: image and version ("llmplay/llamacpp-cpu:local b4567")."""
+        image = self.image or self.kind or "?"
+        return f"{image} {self.version}" if self.version else image
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    count: int = 1
+    error: str | None = None  # why NVML could not say
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where the run ran, as the runner described it; None where it did not say."""
+
+    started_utc: str = ""
+    user: str | None = None
+    host: str | None = None
+    platform: str = ""
+    llmplay_version: str | None = None
+    python: str = ""
+    docker: str | None = None  # its version as text
+    seed: int | str | None = None
+    gpu: GpuInfo | None = None
+
+    @property
+    def gpu_label(self) -> str:
+        gpu = self.gpu
+        if gpu is None or not gpu.name:
+            return "CPU only"
+        return f"{gpu.count}x {gpu.name}" if gpu.count > 1 else gpu.name
+
+
+@dataclass(frozen=True)
+class PlaybookRef:
+    """The playbook the run was made from: its name and version, where it was, its hash, its copy in the run."""
+
+    name: str
+    version: str = ""
+    path: str = ""
+    sha256: str = ""
+    file: str = "playbook.yaml"  # layout.PLAYBOOK_FILE
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The head of an archived run's manifest: what it was, where, and how it ended."""
+
+    run_id: str
+    playbook: PlaybookRef
+    environment: Environment
+    status: str
+    exit_code: int | None = None
+    final_config_id: str | None = None
+    finished_utc: str = ""
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # command-line overrides as given (JSON values)
+    repeats_override: int | None = None  # overrides' "repeats", when it is a number
+    files: int = 0  # how many files the manifest hashes
+    manifest_sha256: str = ""
+    report_error: str | None = None
+
+
+@dataclass(frozen=True)
+class TrialsAsRun:
+    """The archived playbook's `trials:` as written; spec.Trials' defaults where it is silent."""
+
+    repeats: int
+    interleave: bool
+    sequential: bool
+    confidence: float
+    pool_noise: bool
+
+
+@dataclass(frozen=True)
+class PlaybookAsRun:
+    """What the report quotes of the archived playbook, as its text says it (not as today's loader would parse it,
+    so a playbook an older llmplay accepted still reads)."""
+
+    objective: str  # "maximize throughput.output_tok_s"; "" when none is written
+    min_effect: float
+    guards: tuple[str, ...]  # "ttft.p95 within 50%"
+    slo: str  # "ttft 2s, tpot 200ms"
+    trials: TrialsAsRun
+    step_descriptions: Mapping[str, str]
 
 
 def to_plain(obj: Any) -> Any:

@@ -4,14 +4,42 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import yaml
 
-from llmplay.archive.layout import MANIFEST, SCHEMA_ID, SIGNATURE_FILE
-from llmplay.archive.model import ConfigRecord, Finding, GateResult, MetricDelta, StepVerdict, TrialRecord
+from llmplay.archive.convert import (
+    capacity_from,
+    config_from,
+    diagnosis_from,
+    finding_from,
+    gate_from,
+    playbook_as_run,
+    run_info_from,
+    trial_from,
+    tuning_row_from,
+    verdict_from,
+)
+from llmplay.archive.layout import MANIFEST, RESOLVED_FILE, SCHEMA_ID, SIGNATURE_FILE
+from llmplay.archive.model import (
+    TRIAL_OK,
+    CapacitySearch,
+    ConfigRecord,
+    Diagnosis,
+    EngineFacts,
+    Finding,
+    GateResult,
+    PlaybookAsRun,
+    RunInfo,
+    StepVerdict,
+    TrialRecord,
+    TrialRequests,
+    TuningRow,
+)
 from llmplay.archive.paths import (
     MAX_DATA_BYTES,
     MAX_MANIFEST_BYTES,
@@ -20,7 +48,9 @@ from llmplay.archive.paths import (
     read_bytes_inside,
     read_text_inside,
 )
+from llmplay.catalog import REPORT_RECORD_COLUMNS
 from llmplay.errors import ArchiveError
+from llmplay.metrics import per_request_arrays, request_timeline
 
 
 def have_pyarrow() -> bool:
@@ -28,73 +58,30 @@ def have_pyarrow() -> bool:
     return importlib.util.find_spec("pyarrow") is not None
 
 
-# ---------------------------------------------------------------------------------------------- manifest dicts -> values
-def delta_from(d: Mapping[str, Any] | None) -> MetricDelta | None:
-    if d is None:
-        return None
-    values: dict[str, Any] = {k: d.get(k) for k in MetricDelta.__dataclass_fields__}
-    return MetricDelta(**values)
-
-
-def trial_from(d: Mapping[str, Any]) -> TrialRecord:
-    kw = {k: d[k] for k in TrialRecord.__dataclass_fields__ if k in d}
-    kw["summary"] = {k: v for k, v in (d.get("summary") or {}).items() if v is not None}
-    kw["notes"] = tuple(d.get("notes") or ())
-    kw["files"] = dict(d.get("files") or {})
-    kw["engine_describe"] = dict(d.get("engine_describe") or {})
-    return TrialRecord(**kw)
-
-
-def config_from(d: Mapping[str, Any]) -> ConfigRecord:
-    return ConfigRecord(
-        config_id=d["config_id"],
-        engine=d.get("engine") or {},
-        workload=d.get("workload") or {},
-        command=tuple(d.get("command") or ()),
-        docker_command=d.get("docker_command") or "",
+# ---------------------------------------------------------------------------------------------- describing a run
+def engine_facts(trials: Sequence[TrialRecord], configs: Sequence[ConfigRecord], final: str | None) -> EngineFacts:
+    described = [t for t in trials if t.engine_describe]
+    chosen = [t for t in described if t.config_id == final] or described
+    d = chosen[-1].engine_describe if chosen else {}
+    config = next((c for c in configs if c.config_id == final), configs[0] if configs else None)
+    engine = config.engine if config else None
+    digest = next((str(d[k]) for k in ("image_digest", "digest", "repo_digest", "image_id") if d.get(k)), None)
+    version = d.get("version") or d.get("engine_version")
+    return EngineFacts(
+        kind=engine.kind if engine else "",
+        model=engine.model if engine else "",
+        image=str(d.get("image") or (engine.image if engine else None) or "") or None,
+        version=str(version) if version else None,
+        digest=digest,
+        images=tuple(sorted({str(t.engine_describe["image"]) for t in described if t.engine_describe.get("image")})),
     )
 
 
-def verdict_from(d: Mapping[str, Any]) -> StepVerdict:
-    kw = {k: d[k] for k in StepVerdict.__dataclass_fields__ if k in d}
-    kw["objective"] = delta_from(d.get("objective"))
-    kw["guards"] = tuple(delta_from(g) for g in d.get("guards") or ())
-    kw["deltas"] = tuple(delta_from(g) for g in d.get("deltas") or ())
-    for key in ("changes", "trials_baseline", "trials_candidate"):
-        kw[key] = tuple(d.get(key) or ())
-    return StepVerdict(**kw)
-
-
-def gate_from(d: Mapping[str, Any]) -> GateResult:
-    values: dict[str, Any] = {k: d.get(k) for k in GateResult.__dataclass_fields__}
-    return GateResult(**values)
-
-
-def finding_from(d: Mapping[str, Any]) -> Finding:
-    return Finding(**{k: str(d.get(k) or "") for k in Finding.__dataclass_fields__})
-
-
-# ---------------------------------------------------------------------------------------------- describing a manifest
-def engine_label(manifest: Mapping[str, Any]) -> str:
-    """The final configuration's engine as people name it: image and version ("llmplay/llamacpp-cpu:local b4567")."""
-    final = manifest.get("final_config_id")
-    trials = [t for t in manifest.get("trials", []) if t.get("engine_describe")]
-    chosen = [t for t in trials if t.get("config_id") == final] or trials
-    describe = chosen[-1]["engine_describe"] if chosen else {}
-    configs = {c.get("config_id"): c for c in manifest.get("configs", [])}
-    config: Mapping[str, Any] = configs.get(final) or next(iter(configs.values()), {})
-    engine = config.get("engine") or {}
-    image = describe.get("image") or engine.get("image") or engine.get("kind") or "?"
-    version = describe.get("version") or describe.get("engine_version")
-    return f"{image} {version}" if version else str(image)
-
-
-def gpu_label(environment: Mapping[str, Any]) -> str:
-    gpu = environment.get("gpu")
-    if not gpu or not isinstance(gpu, Mapping) or not gpu.get("name"):
-        return "CPU only"
-    count = gpu.get("count") or 1
-    return f"{count}x {gpu['name']}" if count and int(count) > 1 else str(gpu["name"])
+def requests_from(records: pd.DataFrame | None) -> TrialRequests:
+    """A records frame as the charts need it; tolerant of missing or extra columns (what cannot be computed is
+    empty), and of no frame at all."""
+    rows: Any = records if records is not None and len(records) else ()
+    return TrialRequests(per_request_arrays(rows), request_timeline(rows))
 
 
 # ---------------------------------------------------------------------------------------------- the archived run
@@ -144,6 +131,11 @@ class ArchivedRun:
         """Whether the run carries a signature file (whether it is valid is `llmplay verify --public-key`'s job)."""
         return (self.run_dir / SIGNATURE_FILE).is_file()
 
+    @property
+    def info(self) -> RunInfo:
+        """The manifest's head as it is now (a run still being written changes it)."""
+        return run_info_from(self._manifest)
+
     def trials(self) -> list[TrialRecord]:
         return [trial_from(t) for t in self._manifest.get("trials", [])]
 
@@ -158,6 +150,42 @@ class ArchivedRun:
 
     def findings(self) -> list[Finding]:
         return [finding_from(f) for f in self._manifest.get("findings", [])]
+
+    def diagnosis(self) -> Diagnosis:
+        return diagnosis_from(self._manifest.get("diagnosis") or {})
+
+    def engine_facts(self) -> EngineFacts:
+        return engine_facts(self.trials(), self.configs(), self.info.final_config_id)
+
+    def tuning_record(self) -> list[TuningRow]:
+        return [tuning_row_from(r) for r in self._manifest.get("tuning_record") or []]
+
+    def rebuilt_record(self) -> list[TuningRow]:
+        """For a run interrupted before its tuning record was written: one row per configuration from its trials'
+        own summaries (each figure the mean over its ok trials), marked `rebuilt`."""
+        rows: list[TuningRow] = []
+        trials = self.trials()
+        for config_id in dict.fromkeys(t.config_id for t in trials):
+            ok = [t for t in trials if t.config_id == config_id and t.superseded is None and t.status == TRIAL_OK]
+            metrics = {
+                m: float(np.mean([t.summary[m] for t in ok if m in t.summary]))
+                for m, _ in REPORT_RECORD_COLUMNS
+                if any(m in t.summary for t in ok)
+            }
+            rows.append(TuningRow(config_id, tuple(t.trial_id for t in ok), metrics, rebuilt=True))
+        return rows
+
+    def playbook_as_run(self) -> PlaybookAsRun:
+        """The archived playbook as written (resolved first: loadable without what it extended); its defaults when
+        neither copy reads as a YAML mapping."""
+        for name in (RESOLVED_FILE, self.info.playbook.file):
+            try:
+                doc = yaml.safe_load(self.read_text(name) or "")
+            except yaml.YAMLError:
+                continue
+            if isinstance(doc, dict):
+                return playbook_as_run(doc)
+        return playbook_as_run({})
 
     def _trial_dict(self, trial_id: str) -> dict[str, Any]:
         for trial in self._manifest.get("trials", []):
@@ -234,6 +262,14 @@ class ArchivedRun:
         except ValueError as exc:
             raise ArchiveError(f"{self.run_dir / str(relpath)}: not readable JSON ({exc})") from None
         return dict(found) if isinstance(found, dict) else None
+
+    def capacity_search(self, trial_id: str) -> CapacitySearch | None:
+        found = self.load_capacity(trial_id)
+        return None if found is None else capacity_from(trial_id, found)
+
+    def requests(self, trial_id: str) -> TrialRequests:
+        """The trial's measured requests as the charts need them (empty when it archived none)."""
+        return requests_from(self.load_records(trial_id) if self._file_of(trial_id, "records") is not None else None)
 
     def load_log(self, trial_id: str) -> str | None:
         relpath = self._file_of(trial_id, "log")

@@ -35,7 +35,15 @@ from llmplay.archive.layout import (
     STATUSES,
     safe_name,
 )
-from llmplay.archive.model import ConfigRecord, GateResult, StepVerdict, TrialRecord, to_plain
+from llmplay.archive.model import (
+    ConfigRecord,
+    Diagnosis,
+    Finding,
+    GateResult,
+    StepVerdict,
+    TrialRecord,
+    to_plain,
+)
 from llmplay.archive.reader import ArchivedRun, have_pyarrow, read_manifest
 from llmplay.archive.signing import Ed25519PrivateKey, signature_document, signing_key_from_env
 from llmplay.archive.verify import manifest_sha256, schema_problems
@@ -288,10 +296,11 @@ class RunArchive(ArchivedRun):
         exit_code: int,
         final_config_id: str,
         gates: Sequence[GateResult],
-        findings: Sequence[Any],
-        diagnosis: Mapping[str, Any],
+        findings: Sequence[Finding | Mapping[str, Any]],
+        diagnosis: Diagnosis | Mapping[str, Any],
         tuning_record: Sequence[Mapping[str, Any]],
     ) -> None:
+        """The run's conclusion; findings and the diagnosis as records, or as the plain dicts the diagnosis makes."""
         if status not in STATUSES[1:]:
             raise ArchiveError(f"finish(status={status!r}): expected one of {', '.join(STATUSES[1:])}")
         m = self._manifest
@@ -301,7 +310,7 @@ class RunArchive(ArchivedRun):
             final_config_id=final_config_id,
             gates=self._redact(list(gates)),
             findings=self._redact(list(findings)),
-            diagnosis=self._redact(dict(diagnosis)),
+            diagnosis=self._redact(diagnosis),
             tuning_record=self._redact(list(tuning_record)),
             finished_utc=_utc_stamp()[1],
         )

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplay.archive.listing import archive_root, list_runs
-from llmplay.archive.reader import read_manifest
+from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.signing import public_key_from
 from llmplay.archive.verify import check
 from llmplay.errors import ArchiveError, ExitCode
@@ -59,10 +59,8 @@ def gates_cell(row: Mapping[str, Any]) -> str:
     if row.get("status") == "unreadable":
         return str(row.get("gates", ""))
     try:
-        gates = read_manifest(Path(row["path"])).get("gates")
-    except ArchiveError:
+        gates = ArchivedRun.open(Path(row["path"])).gates()
+    except (ArchiveError, TypeError, AttributeError):  # unreadable, or a damaged gates list: the count alone
         return str(row.get("gates", ""))
-    if not isinstance(gates, list):
-        return str(row.get("gates", ""))
-    unmeasured = sum(1 for g in gates if isinstance(g, Mapping) and g.get("met") is None)
+    unmeasured = sum(1 for g in gates if g.met is None)
     return str(row.get("gates", "")) + (f" ({unmeasured} not measured)" if unmeasured else "")

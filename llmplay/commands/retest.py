@@ -6,11 +6,11 @@ import hashlib
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from llmplay.archive.listing import archive_root
+from llmplay.archive.model import RunInfo
 from llmplay.archive.paths import MAX_TEXT_BYTES
-from llmplay.archive.reader import read_manifest
+from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.signing import public_key_from
 from llmplay.archive.verify import require_verified
 from llmplay.commands.run import duration_option_s, print_gates, stdout_console
@@ -26,7 +26,7 @@ from llmplay.tuning.quality import changed_outputs
 from llmplay.tuning.run import RunOptions, run_playbook
 
 
-def _unchanged_since(path: Path, manifest: dict[str, Any], run_dir: Path) -> None:
+def _unchanged_since(path: Path, info: RunInfo, run_dir: Path) -> None:
     """The playbook file (on the host, named by the manifest) hashes as the run recorded, before anything parses
     it: a parse error would otherwise echo a file the archive merely named."""
     if not path.is_file():  # also refuses a FIFO or a device, which a read would block on or never finish
@@ -37,25 +37,26 @@ def _unchanged_since(path: Path, manifest: dict[str, Any], run_dir: Path) -> Non
     except OSError as exc:
         raise ArchiveError(f"{path}: cannot read the playbook of {run_dir} ({exc.strerror})") from None
     text = text.replace("\r\n", "\n").replace("\r", "\n")  # as load_playbook reads it (universal newlines)
-    if hashlib.sha256(text.encode()).hexdigest() != manifest["playbook"]["sha256"]:
+    if hashlib.sha256(text.encode()).hexdigest() != info.playbook.sha256:
         raise ArchiveError(
             f"{path} changed since {run_dir} was run (sha256 differs); "
             "restore it or re-run the playbook instead of re-testing"
         )
 
 
-def final_playbook_of(run_dir: Path, playbook_file: Path | None = None) -> tuple[Playbook, dict[str, Any]]:
+def final_playbook_of(run_dir: Path, playbook_file: Path | None = None) -> tuple[Playbook, RunInfo]:
     """The archived run's final configuration as a step-less playbook: the baseline with every carried step applied."""
-    manifest = read_manifest(run_dir)
-    path = playbook_file or Path(manifest["playbook"]["path"])  # the file it was run from, on this host
-    _unchanged_since(path, manifest, run_dir)
+    archived = ArchivedRun.open(run_dir)
+    info = archived.info
+    path = playbook_file or Path(info.playbook.path)  # the file it was run from, on this host
+    _unchanged_since(path, info, run_dir)
     playbook = load_playbook(path, archived=playbook_file is None, on_this_host=True)
-    carried = [v["step"] for v in manifest.get("verdicts", []) if v.get("carried")]
+    carried = [v.step for v in archived.verdicts() if v.carried]
     config = Config("baseline", playbook.engine, playbook.workload)
     for step in playbook.steps:
         if step.name in carried:
             config, _ = apply_step(config, step)
-    return replace(playbook, engine=config.engine, workload=config.workload, steps=()), manifest
+    return replace(playbook, engine=config.engine, workload=config.workload, steps=()), info
 
 
 def flag_changes(playbook: Playbook, new_image: str) -> str | None:
@@ -101,17 +102,16 @@ def retest_command(
             f"WARNING: {run_dir}: this archive failed verification: {verification.one_line()}; re-testing anyway",
             markup=False,
         )
-    playbook, manifest = final_playbook_of(run_dir)
+    playbook, info = final_playbook_of(run_dir)
     console.print(
-        f"re-testing {run_dir} final configuration '{manifest.get('final_config_id')}'"
-        + (f" on image {image}" if image else ""),
+        f"re-testing {run_dir} final configuration '{info.final_config_id}'" + (f" on image {image}" if image else ""),
         markup=False,
     )
     if image:
         changes = flag_changes(playbook, image)
         if changes:
             console.print(changes, markup=False)
-    repeats = repeats or int(manifest.get("overrides", {}).get("repeats") or playbook.trials.repeats)
+    repeats = repeats or info.repeats_override or playbook.trials.repeats
     options = RunOptions(
         archive_root=archive_root(archive_dir),
         repeats=repeats,
@@ -131,7 +131,7 @@ def retest_command(
     if html is not None:
         render_comparison_html(comparison, html)
     # Latency can be fine while the engine says something else: changed greedy outputs are a regression too.
-    outputs = changed_outputs(run_dir, str(manifest.get("final_config_id")), outcome.run_dir, outcome.final_config_id)
+    outputs = changed_outputs(run_dir, str(info.final_config_id), outcome.run_dir, outcome.final_config_id)
     if outputs is not None:
         console.print(f"quality: {outputs}", markup=False)
     if comparison.has_regression or outputs is not None:

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from llmplay.archive.listing import archive_root
-from llmplay.archive.model import GateResult
+from llmplay.archive.model import Diagnosis, Finding, GateResult, TuningRow
+from llmplay.archive.verdicts import error_rates_text
 from llmplay.catalog import (
     CAPACITY_METRICS,
     TUNING_RECORD_METRICS,
@@ -28,7 +29,6 @@ from llmplay.errors import ExitCode, PlaybookError
 from llmplay.plan import build_plan
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
-from llmplay.tuning.decide import error_rates_text
 from llmplay.tuning.resume import resumed_overrides, resumed_playbook
 from llmplay.tuning.run import RunOptions, RunOutcome, apply_overrides, run_playbook
 from llmplay.units import UnitError, parse_duration_s
@@ -131,7 +131,7 @@ def print_outcome(console: Console, outcome: RunOutcome) -> None:
     # A run of capacity searches shows their figures too (capacity, throughput and cost at the SLO).
     shown = [
         *TUNING_RECORD_METRICS,
-        *(m for m in CAPACITY_METRICS if any(m in (row.get("metrics") or {}) for row in outcome.tuning_record)),
+        *(m for m in CAPACITY_METRICS if any(m in row.metrics for row in outcome.tuning_record)),
     ]
     for metric in shown:
         table.add_column(label_of(metric), justify="right")
@@ -143,7 +143,7 @@ def print_outcome(console: Console, outcome: RunOutcome) -> None:
             value = measured(figures.get(metric))
             thin = thin_warning(metric, figures)
             cells.append("not measured" if value is None else fmt_full(metric, value) + (" *" if thin else ""))
-        table.add_row(str(row.get("config_id", "?")), str(row.get("verdict", "baseline")), *cells)
+        table.add_row(row.config_id, row.verdict or "baseline", *cells)
         notes.extend(record_notes(row, figures))
     console.print(table)
     for note in notes:
@@ -167,18 +167,17 @@ def print_outcome(console: Console, outcome: RunOutcome) -> None:
     console.print(f"report: {outcome.run_dir / 'report.html'}", markup=False)
 
 
-def record_figures(row: Mapping[str, Any]) -> dict[str, Any]:
+def record_figures(row: TuningRow) -> dict[str, float]:
     """A tuning-record row's figures with the request counts its percentiles rest on."""
-    metrics, samples = row.get("metrics"), row.get("samples")
-    return {**(samples if isinstance(samples, Mapping) else {}), **(metrics if isinstance(metrics, Mapping) else {})}
+    return {**row.samples, **row.metrics}
 
 
-def record_notes(row: Mapping[str, Any], figures: Mapping[str, Any]) -> list[str]:
+def record_notes(row: TuningRow, figures: Mapping[str, Any]) -> list[str]:
     """The lines under the tuning record for one row: why its absent figures are absent, and which of its
     percentiles (marked *) rest on too few requests."""
-    config = row.get("config_id", "?")
+    config = row.config_id
     absent = [m for m in TUNING_RECORD_METRICS if measured(figures.get(m)) is None]
-    trials, failed = len(row.get("trials") or []), row.get("failed_trials") or 0
+    trials, failed = len(row.trials), row.failed_trials
     lines = []
     if absent and len(absent) == len(TUNING_RECORD_METRICS) and trials and failed >= trials:
         lines.append(f"  {config}: not measured (all {trials} trial(s) failed)")
@@ -205,47 +204,45 @@ def _peak_absence(device: object) -> str:
     return absence_reason("memory.peak_bytes") if device != "cpu" else "the engine's process memory was not sampled"
 
 
-def print_diagnosis(console: Console, diagnosis: Mapping[str, Any], findings: Sequence[Mapping[str, Any]]) -> None:
+def print_diagnosis(console: Console, diagnosis: Diagnosis, findings: Sequence[Finding]) -> None:
     """The checklist's memory breakdown, decode roofline and findings for the final configuration; a figure the
     diagnosis lacks is "not measured", never a crash."""
-    memory = diagnosis.get("memory")
-    if isinstance(memory, Mapping) and memory:
-        share = measured(memory.get("kv_share"))
-        tokens, per_token = measured(memory.get("tokens_in_flight")), measured(memory.get("kv_bytes_per_token"))
+    memory = diagnosis.memory
+    if memory is not None:
+        share, tokens, per_token = memory.kv_share, memory.tokens_in_flight, memory.kv_bytes_per_token
         in_flight = (
             f" ({tokens:.0f} tokens in flight x {per_token:.0f} B)"
             if tokens is not None and per_token is not None
             else ""
         )
-        peak = measured(memory.get("peak_bytes"))
         console.print(
-            f"memory ({memory.get('device', 'gpu')}): weights {_bytes(memory.get('weights_bytes'))}, "
-            f"KV cache {_bytes(memory.get('kv_bytes'))}{in_flight}, other {_bytes(memory.get('other_bytes'))}, "
-            f"peak {_bytes(peak)}"
-            + (f" ({_peak_absence(memory.get('device'))})" if peak is None else "")
+            f"memory ({memory.device}): weights {_bytes(memory.weights_bytes)}, "
+            f"KV cache {_bytes(memory.kv_bytes)}{in_flight}, other {_bytes(memory.other_bytes)}, "
+            f"peak {_bytes(memory.peak_bytes)}"
+            + (f" ({_peak_absence(memory.device)})" if memory.peak_bytes is None else "")
             + f", KV share {'not measured' if share is None else f'{share:.0%}'}",
             markup=False,
         )
-    roofline = diagnosis.get("roofline")
-    if isinstance(roofline, Mapping) and measured(roofline.get("floor_s")) is not None:
-        achieved, ratio = measured(roofline.get("achieved_tpot_s")), measured(roofline.get("achieved_over_floor"))
+    roofline = diagnosis.roofline
+    if roofline is not None:
+        achieved, ratio = roofline.achieved_tpot_s, roofline.achieved_over_floor
         result = (
             f"achieved {achieved * 1000:.2f} ms = {ratio:.1f}x the floor"
             if achieved is not None and ratio is not None
             else f"achieved not measured ({absence_reason('tpot.p50')})"
         )
         console.print(
-            f"decode roofline: floor {roofline['floor_s'] * 1000:.2f} ms/token "
-            f"({roofline.get('bandwidth_source') or 'bandwidth source unknown'}), {result}",
+            f"decode roofline: floor {roofline.floor_s * 1000:.2f} ms/token "
+            f"({roofline.bandwidth_source or 'bandwidth source unknown'}), {result}",
             markup=False,
         )
-    for note in diagnosis.get("notes") or []:
+    for note in diagnosis.notes:
         console.print(f"note: {note}", markup=False)
     for finding in findings:
-        suggestion = f" -> {finding['suggestion']}" if finding.get("suggestion") else ""
+        suggestion = f" -> {finding.suggestion}" if finding.suggestion else ""
         console.print(
-            f"finding [{finding.get('severity', '?')}] {finding.get('checklist_ref', '')} "
-            f"{finding.get('title', '')}: {finding.get('evidence') or 'no evidence recorded'}{suggestion}",
+            f"finding [{finding.severity or '?'}] {finding.checklist_ref} "
+            f"{finding.title}: {finding.evidence or 'no evidence recorded'}{suggestion}",
             markup=False,
         )
 

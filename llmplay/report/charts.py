@@ -14,6 +14,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from llmplay.archive.model import CapacitySearch
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -315,7 +317,7 @@ _SEARCH_COLORS = ("#3b6ea8", "#d9822b", "#4d9a5b", "#a8456b", "#7a6bb0", "#8c8c3
 
 @_styled
 def capacity_attainment(
-    configs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], target: float, unit: str, width_in: float = 7.0
+    configs: Sequence[tuple[str, Sequence[CapacitySearch]]], target: float, unit: str, width_in: float = 7.0
 ) -> str:
     """SLO attainment against load, one colour per configuration: each probe's attainment with its interval, the
     target as a dashed line, and each search's boundary interval as a band with its estimate as a line."""
@@ -324,14 +326,13 @@ def capacity_attainment(
     for i, (label, searches) in enumerate(configs):
         color = _SEARCH_COLORS[i % len(_SEARCH_COLORS)]
         for j, search in enumerate(searches):
-            probes = sorted(search.get("probes") or [], key=lambda p: p["load"])
-            probes = [p for p in probes if p.get("attainment") is not None]
+            probes = sorted((p for p in search.probes if p.attainment is not None), key=lambda p: p.load)
             if not probes:
                 continue
-            x = np.asarray([p["load"] for p in probes], dtype=float)
-            y = np.asarray([p["attainment"] for p in probes], dtype=float) * 100
-            lo = np.clip(y - np.asarray([p["ci_low"] for p in probes], dtype=float) * 100, 0, None)
-            hi = np.clip(np.asarray([p["ci_high"] for p in probes], dtype=float) * 100 - y, 0, None)
+            x = np.asarray([p.load for p in probes], dtype=float)
+            y = np.asarray([p.attainment for p in probes], dtype=float) * 100
+            lo = np.clip(y - np.asarray([p.ci_low for p in probes], dtype=float) * 100, 0, None)
+            hi = np.clip(np.asarray([p.ci_high for p in probes], dtype=float) * 100 - y, 0, None)
             ax.errorbar(
                 x,
                 y,
@@ -344,11 +345,11 @@ def capacity_attainment(
                 alpha=0.9,
                 label=label if j == 0 else None,
             )
-            band = search.get("boundary_ci") or [None, None]
-            if band[0] is not None and band[1] is not None:
-                ax.axvspan(band[0], band[1], color=color, alpha=0.12, lw=0)
-            if search.get("capacity") is not None:
-                ax.axvline(search["capacity"], color=color, lw=1.2, ls="-", alpha=0.8)
+            low, high = search.boundary_ci
+            if low is not None and high is not None:
+                ax.axvspan(low, high, color=color, alpha=0.12, lw=0)
+            if search.capacity is not None:
+                ax.axvline(search.capacity, color=color, lw=1.2, ls="-", alpha=0.8)
             drawn = True
     if not drawn:
         _not_measured(ax, "no capacity probe measured")
@@ -367,7 +368,7 @@ def capacity_attainment(
 
 @_styled
 def capacity_knee(
-    configs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+    configs: Sequence[tuple[str, Sequence[CapacitySearch]]],
     slo_s: Mapping[str, float],
     target: float,
     width_in: float = 9.0,
@@ -382,11 +383,10 @@ def capacity_knee(
         for i, (label, searches) in enumerate(configs):
             color = _SEARCH_COLORS[i % len(_SEARCH_COLORS)]
             for j, search in enumerate(searches):
-                probes = sorted(search.get("probes") or [], key=lambda p: p["load"])
                 pts = [
-                    (p["output_tok_s"], (p.get("at_quantile_s") or {}).get(key))
-                    for p in probes
-                    if p.get("output_tok_s") is not None and (p.get("at_quantile_s") or {}).get(key) is not None
+                    (p.output_tok_s, p.at_quantile_s[key])
+                    for p in sorted(search.probes, key=lambda p: p.load)
+                    if p.output_tok_s is not None and key in p.at_quantile_s
                 ]
                 if not pts:
                     continue

@@ -13,14 +13,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from llmplay.archive.model import ConfigRecord, GateResult, StepVerdict, to_plain
+from llmplay.archive.model import (
+    ConfigRecord,
+    Diagnosis,
+    Finding,
+    GateResult,
+    StepVerdict,
+    TuningRow,
+)
 from llmplay.archive.writer import RunArchive
 from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
 from llmplay.errors import ExitCode, LlmplayError, PlaybookError
 from llmplay.plan import docker_run_argv, format_argv
 from llmplay.playbook.source import located_error
-from llmplay.redaction import redact, redact_text, referenced_values, resolve_env, secret_values
+from llmplay.redaction import redact_text, referenced_values, resolve_env, secret_values
 from llmplay.runtime import RuntimeFactory, live_runs, make_runtime, stop_all
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.docker import require_images
@@ -82,9 +89,9 @@ class RunOutcome:
     final_config_id: str
     gates: tuple[GateResult, ...]
     verdicts: tuple[StepVerdict, ...]
-    tuning_record: tuple[Mapping[str, Any], ...]
-    findings: tuple[Mapping[str, Any], ...] = ()
-    diagnosis: Mapping[str, Any] = field(default_factory=dict)
+    tuning_record: tuple[TuningRow, ...]
+    findings: tuple[Finding, ...] = ()
+    diagnosis: Diagnosis = field(default_factory=Diagnosis)
     final_summary: Mapping[str, Any] = field(default_factory=dict)  # the final configuration's pooled figures
     trials: Trials = field(default_factory=Trials)  # the design the verdicts were decided under
 
@@ -242,8 +249,8 @@ class TuningRun:
         spec = config.engine
         return ConfigRecord(
             config_id=config.label,
-            engine=redact(to_plain(spec), self.secrets),
-            workload=to_plain(config.workload),
+            engine=spec,  # redacted as the archive writes it
+            workload=config.workload,
             command=tuple(self.engine.command(spec)),
             docker_command=format_argv(docker_run_argv(spec, self.engine)),
         )
@@ -349,9 +356,9 @@ class TuningRun:
             final.config.label,
             tuple(gates),
             tuple(loop.verdicts),
-            tuple(loop.record_rows),
-            tuple(findings),
-            diagnosis,
+            tuple(archive.tuning_record()),  # as archived: read back through the archive's one conversion
+            tuple(archive.findings()),
+            archive.diagnosis(),
             final_summary,
             self.playbook.trials,
         )

@@ -1,0 +1,333 @@
+"""Manifest JSON -> the archive's typed records (archive.model), once, at the reader's boundary.
+
+Every older shape of the manifest is handled here, so nothing after the reader asks whether a key is there: a figure
+an older llmplay did not record is None (or the record's documented default), a field it did not know takes the
+value its behaviour then had (spec's defaults), and a p-value it kept is read and dropped (MetricDelta).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from llmplay.archive.layout import PLAYBOOK_FILE
+from llmplay.archive.model import (
+    CapacityProbe,
+    CapacitySearch,
+    ConfigRecord,
+    Diagnosis,
+    Environment,
+    Finding,
+    GateResult,
+    GpuInfo,
+    MemoryFacts,
+    MetricDelta,
+    PlaybookAsRun,
+    PlaybookRef,
+    RooflineFacts,
+    RuleChecked,
+    RunInfo,
+    Scalar,
+    StepVerdict,
+    TrialRecord,
+    TrialsAsRun,
+    TuningRow,
+)
+from llmplay.spec import EngineSpec, LengthDist, Objective, Trials, Workload
+from llmplay.units import parse_fraction
+
+
+# ---------------------------------------------------------------------------------------------- JSON values
+def mapping(value: Any) -> Mapping[str, Any]:
+    """A JSON object, or an empty one for anything else (absent, null, a damaged field)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _items(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _whole(value: Any) -> int | None:
+    number = _number(value)
+    return None if number is None else int(number)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _scalars(value: Any) -> dict[str, Scalar]:
+    """Facts by name, without the ones not given (null), which are left out rather than shown as "None"."""
+    return {
+        str(k): v if isinstance(v, (str, int, float, bool)) else str(v)
+        for k, v in mapping(value).items()
+        if v is not None
+    }
+
+
+def _known(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of `d` that are fields of the dataclass `cls` (a newer llmplay's extra keys are ignored)."""
+    return {f.name: d[f.name] for f in fields(cls) if f.name in d}
+
+
+# ---------------------------------------------------------------------------------------------- trials and steps
+def delta_from(d: Mapping[str, Any] | None) -> MetricDelta | None:
+    if d is None:
+        return None
+    values: dict[str, Any] = {k: d.get(k) for k in MetricDelta.__dataclass_fields__}
+    return MetricDelta(**values)
+
+
+def trial_from(d: Mapping[str, Any]) -> TrialRecord:
+    kw = _known(TrialRecord, d)
+    kw["summary"] = {k: v for k, v in mapping(d.get("summary")).items() if v is not None}
+    kw["notes"] = tuple(_items(d.get("notes")))
+    kw["files"] = dict(mapping(d.get("files")))
+    kw["engine_describe"] = dict(mapping(d.get("engine_describe")))
+    kw["node"] = dict(mapping(d.get("node")))
+    if d.get("shared_with") is not None:
+        kw["shared_with"] = tuple(mapping(o) for o in _items(d.get("shared_with")))
+    return TrialRecord(**kw)
+
+
+def _length_from(value: Any, default: LengthDist) -> LengthDist:
+    if not isinstance(value, Mapping) or "kind" not in value:
+        return default
+    kw = _known(LengthDist, value)
+    for key in ("values", "weights"):
+        kw[key] = tuple(_items(kw.get(key)))
+    return LengthDist(**kw)
+
+
+def engine_from(d: Mapping[str, Any]) -> EngineSpec:
+    kw = _known(EngineSpec, d)
+    kw.setdefault("kind", "")
+    kw.setdefault("model", "")
+    kw["args"] = dict(mapping(kw.get("args")))
+    kw["env"] = dict(mapping(kw.get("env")))
+    kw["extra_args"] = tuple(_items(kw.get("extra_args")))
+    if isinstance(kw.get("gpus"), list):
+        kw["gpus"] = tuple(str(g) for g in kw["gpus"])
+    return EngineSpec(**kw)
+
+
+def workload_from(d: Mapping[str, Any]) -> Workload:
+    kw = _known(Workload, d)
+    kw["input"] = _length_from(kw.get("input"), Workload.input)
+    kw["output"] = _length_from(kw.get("output"), Workload.output)
+    kw["sweep"] = tuple(_items(kw.get("sweep")))
+    return Workload(**kw)
+
+
+def config_from(d: Mapping[str, Any]) -> ConfigRecord:
+    return ConfigRecord(
+        config_id=d["config_id"],
+        engine=engine_from(mapping(d.get("engine"))),
+        workload=workload_from(mapping(d.get("workload"))),
+        command=tuple(d.get("command") or ()),
+        docker_command=d.get("docker_command") or "",
+    )
+
+
+def verdict_from(d: Mapping[str, Any]) -> StepVerdict:
+    kw = _known(StepVerdict, d)
+    kw["objective"] = delta_from(d.get("objective"))
+    kw["guards"] = tuple(delta_from(g) for g in d.get("guards") or ())
+    kw["deltas"] = tuple(delta_from(g) for g in d.get("deltas") or ())
+    for key in ("changes", "trials_baseline", "trials_candidate"):
+        kw[key] = tuple(d.get(key) or ())
+    return StepVerdict(**kw)
+
+
+def gate_from(d: Mapping[str, Any]) -> GateResult:
+    values: dict[str, Any] = {k: d.get(k) for k in GateResult.__dataclass_fields__}
+    return GateResult(**values)
+
+
+def tuning_row_from(d: Mapping[str, Any]) -> TuningRow:
+    """A tuning-record row; rows archived before request counts were kept have no `samples`."""
+    return TuningRow(
+        config_id=str(d.get("config_id", "?")),
+        trials=tuple(str(t) for t in _items(d.get("trials"))),
+        metrics={str(k): float(v) for k, v in mapping(d.get("metrics")).items() if _number(v) is not None},
+        failed_trials=int(d.get("failed_trials") or 0),
+        samples={str(k): int(v) for k, v in mapping(d.get("samples")).items() if _number(v) is not None},
+        step=_text(d.get("step")),
+        verdict=_text(d.get("verdict")),
+        reason=str(d.get("reason") or ""),
+        compared_with=str(d.get("compared_with") or ""),
+        changes=tuple(str(c) for c in _items(d.get("changes"))),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the diagnosis
+def finding_from(d: Mapping[str, Any]) -> Finding:
+    return Finding(**{k: str(d.get(k) or "") for k in Finding.__dataclass_fields__})
+
+
+def _memory_from(d: Mapping[str, Any]) -> MemoryFacts | None:
+    if not d:
+        return None
+    kw: dict[str, Any] = {f.name: _number(d.get(f.name)) for f in fields(MemoryFacts) if f.type == "float | None"}
+    return MemoryFacts(
+        **kw,
+        device=str(d.get("device") or MemoryFacts.device),
+        notes=tuple(str(n) for n in _items(d.get("notes"))),
+    )
+
+
+def _roofline_from(d: Mapping[str, Any]) -> RooflineFacts | None:
+    floor = _number(d.get("floor_s"))
+    if not floor:  # no bandwidth figure for the GPU: no floor, nothing to draw
+        return None
+    kw: dict[str, Any] = {f.name: _number(d.get(f.name)) for f in fields(RooflineFacts) if f.type == "float | None"}
+    return RooflineFacts(floor_s=floor, **kw, bandwidth_source=str(d.get("bandwidth_source") or ""))
+
+
+def diagnosis_from(d: Mapping[str, Any]) -> Diagnosis:
+    """The diagnosis beside the findings; `rules` (the checklist rules evaluated) is absent in older archives."""
+    rules = d.get("rules")
+    return Diagnosis(
+        notes=tuple(str(n) for n in _items(d.get("notes"))),
+        model=_scalars(d.get("model")),
+        memory=_memory_from(mapping(d.get("memory"))),
+        roofline=_roofline_from(mapping(d.get("roofline"))),
+        scheduler=_scalars(d.get("scheduler")),
+        rules=None
+        if rules is None
+        else tuple(
+            RuleChecked(str(r.get("id", "")), str(r.get("section", "")), str(r.get("title", "")))
+            for r in map(mapping, _items(rules))
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- capacity searches
+def _probe_from(d: Mapping[str, Any]) -> CapacityProbe:
+    return CapacityProbe(
+        load=float(d["load"]),
+        attainment=_number(d.get("attainment")),
+        ci_low=_number(d.get("ci_low")),
+        ci_high=_number(d.get("ci_high")),
+        output_tok_s=_number(d.get("output_tok_s")),
+        at_quantile_s={str(k): float(v) for k, v in mapping(d.get("at_quantile_s")).items() if _number(v) is not None},
+    )
+
+
+def capacity_from(trial_id: str, d: Mapping[str, Any]) -> CapacitySearch:
+    band = [*_items(d.get("boundary_ci")), None, None][:2]
+    return CapacitySearch(
+        trial_id=trial_id,
+        target=float(d["target"]),
+        unit=str(d.get("unit", "")),
+        status=str(d["status"]),
+        slo_s={str(k): float(v) for k, v in mapping(d.get("slo_s")).items()},
+        capacity=_number(d.get("capacity")),
+        boundary_ci=(_number(band[0]), _number(band[1])),
+        boundary_text=str(d.get("boundary_text", "")),
+        binding_sentence=str(d.get("binding_sentence", "")),
+        runs=int(d.get("runs", 0)),
+        engine_s=float(d.get("engine_s", 0.0)),
+        order=str(d.get("order", "")),
+        notes=tuple(str(n) for n in _items(d.get("notes"))),
+        probes=tuple(_probe_from(mapping(p)) for p in _items(d.get("probes"))),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the run
+def _gpu_from(value: Any) -> GpuInfo | None:
+    if not isinstance(value, Mapping):
+        return None
+    return GpuInfo(
+        name=_text(value.get("name")) or None,
+        driver=_text(value.get("driver")),
+        cuda=_text(value.get("cuda")),
+        count=int(value.get("count") or 1),
+        error=_text(value.get("error")),
+    )
+
+
+def environment_from(env: Mapping[str, Any]) -> Environment:
+    docker = env.get("docker")
+    if isinstance(docker, Mapping):  # some llmplay versions kept Docker's whole version document
+        docker = docker.get("version") or docker.get("server") or json.dumps(docker)
+    return Environment(
+        started_utc=str(env.get("started_utc") or ""),
+        user=_text(env.get("user")),
+        host=_text(env.get("host")),
+        platform=str(env.get("platform", "")),
+        llmplay_version=_text(env.get("llmplay_version")),
+        python=str(env.get("python", "")),
+        docker=str(docker) if docker else None,
+        seed=env.get("seed") if isinstance(env.get("seed"), (int, str)) else None,
+        gpu=_gpu_from(env.get("gpu")),
+    )
+
+
+def run_info_from(m: Mapping[str, Any]) -> RunInfo:
+    playbook = mapping(m.get("playbook"))
+    overrides = mapping(m.get("overrides"))
+    repeats = overrides.get("repeats")
+    return RunInfo(
+        run_id=str(m["run_id"]),
+        playbook=PlaybookRef(
+            name=str(playbook.get("name") or ""),
+            version=str(playbook.get("version") or ""),
+            path=str(playbook.get("path") or ""),
+            sha256=str(playbook.get("sha256") or ""),
+            file=str(playbook.get("file") or PLAYBOOK_FILE),
+        ),
+        environment=environment_from(mapping(m.get("environment"))),
+        status=str(m.get("status") or "?"),
+        exit_code=m.get("exit_code") if isinstance(m.get("exit_code"), int) else None,
+        final_config_id=_text(m.get("final_config_id")),
+        finished_utc=str(m.get("finished_utc", "")),
+        overrides=dict(overrides),
+        repeats_override=_whole(repeats) or None,
+        files=len(mapping(m.get("files"))),
+        manifest_sha256=str(m.get("manifest_sha256", "")),
+        report_error=_text(m.get("report_error")),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the archived playbook
+def playbook_as_run(doc: Mapping[str, Any]) -> PlaybookAsRun:
+    """What the report quotes of the archived playbook's YAML document, tolerant of anything it finds there."""
+    goals = mapping(doc.get("goals"))
+    objective = mapping(goals.get("objective"))
+    min_effect = Objective.min_effect
+    if "min_effect" in objective:
+        with contextlib.suppress(ValueError):  # not a fraction: the spec's default (the runner refused it anyway)
+            min_effect = parse_fraction(objective["min_effect"])
+    trials = mapping(doc.get("trials"))
+    confidence, repeats = trials.get("confidence", Trials.confidence), trials.get("repeats")
+    slo = goals.get("slo")
+    return PlaybookAsRun(
+        objective=next((f"{k} {v}" for k, v in objective.items() if k in ("minimize", "maximize")), ""),
+        min_effect=min_effect,
+        guards=tuple(
+            f"{g.get('metric')} within {g.get('tolerance')}"
+            for g in _items(goals.get("guards"))
+            if isinstance(g, Mapping)
+        ),
+        slo=", ".join(f"{k} {v}" for k, v in slo.items()) if isinstance(slo, Mapping) else "",
+        trials=TrialsAsRun(
+            repeats=Trials.repeats if (count := _whole(repeats)) is None else count,
+            interleave=bool(trials.get("interleave", Trials.interleave)),
+            sequential=bool(trials.get("sequential", Trials.sequential)),
+            confidence=float(confidence) if _number(confidence) is not None else Trials.confidence,
+            pool_noise=bool(trials.get("pool_noise", Trials.pool_noise)),
+        ),
+        step_descriptions={
+            str(s["name"]): str(s.get("description") or "")
+            for s in _items(doc.get("steps"))
+            if isinstance(s, Mapping) and "name" in s
+        },
+    )
