@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from llmplay.archive.index import index_finished_run
 from llmplay.archive.layout import (
     ENV_ARCHIVE,
     ENV_SIGNING_KEY,
@@ -306,6 +307,7 @@ class RunArchive(ArchivedRun):
             finished_utc=_utc_stamp()[1],
         )
         self._save()
+        index_finished_run(self.run_dir)  # never fails the run: the index is rebuilt from manifests on demand
 
     def record_report_error(self, error: str) -> None:
         """Rendering failed as the run finished; the measurements are safe on disk and the manifest says why there is

@@ -15,9 +15,9 @@ from llmplay.archive.model import GateResult
 from llmplay.catalog import CAPACITY_METRICS, TUNING_RECORD_METRICS, absence_reason, fmt_bytes, fmt_full, label_of
 from llmplay.commands.plan import render_plan
 from llmplay.errors import ExitCode, PlaybookError
+from llmplay.history.site import publish_run
 from llmplay.plan import build_plan
 from llmplay.playbook.load import load_playbook
-from llmplay.report import publish_report
 from llmplay.tuning.decide import error_rates_text
 from llmplay.tuning.resume import resumed_overrides, resumed_playbook
 from llmplay.tuning.run import RunOptions, RunOutcome, apply_overrides, run_playbook
@@ -97,7 +97,7 @@ def run_command(
         console.print(render_plan(build_plan(apply_overrides(playbook, options))), markup=False)
         return ExitCode.OK
     outcome = run_playbook(
-        playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False)
+        playbook, options, publish=publish_run, report=lambda line: console.print(line, markup=False)
     )
     print_summary_guarded(console, outcome)
     return outcome.exit_code
