@@ -33,7 +33,7 @@ from llmplay.playbook.load import load_playbook
 
 INDEX_FILE = "index.sqlite"
 REFERENCE_FILE = "reference.json"  # <root>/<playbook dir>/reference.json: the run `history --accept` named
-INDEX_VERSION = "1"  # bump when the tables change: an index of another version is rebuilt, not migrated
+INDEX_VERSION = "2"  # bump when the tables change: an index of another version is rebuilt, not migrated
 # Besides the goals' metrics, what every run's headline keeps per trial: cost, and the counts an error rate's
 # interval in points needs.
 HEADLINE_EXTRA = ("cost.usd_per_1m_tokens", "errors.count", "requests.total", *CAPACITY_METRICS)
@@ -72,9 +72,8 @@ CREATE INDEX runs_by_playbook ON runs (playbook, started_utc, run_id);
 CREATE TABLE figures (
   run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
   metric TEXT NOT NULL,
-  trial INTEGER NOT NULL,             -- position among the final configuration's successful trials
-  value REAL NOT NULL,
-  PRIMARY KEY (run_id, metric, trial)
+  trial_values TEXT NOT NULL,         -- one value per successful final-configuration trial, comma-separated repr
+  PRIMARY KEY (run_id, metric)
 );
 CREATE TABLE unreadable (             -- run directories whose manifest could not be indexed, and why
   path TEXT PRIMARY KEY,
@@ -382,13 +381,30 @@ def _insert(conn: sqlite3.Connection, entry: RunEntry) -> None:
         [values[c] for c in _RUN_COLUMNS],
     )
     conn.executemany(
-        "INSERT INTO figures (run_id, metric, trial, value) VALUES (?, ?, ?, ?)",
-        [(entry.run_id, m, i, v) for m, values_ in entry.figures.items() for i, v in enumerate(values_)],
+        "INSERT INTO figures (run_id, metric, trial_values) VALUES (?, ?, ?)",
+        [(entry.run_id, m, ",".join(map(repr, values_))) for m, values_ in entry.figures.items()],
     )
 
 
-def _entry_from_row(row: sqlite3.Row, figures: Mapping[str, tuple[float, ...]]) -> RunEntry:
-    gates = tuple(GateState(**g) for g in json.loads(row["gates_json"]))
+class _JsonCache:
+    """Runs of one playbook repeat the same goals, configuration and gates texts: each is parsed once per read."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str | None], Any] = {}
+
+    def get(self, kind: str, text: str | None) -> Any:
+        key = (kind, text)
+        if key not in self._seen:
+            if kind == "goals":
+                self._seen[key] = Goals.from_json(text)
+            elif kind == "gates":
+                self._seen[key] = tuple(GateState(**g) for g in json.loads(text or "[]"))
+            else:
+                self._seen[key] = json.loads(text or "{}")
+        return self._seen[key]
+
+
+def _entry_from_row(row: sqlite3.Row, figures: Mapping[str, tuple[float, ...]], parsed: _JsonCache) -> RunEntry:
     return RunEntry(
         run_id=row["run_id"],
         path=row["path"],
@@ -406,9 +422,9 @@ def _entry_from_row(row: sqlite3.Row, figures: Mapping[str, tuple[float, ...]]) 
         hardware=row["hardware"],
         config_id=row["config_id"],
         config_fingerprint=row["config_fingerprint"],
-        config=json.loads(row["config_json"]),
-        goals=Goals.from_json(row["goals_json"]),
-        gates=gates,
+        config=parsed.get("config", row["config_json"]),
+        goals=parsed.get("goals", row["goals_json"]),
+        gates=parsed.get("gates", row["gates_json"]),
         verified=bool(row["verified"]),
         problems=tuple(p for p in row["problems"].split("\n") if p),
         figures=figures,
@@ -417,9 +433,10 @@ def _entry_from_row(row: sqlite3.Row, figures: Mapping[str, tuple[float, ...]]) 
     )
 
 
-def _manifests(root: Path) -> dict[str, Path]:
-    """Every run directory with a manifest under root, by its path relative to root (scandir: one stat each)."""
-    out: dict[str, Path] = {}
+def _manifests(root: Path) -> dict[str, tuple[Path, int, int]]:
+    """Every run directory with a manifest under root, by its path relative to root, with the manifest's mtime
+    (ns) and size: one stat per run."""
+    out: dict[str, tuple[Path, int, int]] = {}
     try:
         playbook_dirs = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
     except FileNotFoundError:
@@ -430,8 +447,11 @@ def _manifests(root: Path) -> dict[str, Path]:
         except OSError:
             continue
         for run in runs:
-            if os.path.isfile(os.path.join(run.path, MANIFEST)):
-                out[f"{pdir.name}/{run.name}"] = Path(run.path)
+            try:
+                st = os.stat(os.path.join(run.path, MANIFEST))
+            except OSError:
+                continue
+            out[f"{pdir.name}/{run.name}"] = (Path(run.path), st.st_mtime_ns, st.st_size)
     return out
 
 
@@ -494,7 +514,7 @@ class ArchiveIndex:
                 with _transaction(conn):
                     conn.execute("INSERT INTO meta VALUES ('version', ?)", (INDEX_VERSION,))
                     conn.execute("INSERT INTO meta VALUES ('built_utc', ?)", (_now(),))
-                    for rel, run_dir in sorted(_manifests(self.root).items()):
+                    for rel, (run_dir, _, _) in sorted(_manifests(self.root).items()):
                         found = self._read_entry(rel, run_dir, cache)
                         self._store(conn, rel, found)
                         count += isinstance(found, RunEntry)
@@ -557,19 +577,11 @@ class ArchiveIndex:
             )
         }
         gone = [rel for rel in indexed if rel not in on_disk]
-        changed: list[tuple[str, Path]] = []
-        for rel, run_dir in on_disk.items():
-            known = indexed.get(rel)
-            if known is None:
-                changed.append((rel, run_dir))
-                continue
-            try:
-                st = os.stat(run_dir / MANIFEST)
-            except OSError:
-                changed.append((rel, run_dir))
-                continue
-            if (st.st_mtime_ns, st.st_size) != known[:2]:
-                changed.append((rel, run_dir))
+        changed = [
+            (rel, run_dir)
+            for rel, (run_dir, mtime_ns, size) in on_disk.items()
+            if rel not in indexed or (mtime_ns, size) != indexed[rel][:2]
+        ]
         if not gone and not changed:
             return
         cache: dict[str, Goals | None] = {}
@@ -615,14 +627,15 @@ class ArchiveIndex:
             conn.row_factory = sqlite3.Row
             where, args = ("WHERE playbook = ?", (playbook,)) if playbook is not None else ("", ())
             rows = conn.execute(f"SELECT * FROM runs {where} ORDER BY started_utc, run_id", args).fetchall()
-            figures: dict[str, dict[str, list[float]]] = {}
+            figures: dict[str, dict[str, tuple[float, ...]]] = {}
             query = (
-                "SELECT f.run_id, f.metric, f.value FROM figures f JOIN runs r ON r.run_id = f.run_id "
-                f"{where.replace('playbook', 'r.playbook')} ORDER BY f.run_id, f.metric, f.trial"
+                "SELECT f.run_id, f.metric, f.trial_values FROM figures f JOIN runs r ON r.run_id = f.run_id "
+                f"{where.replace('playbook', 'r.playbook')}"
             )
-            for run_id, metric, value in conn.execute(query, args):
-                figures.setdefault(run_id, {}).setdefault(metric, []).append(value)
-        return [_entry_from_row(row, {m: tuple(v) for m, v in figures.get(row["run_id"], {}).items()}) for row in rows]
+            for run_id, metric, text in conn.execute(query, args):
+                figures.setdefault(run_id, {})[metric] = tuple(map(float, text.split(",")))
+        parsed = _JsonCache()
+        return [_entry_from_row(row, figures.get(row["run_id"], {}), parsed) for row in rows]
 
     def unreadable(self) -> list[Unindexable]:
         """Run directories whose manifest could not be indexed, and why."""

@@ -116,7 +116,31 @@ def run_figure(entry: RunEntry, metric: str, confidence: float) -> Figure | None
             low, high = wilson_interval(errors, total, confidence)
             return Figure(metric, errors / total, low, high, len(values))
     low, high = t_mean_interval(values, confidence)
-    return Figure(metric, float(np.mean(values)), low, high, len(values))
+    return Figure(metric, math.fsum(values) / len(values), low, high, len(values))
+
+
+def _point_change(xa: Sequence[float], xb: Sequence[float]) -> float | None:
+    """The relative change welch_effect would put at the centre of its interval (geometric means when every value
+    is positive, else the means), computed without its interval; None from a zero baseline."""
+    if all(v > 0 and math.isfinite(v) for v in (*xa, *xb)):
+        return math.expm1(sum(map(math.log, xb)) / len(xb) - sum(map(math.log, xa)) / len(xa))
+    base = sum(xa) / len(xa)
+    return (sum(xb) / len(xb) - base) / abs(base) if base else None
+
+
+def _can_be_beyond(a: RunEntry, b: RunEntry, goal: GuardGoal) -> bool:
+    """Whether the change can be shown beyond the tolerance at all: an interval holds its point estimate, so a
+    point within the tolerance either way can never be flagged. Saves the interval for almost every pair."""
+    xa, xb = a.figures.get(goal.metric), b.figures.get(goal.metric)
+    if not xa or not xb:
+        return False
+    if goal.absolute and goal.metric in RATE_METRICS:
+        counts = [x.figures.get(k) for x in (a, b) for k in ("errors.count", "requests.total")]
+        if all(counts):
+            ea, ta, eb, tb = (sum(c or ()) for c in counts)
+            return not (ta and tb) or abs(eb / tb - ea / ta) > goal.tolerance
+    point = _point_change(xa, xb)
+    return point is None or abs(point) > goal.tolerance
 
 
 def _delta(a: RunEntry, b: RunEntry, metric: str, level: float) -> MetricDelta | None:
@@ -224,6 +248,8 @@ def detect_changes(a: RunEntry, b: RunEntry) -> list[Flag]:
     judged = [("objective", g) for g in ((goals.objective,) if goals.objective else ())]
     judged += [("guard", g) for g in goals.guards]
     for role, goal in judged:
+        if not _can_be_beyond(a, b, goal):
+            continue
         delta = _delta(a, b, goal.metric, level)
         if delta is None:
             continue
