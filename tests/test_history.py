@@ -300,3 +300,13 @@ def render_in_chromium(page: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     dom = done.stdout
     assert "<h1>llmplay archive</h1>" in dom and 'id="pb-synthetic-tune"' in dom and "<svg" in dom
+
+
+def test_the_ci_job_file_runs_retest_then_check():
+    import yaml
+
+    job = yaml.safe_load((Path(__file__).resolve().parents[1] / "docs/ci/nightly-retest.gitlab-ci.yml").read_text())
+    script = job["nightly-engine-retest"]["script"]
+    assert "llmplay retest" in " ".join(script) and script[-1].endswith('history "$PLAYBOOK" --check')
+    commands = " ".join(script)
+    assert commands.index("llmplay retest") < commands.index("--check")

@@ -25,11 +25,8 @@ from typing import Any
 
 from llmplay.archive.layout import MANIFEST, PLAYBOOK_FILE, RESOLVED_FILE, SCHEMA_ID, safe_name
 from llmplay.archive.paths import MAX_MANIFEST_BYTES, MAX_TEXT_BYTES, OutsideError, inside, read_bytes_inside
-from llmplay.archive.reader import engine_label, gpu_label
-from llmplay.archive.verify import check_read
 from llmplay.catalog import CAPACITY_METRICS
 from llmplay.errors import ArchiveError, LlmplayError
-from llmplay.playbook.load import load_playbook
 
 INDEX_FILE = "index.sqlite"
 REFERENCE_FILE = "reference.json"  # <root>/<playbook dir>/reference.json: the run `history --accept` named
@@ -209,6 +206,8 @@ class RunEntry:
 def _goals_of(run_dir: Path, manifest: Mapping[str, Any], cache: dict[str, Goals | None]) -> Goals | None:
     """The goals of the playbook archived with the run (resolved copy first, as `compare` reads it); None when it
     does not load. Cached by the file's recorded sha256: a rebuild loads each distinct playbook once."""
+    from llmplay.playbook.load import load_playbook  # deferred: reading the index needs no playbook loader
+
     files = _mapping(manifest, "files")
     playbook = _mapping(manifest, "playbook")
     for relpath in (RESOLVED_FILE, playbook.get("file") or PLAYBOOK_FILE):
@@ -292,6 +291,10 @@ def entry_from_manifest(
 ) -> RunEntry:
     """The index entry of one run from its manifest's bytes (read once by the caller); ArchiveError when they are
     not an llmplay manifest at all."""
+    # deferred: indexing needs pandas (via the reader) and jsonschema; reading the index (history) needs neither
+    from llmplay.archive.reader import engine_label, gpu_label
+    from llmplay.archive.verify import check_read
+
     verification = check_read(run_dir, data)
     try:
         manifest = json.loads(data.decode("utf-8"))
