@@ -291,9 +291,9 @@ def entry_from_manifest(
 ) -> RunEntry:
     """The index entry of one run from its manifest's bytes (read once by the caller); ArchiveError when they are
     not an llmplay manifest at all."""
-    # deferred: indexing needs pandas (via the reader) and jsonschema; reading the index (history) needs neither
-    from llmplay.archive.reader import engine_label, gpu_label
-    from llmplay.archive.verify import check_read
+    # Indexing needs pandas (via the reader) and jsonschema; reading the index (history) needs neither.
+    from llmplay.archive.reader import engine_label, gpu_label  # deferred: see above
+    from llmplay.archive.verify import check_read  # deferred: see above
 
     verification = check_read(run_dir, data)
     try:

@@ -215,6 +215,8 @@ class RunArchive(ArchivedRun):
         if self._signing_key is not None:  # over the bytes just written; a crash between the two fails verify loudly
             signature = signature_document(data, self._signing_key)
             _atomic_write(self.run_dir / SIGNATURE_FILE, lambda tmp: tmp.write_bytes(signature))
+        if manifest["status"] != "running":  # finished (or a finished run's manifest amended): into the index
+            index_finished_run(self.run_dir)  # never fails the run: the index is rebuilt from manifests on demand
 
     def write_config(self, config: ConfigRecord) -> None:
         _upsert(self._manifest["configs"], "config_id", self._redact(config))
@@ -307,7 +309,6 @@ class RunArchive(ArchivedRun):
             finished_utc=_utc_stamp()[1],
         )
         self._save()
-        index_finished_run(self.run_dir)  # never fails the run: the index is rebuilt from manifests on demand
 
     def record_report_error(self, error: str) -> None:
         """Rendering failed as the run finished; the measurements are safe on disk and the manifest says why there is
