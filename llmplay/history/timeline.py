@@ -116,6 +116,8 @@ def run_figure(entry: RunEntry, metric: str, confidence: float) -> Figure | None
             low, high = wilson_interval(errors, total, confidence)
             return Figure(metric, errors / total, low, high, len(values))
     low, high = t_mean_interval(values, confidence)
+    if min(values) >= 0:  # latencies, throughputs, costs: a bound below zero says only that zero is not excluded
+        low = max(low, 0.0)
     return Figure(metric, math.fsum(values) / len(values), low, high, len(values))
 
 
