@@ -310,3 +310,20 @@ def test_the_ci_job_file_runs_retest_then_check():
     assert "llmplay retest" in " ".join(script) and script[-1].endswith('history "$PLAYBOOK" --check')
     commands = " ".join(script)
     assert commands.index("llmplay retest") < commands.index("--check")
+
+
+def test_check_fails_when_the_newest_run_measured_nothing(checked, tmp_path):
+    root = copy_of(checked[0], tmp_path)
+    reference, repeat, slower = checked[1]
+    shutil.rmtree(root / "synthetic-tune" / slower.name)
+    assert history_cli("synthetic-tune", "--accept", reference.name, "--archive", str(root))[0] == 0
+    newest = root / "synthetic-tune" / repeat.name
+    manifest = json.loads((newest / MANIFEST).read_text())
+    for trial in manifest["trials"]:  # every trial failed: the engine never served
+        trial["status"] = "failed"
+    from llmplay.archive.verify import manifest_sha256
+
+    manifest["manifest_sha256"] = manifest_sha256(manifest)
+    (newest / MANIFEST).write_text(json.dumps(manifest))
+    code, output = history_cli("--check", "--archive", str(root))
+    assert code == ExitCode.INFRA and f"NOT MEASURED: the newest run {repeat.name}" in output

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llmplay.archive.index import RunEntry
 from llmplay.archive.verify import check
+from llmplay.catalog import label_of
 from llmplay.compare import Comparison, compare_runs, format_comparison_table
 from llmplay.errors import ArchiveError, ExitCode
 from llmplay.history.timeline import PlaybookHistory, coinciding_changes, comparable
@@ -31,8 +32,9 @@ def _entry(history: PlaybookHistory, run_id: str) -> RunEntry | None:
 
 def check_newest(root: Path, history: PlaybookHistory) -> CheckResult:
     """ExitCode.REGRESSION when the newest run regressed against the accepted reference beyond a tolerance, OK
-    otherwise (the newest run is the reference, or it holds); ArchiveError when there is nothing to check against
-    or a run to be read fails verification (an alarm that cannot be trusted must not pass quietly)."""
+    otherwise (the newest run is the reference, or it holds); ExitCode.INFRA when the newest run measured none of
+    a goal the reference did; ArchiveError when there is nothing to check against or a run to be read fails
+    verification (an alarm that cannot be trusted must not pass quietly)."""
     name = history.playbook
     if history.reference is None:
         raise ArchiveError(
@@ -63,6 +65,17 @@ def check_newest(root: Path, history: PlaybookHistory) -> CheckResult:
         )
     lines.append(format_comparison_table(comparison))
     since = ", ".join(changes) if changes else "nothing recorded changed (engine, image, host, configuration)"
+    goals = reference.goals
+    judged = [
+        g.metric for g in ((goals.objective,) if goals and goals.objective else ()) + (goals.guards if goals else ())
+    ]
+    lost = [label_of(m) for m in judged if m in reference.figures and m not in newest.figures]
+    if lost and not comparison.has_regression:  # an engine that never served is no pass: nothing was judged
+        lines.append(
+            f"NOT MEASURED: the newest run {newest.run_id} measured none of {', '.join(lost)} that the reference "
+            f"did (its trials failed?); since then {since}"
+        )
+        return CheckResult(ExitCode.INFRA, tuple(lines), comparison)
     if comparison.has_regression:
         lines.append(f"REGRESSION of {newest.run_id} against the reference {reference.run_id}: since then {since}")
         for why in comparison.regressions:
