@@ -509,24 +509,37 @@ class ArchiveIndex:
         fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix="-" + INDEX_FILE, dir=self.root)
         os.close(fd)
         tmp = Path(tmp_name)
-        cache: dict[str, Goals | None] = {}
-        count = 0
         try:
             with closing(_connect(tmp)) as conn:
-                conn.executescript(_TABLES)
-                with _transaction(conn):
-                    conn.execute("INSERT INTO meta VALUES ('version', ?)", (INDEX_VERSION,))
-                    conn.execute("INSERT INTO meta VALUES ('built_utc', ?)", (_now(),))
-                    for rel, (run_dir, _, _) in sorted(_manifests(self.root).items()):
-                        found = self._read_entry(rel, run_dir, cache)
-                        self._store(conn, rel, found)
-                        count += isinstance(found, RunEntry)
+                count = self._fill(conn)
             os.chmod(tmp, 0o644)
             os.replace(tmp, self.path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         return count
+
+    def _fill(self, conn: sqlite3.Connection) -> int:
+        cache: dict[str, Goals | None] = {}
+        count = 0
+        conn.executescript(_TABLES)
+        with _transaction(conn):
+            conn.execute("INSERT INTO meta VALUES ('version', ?)", (INDEX_VERSION,))
+            conn.execute("INSERT INTO meta VALUES ('built_utc', ?)", (_now(),))
+            for rel, (run_dir, _, _) in sorted(_manifests(self.root).items()):
+                found = self._read_entry(rel, run_dir, cache)
+                self._store(conn, rel, found)
+                count += isinstance(found, RunEntry)
+        return count
+
+    def _in_memory(self, why: OSError | sqlite3.DatabaseError) -> sqlite3.Connection:
+        """An archive this user may read but not write (a shared, read-only copy): the index lives for this command
+        only, built from the manifests in memory."""
+        self._warn(f"{self.path}: cannot be written ({why}); indexing the manifests in memory for this command")
+        conn = _connect(Path(":memory:"))
+        conn.row_factory = sqlite3.Row
+        self._fill(conn)
+        return conn
 
     def _usable_connection(self) -> sqlite3.Connection | None:
         """A connection to an index of this version, or None (absent, unreadable, another version)."""
@@ -552,13 +565,21 @@ class ArchiveIndex:
                 self._warn(f"{self.path}: unreadable or of another llmplay version; rebuilt from the manifests")
             elif _manifests(self.root):
                 self._warn(f"{self.path}: no index yet; built from the manifests")
-            self.rebuild()
+            try:
+                self.rebuild()
+            except OSError as exc:
+                return self._in_memory(exc)
             conn = self._usable_connection()
             if conn is None:
                 raise ArchiveError(f"{self.path}: cannot open the index just rebuilt")
             return conn
         try:
             self._sync(conn)
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "readonly" not in str(exc):
+                raise
+            return self._in_memory(exc)
         except sqlite3.DatabaseError as exc:
             conn.close()
             self._warn(f"{self.path}: damaged ({exc}); rebuilt from the manifests")
