@@ -9,7 +9,7 @@ and kept: a comparison of two archived runs never changes. Nothing is loaded fro
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,12 +193,3 @@ def refresh_site(root: Path, warn: Callable[[str], None] = warn_stderr) -> None:
         write_site(root, warn=warn)
     except Exception as exc:  # the site is derived: never the reason a finished run reports a failure
         warn(f"{root / SITE_FILE} not refreshed ({type(exc).__name__}: {exc}); `llmplay site` writes it again")
-
-
-def linked_files(views: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every relative link the site makes (for tests and `llmplay site`'s own check)."""
-    out = []
-    for view in views:
-        for row in view["rows"]:
-            out += [row[k] for k in ("report", "compare_previous", "compare_reference") if row.get(k)]
-    return out

@@ -20,7 +20,7 @@ import numpy as np
 
 from llmplay.archive.index import GuardGoal, RunEntry
 from llmplay.archive.model import MetricDelta
-from llmplay.catalog import RATE_METRICS, fmt_full, fmt_pct, label_of, metric_info
+from llmplay.catalog import RATE_METRICS, fmt_full, label_of, metric_info
 from llmplay.tuning.decide import BEYOND, describe_delta, guard_outcome
 from llmplay.tuning.intervals import newcombe_difference, t_mean_interval, welch_effect, wilson_interval
 
@@ -294,7 +294,6 @@ def build_history(playbook: str, entries: Sequence[RunEntry], reference: str | N
     if reference is not None and not any(e.run_id == reference for e in entries):
         notes.append(f"the accepted reference {reference} is not in the archive")
     rows: list[HistoryRow] = []
-    last_usable: RunEntry | None = None  # the previous run that may be compared with (verified, complete)
     previous_shown: RunEntry | None = None
     series_last: dict[tuple[str, str, str], RunEntry] = {}
     for entry in entries:
@@ -319,11 +318,9 @@ def build_history(playbook: str, entries: Sequence[RunEntry], reference: str | N
                 flags = detect_changes(before, entry)
                 previous = before.run_id
             series_last[key] = entry
-            last_usable = entry
         figures = {m: f for m in metrics if (f := run_figure(entry, m, confidence)) is not None}
         rows.append(HistoryRow(entry, figures, tuple(marks), tuple(flags), entry.run_id == reference, previous))
         previous_shown = entry
-    del last_usable
     reference_row = next((r for r in rows if r.reference), None)
     if reference_row is not None and not reference_row.usable:
         notes.append(f"the accepted reference {reference} fails verification or did not complete: not used")
@@ -361,9 +358,3 @@ def format_history(history: PlaybookHistory) -> str:
     for note in history.notes:
         out.append(f"note: {note}")
     return "\n".join(out)
-
-
-def describe_size(delta: MetricDelta) -> str:
-    """A relative change and its interval, for a one-line alarm."""
-    ci = f" [{fmt_pct(delta.ci_low)}, {fmt_pct(delta.ci_high)}]" if delta.ci_low is not None else ""
-    return f"{fmt_pct(delta.rel_change)}{ci}"
