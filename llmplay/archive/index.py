@@ -30,12 +30,14 @@ from llmplay.errors import ArchiveError, LlmplayError
 
 INDEX_FILE = "index.sqlite"
 REFERENCE_FILE = "reference.json"  # <root>/<playbook dir>/reference.json: the run `history --accept` named
-INDEX_VERSION = "2"  # bump when the tables change: an index of another version is rebuilt, not migrated
+INDEX_VERSION = "3"  # bump when the tables change: an index of another version is rebuilt, not migrated
 # Besides the goals' metrics, what every run's headline keeps per trial: cost, and the counts an error rate's
 # interval in points needs.
 HEADLINE_EXTRA = ("cost.usd_per_1m_tokens", "errors.count", "requests.total", *CAPACITY_METRICS)
 # Measurement length, not configuration: runs of one configuration with a shorter --duration stay comparable.
 _NOT_CONFIGURATION = ("duration_s", "warmup_s", "warmup_requests", "num_requests")
+# What an upgrade re-test changes, and how long llmplay waits for the engine: neither is what the engine runs with.
+_NOT_ENGINE_CONFIGURATION = ("image", "health_path", "health_timeout_s")
 RUN, RETEST, CAPACITY = "run", "retest", "capacity"
 
 _TABLES = """
@@ -253,7 +255,7 @@ def _final_config(manifest: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     configs = [c for c in manifest.get("configs") or [] if isinstance(c, Mapping)]
     chosen = next((c for c in configs if c.get("config_id") == final), configs[0] if configs else {})
     return final, {
-        "engine": _without(chosen.get("engine"), ("image",)),
+        "engine": _without(chosen.get("engine"), _NOT_ENGINE_CONFIGURATION),
         "workload": _without(chosen.get("workload"), _NOT_CONFIGURATION),
     }
 
