@@ -20,7 +20,7 @@ import numpy as np
 
 from llmplay.archive.index import GuardGoal, RunEntry
 from llmplay.archive.model import MetricDelta
-from llmplay.catalog import RATE_METRICS, fmt_full, label_of, metric_info
+from llmplay.catalog import RATE_METRICS, fmt_full, label_of
 from llmplay.tuning.decide import BEYOND, describe_delta, guard_outcome
 from llmplay.tuning.intervals import newcombe_difference, t_mean_interval, welch_effect, wilson_interval
 
@@ -100,11 +100,6 @@ class PlaybookHistory:
 
 
 # ---------------------------------------------------------------------------------------------- figures
-def _lower_is_better(metric: str) -> bool:
-    info = metric_info(metric)
-    return info.lower_is_better if info else True
-
-
 def run_figure(entry: RunEntry, metric: str, confidence: float) -> Figure | None:
     """The metric's mean over the run's trials with a t interval (a rate: pooled over requests, Wilson)."""
     values = entry.figures.get(metric)
@@ -309,9 +304,11 @@ def build_history(playbook: str, entries: Sequence[RunEntry], reference: str | N
                 marks.append(f"hardware {previous_shown.hardware} -> {entry.hardware}")
         if not entry.verified:
             marks.append("FAILS VERIFICATION: " + (entry.problems[0] if entry.problems else "?"))
+        if entry.usable and not entry.figures:
+            marks.append("no successful trial of its final configuration: nothing measured")
         flags: list[Flag] = []
         previous = None
-        if entry.usable:
+        if entry.usable and entry.figures:  # a run whose engine never served is no point of comparison
             key = (entry.playbook_version, entry.config_fingerprint, entry.hardware)
             before = series_last.get(key)
             if before is not None:
