@@ -29,6 +29,8 @@ def test_nightly_retest_then_check_on_real_runs(cpu_engine, tmp_path):
     fast = tiny_playbook(tmp_path, name="history-e2e", steps=[], duration="3s", warmup="0.5s", repeats=3)
     doc = yaml.safe_load(fast.read_text())
     doc["engine"]["args"]["parallel"] = 4
+    # The median, not the P95: three short trials on a machine other jobs share put a stray burst in a P95.
+    doc["goals"]["objective"] = {"minimize": "ttft.p50", "min_effect": "10%"}
     fast.write_text(yaml.safe_dump(doc, sort_keys=False))
     doc["engine"]["args"].update(parallel=1, ubatch_size=16)
     slow = tmp_path / "history-e2e-slow.yaml"
@@ -51,7 +53,7 @@ def test_nightly_retest_then_check_on_real_runs(cpu_engine, tmp_path):
     assert code in (ExitCode.OK, ExitCode.GATES), output
     code, output = llmplay("history", "--check", "--archive", str(archive))
     assert code == ExitCode.REGRESSION, output
-    assert "objective P95 TTFT" in output and "engine.args.parallel: 4 -> 1" in output
+    assert "objective P50 TTFT" in output and "engine.args.parallel: 4 -> 1" in output
 
     code, output = llmplay("history", str(fast), "--archive", str(archive))
     assert code == ExitCode.OK, output
