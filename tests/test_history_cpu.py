@@ -26,7 +26,9 @@ def test_nightly_retest_then_check_on_real_runs(cpu_engine, tmp_path):
     archive = tmp_path / "reports"
     # Four slots serve the four users at once; the "slower engine setting" is one slot, where they queue, fed the
     # prompt 16 tokens at a time: slower by several times, so the check shows it even on a busy machine.
-    fast = tiny_playbook(tmp_path, name="history-e2e", steps=[], duration="3s", warmup="0.5s", repeats=3)
+    # Gates loose enough for a machine other jobs share: the check is about the objective, not a stray error.
+    gates = ["ttft.p95 < 20s", "errors.rate < 20%"]
+    fast = tiny_playbook(tmp_path, name="history-e2e", steps=[], duration="3s", warmup="0.5s", repeats=3, gates=gates)
     doc = yaml.safe_load(fast.read_text())
     doc["engine"]["args"]["parallel"] = 4
     # The median, not the P95: three short trials on a machine other jobs share put a stray burst in a P95.

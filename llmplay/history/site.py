@@ -133,6 +133,7 @@ def _playbook_view(root: Path, history: PlaybookHistory, warn: Warn) -> dict[str
                 "low": r.figures[metric].low,
                 "high": r.figures[metric].high,
                 "engine": r.entry.engine_version or r.entry.engine,
+                "config": r.entry.config_fingerprint,
                 "flag": flagged.get((r.entry.run_id, metric), ""),
                 "reference": r.reference,
             }

@@ -417,8 +417,8 @@ def trend(
 ) -> str:
     """A headline metric across a playbook's runs, oldest first: each run's value with its trial-level interval as a
     band, the engine version labelled where it changes, regressions and improvements the history flagged, and the
-    accepted reference. Each point: date, value, low, high, engine, flag ("regression" | "improvement" | ""),
-    reference (bool)."""
+    accepted reference; a dotted line where the configuration changed. Each point: date, value, low, high, engine,
+    config (a fingerprint), flag ("regression" | "improvement" | ""), reference (bool)."""
     fig, (ax,) = _figure(width_in, 2.7, bottom_in=0.62)
     ax.set_title(title)
     if not points:
@@ -452,6 +452,17 @@ def trend(
                 rotation=0,
             )
             previous = p.get("engine")
+        if i and p.get("config") != points[i - 1].get("config"):
+            ax.axvline(x[i] - 0.5, color="#c0392b", linewidth=0.9, linestyle=":")
+            ax.annotate(
+                "configuration changed",
+                (x[i] - 0.5, 0.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, 3),
+                textcoords="offset points",
+                fontsize=7,
+                color="#c0392b",
+            )
     step = max(1, int(np.ceil(len(points) / 8)))
     ticks = list(range(0, len(points), step))
     ax.set_xticks(ticks, [str(points[i]["date"])[:16].replace("T", " ") for i in ticks], rotation=20, ha="right")
