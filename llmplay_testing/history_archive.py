@@ -172,7 +172,7 @@ def clone_run(
 def make_history_archive(
     root: Path, runs: int, *, upgrade_at: int | None = None, builds: Sequence[Build] = BUILDS, seed: int = 1
 ) -> list[Path]:
-    """`runs` runs of one playbook, a day apart, on the first build until `upgrade_at` (default: the last fifth),
+    """`runs` runs of one playbook, an hour apart, on the first build until `upgrade_at` (default: the last fifth),
     then on the second (which is slower). Returns the run directories oldest first (the template is the first)."""
     rng = np.random.default_rng(seed)
     template = template_run(Path(root))
@@ -182,6 +182,6 @@ def make_history_archive(
     first = json.loads((template / MANIFEST).read_text())
     first_date = dt.datetime.strptime(first["environment"]["started_utc"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     for i in range(1, runs):
-        when = max(start, first_date) + dt.timedelta(days=i)
+        when = max(start, first_date) + dt.timedelta(hours=i)
         out.append(clone_run(template, Path(root), when=when, build=builds[1 if i >= upgrade else 0], rng=rng))
     return out
