@@ -317,6 +317,44 @@ def ls(archive_dir: str | None, verify_runs: bool, public_key: Path | None) -> N
 
 
 @cli.command()
+@click.argument("playbook", required=False)
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
+@click.option("--accept", metavar="RUN", help="Accept this run (id or path) as its playbook's reference.")
+@click.option(
+    "--check", is_flag=True, help="Judge the newest run against the accepted reference; exit 4 on regression."
+)
+@handles_errors
+def history(playbook: str | None, archive_dir: str | None, accept: str | None, check: bool) -> None:
+    """Every run of a playbook (a file or its name; default all), oldest first: engine, image, host, configuration,
+    headline figures with intervals, and the changes the trials show beyond the playbook's tolerances."""
+    from llmplay.commands.history import history_command  # deferred: loaded only when this command runs
+
+    sys.exit(history_command(playbook, archive_dir=archive_dir, accept=accept, check=check))
+
+
+@cli.command()
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
+@click.option("--rebuild", is_flag=True, help="Remake the index from the manifests (each read once).")
+@handles_errors
+def index(archive_dir: str | None, rebuild: bool) -> None:
+    """Check the archive's index (ARCHIVE/index.sqlite) against the manifests, re-indexing what disagrees."""
+    from llmplay.commands.index import index_command  # deferred: loaded only when this command runs
+
+    sys.exit(index_command(archive_dir, rebuild=rebuild))
+
+
+@cli.command()
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write here (default ARCHIVE/index.html).")
+@handles_errors
+def site(archive_dir: str | None, out: Path | None) -> None:
+    """Write the archive site: one offline page over every run, trends per headline metric, links to reports."""
+    from llmplay.commands.index import site_command  # deferred: loaded only when this command runs
+
+    sys.exit(site_command(archive_dir, out=out))
+
+
+@cli.command()
 @click.option(
     "--force",
     is_flag=True,

@@ -23,6 +23,11 @@ if ! command -v dockerd >/dev/null 2>&1; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
 fi
+# Headless Chromium renders the archive site (reports/index.html) in the tests; Debian's package, no registry.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
 "$VENV/bin/llmplay" engine build-cpu
 # A real model for the quality probes (Gemma 3 270M, Q4_K_M GGUF, 253 MB): assembled once into the cache.
 gemma_started=$(date +%s)

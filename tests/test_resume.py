@@ -82,7 +82,7 @@ def seam(monkeypatch: pytest.MonkeyPatch) -> list[Trials]:
         return run_playbook(playbook, options, measure_trial=made[-1], **kwargs)
 
     monkeypatch.setattr(run_command_module, "run_playbook", with_trials)
-    monkeypatch.setattr(run_command_module, "publish_report", None)
+    monkeypatch.setattr(run_command_module, "publish_run", None)
     return made
 
 

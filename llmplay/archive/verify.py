@@ -148,6 +148,13 @@ def check(run_dir: Path, public_key: Ed25519PublicKey | None = None) -> Verifica
     except OutsideError as exc:
         why = f"no {MANIFEST}; not an llmplay run directory" if exc.missing else str(exc)
         return Verification(run_dir, (why,), UNSIGNED)
+    return check_read(run_dir, data, public_key)
+
+
+def check_read(run_dir: Path, data: bytes, public_key: Ed25519PublicKey | None = None) -> Verification:
+    """`check` on manifest bytes the caller already read from run_dir (the index reads each manifest once)."""
+    run_dir = Path(run_dir)
+    root = run_dir.resolve()
     try:
         manifest = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from llmplay.archive.index import index_finished_run
 from llmplay.archive.layout import (
     ENV_ARCHIVE,
     ENV_SIGNING_KEY,
@@ -222,6 +223,8 @@ class RunArchive(ArchivedRun):
         if self._signing_key is not None:  # over the bytes just written; a crash between the two fails verify loudly
             signature = signature_document(data, self._signing_key)
             _atomic_write(self.run_dir / SIGNATURE_FILE, lambda tmp: tmp.write_bytes(signature))
+        if manifest["status"] != "running":  # finished (or a finished run's manifest amended): into the index
+            index_finished_run(self.run_dir)  # never fails the run: the index is rebuilt from manifests on demand
 
     def write_config(self, config: ConfigRecord) -> None:
         _upsert(self._manifest["configs"], "config_id", self._redact(config))

@@ -16,9 +16,9 @@ from llmplay.archive.reader import ArchivedRun
 from llmplay.catalog import fmt_full
 from llmplay.commands.run import stdout_console
 from llmplay.errors import ExitCode
+from llmplay.history.site import publish_run
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.source import located_error
-from llmplay.report import publish_report
 from llmplay.tuning.capacity_result import SLO_LABELS, CapacityResult
 from llmplay.tuning.run import RunOptions, run_playbook
 
@@ -45,7 +45,7 @@ def capacity_command(
         capacity=True,
     )
     outcome = run_playbook(
-        playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False)
+        playbook, options, publish=publish_run, report=lambda line: console.print(line, markup=False)
     )
     archived = ArchivedRun.open(outcome.run_dir)
     rows = []

@@ -17,8 +17,8 @@ from llmplay.commands.run import duration_option_s, print_gates, stdout_console
 from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
 from llmplay.engines import get_engine
 from llmplay.errors import ArchiveError, ExitCode
+from llmplay.history.site import publish_run
 from llmplay.playbook.load import load_playbook
-from llmplay.report import publish_report
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.image_flags import image_flags
 from llmplay.spec import Config, Playbook, apply_step
@@ -120,7 +120,7 @@ def retest_command(
         progress=sys.stderr.isatty(),
     )
     outcome = run_playbook(
-        playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False)
+        playbook, options, publish=publish_run, report=lambda line: console.print(line, markup=False)
     )
     print_gates(console, outcome.gates)
     if outcome.status != "complete":

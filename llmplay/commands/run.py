@@ -26,9 +26,9 @@ from llmplay.catalog import (
 )
 from llmplay.commands.plan import render_plan
 from llmplay.errors import ExitCode, PlaybookError
+from llmplay.history.site import publish_run
 from llmplay.plan import build_plan
 from llmplay.playbook.load import load_playbook
-from llmplay.report import publish_report
 from llmplay.tuning.resume import resumed_overrides, resumed_playbook
 from llmplay.tuning.run import RunOptions, RunOutcome, apply_overrides, run_playbook
 from llmplay.units import UnitError, parse_duration_s
@@ -106,7 +106,7 @@ def run_command(
         console.print(render_plan(build_plan(apply_overrides(playbook, options))), markup=False)
         return ExitCode.OK
     outcome = run_playbook(
-        playbook, options, publish=publish_report, report=lambda line: console.print(line, markup=False)
+        playbook, options, publish=publish_run, report=lambda line: console.print(line, markup=False)
     )
     print_summary_guarded(console, outcome)
     return outcome.exit_code

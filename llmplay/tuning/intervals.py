@@ -80,6 +80,7 @@ def _rel(log_ratio: float) -> float:
     return math.expm1(min(log_ratio, _MAX_LOG))
 
 
+@lru_cache(maxsize=4096)  # a history over thousands of runs asks for the same few (level, df) again and again
 def _t(level: float, df: float) -> float:
     return float(stats.t.ppf(0.5 + level / 2, df))
 
@@ -346,15 +347,24 @@ def units_to_reach(effect: Effect, target: float, cap: int) -> int | None:
 def wilson_interval(count: int, total: int, level: float) -> tuple[float, float]:
     """Wilson score interval of the proportion count / total at `level`: sane at 0% and 100%, where the normal
     interval collapses to a point. total must be positive."""
-    return _wilson(count, total, float(stats.norm.ppf(0.5 + level / 2)))
+    return _wilson(count, total, _z(level))
+
+
+@lru_cache(maxsize=64)
+def _z(level: float) -> float:
+    return float(stats.norm.ppf(0.5 + level / 2))
 
 
 def t_mean_interval(values: Sequence[float] | np.ndarray, level: float) -> tuple[float, float]:
     """Student-t interval of the mean of `values` at `level` (each value one experimental unit); the point itself
     when fewer than two values or no spread leave nothing to estimate it from."""
-    arr = np.asarray(values, dtype=float)
-    mean = float(arr.mean())
-    if arr.size < 2 or float(arr.std(ddof=1)) == 0.0:
+    # Plain floats, not numpy: a history asks this of a few trials thousands of times, where numpy's per-call
+    # overhead is most of the cost.
+    xs = [float(v) for v in values]
+    n = len(xs)
+    mean = math.fsum(xs) / n
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
+    if sd == 0.0:
         return mean, mean
-    half = _t(level, arr.size - 1) * float(arr.std(ddof=1)) / math.sqrt(arr.size)
+    half = _t(level, n - 1) * sd / math.sqrt(n)
     return mean - half, mean + half
