@@ -14,6 +14,7 @@ import yaml
 from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.verify import verify
 from llmplay.playbook.load import load_playbook
+from llmplay.report import render_report
 from llmplay.tuning.decide import TrialSample
 from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.trial import TrialResult
@@ -76,7 +77,7 @@ def test_a_search_step_races_its_values_and_archives_the_winner(tmp_path):
     assert verdict.changes == ("args.parallel: 1 -> 4",)
     # every arm of a round sends the round's one request sequence, and each value is its own configuration
     rounds = defaultdict(set)
-    for step, role, repeat, label, seed in trials.asked:
+    for step, _role, repeat, _label, seed in trials.asked:
         assert step == "parallel"
         rounds[repeat].add(seed)
     assert all(len(seeds) == 1 for seeds in rounds.values())
@@ -91,6 +92,10 @@ def test_a_search_step_races_its_values_and_archives_the_winner(tmp_path):
     assert 0 < search.engine_s <= search.grid_max_rounds_engine_s
     assert any("engine-s" in line and "full grid" in line for line in lines)
     assert any("search args.parallel" in line for line in lines)
+    html = render_report(outcome.run_dir).read_text()
+    assert "Search over args.parallel" in html and "not used to select" in html and "engine-seconds" in html
+    assert "against args.parallel" in html  # the value chart
+    assert html.count("<svg") >= 2
     assert verify(outcome.run_dir) == []
 
 
