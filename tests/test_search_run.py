@@ -9,15 +9,19 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
+from click.testing import CliRunner
 
 from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.verify import verify
+from llmplay.cli import cli
 from llmplay.playbook.load import load_playbook
-from llmplay.report import render_report
+from llmplay.report import publish_report, render_report
 from llmplay.tuning.decide import TrialSample
-from llmplay.tuning.run import RunOptions, TuningRun
+from llmplay.tuning.run import RunOptions, TuningRun, run_playbook
 from llmplay.tuning.trial import TrialResult
+from llmplay_testing.cpu_runs import tiny_playbook
 from llmplay_testing.synthetic import scripted_trial
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,3 +119,35 @@ def test_a_search_stopped_mid_race_archives_what_it_measured_and_resumes_without
     search = ArchivedRun.open(resumed.run_dir).verdicts()[0].search
     assert search is not None and search.finished and search.trials == len(first.asked) + len(again.asked)
     assert verify(resumed.run_dir) == []
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_parallel_search_on_llamacpp_end_to_end(cpu_engine, tmp_path):
+    """Real llama.cpp trials: the search record archived, both charts in the report, `llmplay verify` passes."""
+    path = tiny_playbook(
+        tmp_path,
+        duration="3s",
+        warmup="1s",
+        repeats=2,
+        steps=[{"name": "parallel", "search": {"args.parallel": [1, 2, 4]}}],
+    )
+    doc = yaml.safe_load(path.read_text())
+    doc["trials"]["max_repeats"] = 3  # at most 3 race rounds and 3 confirmation pairs: a few minutes on 2 cores
+    doc["goals"]["guards"] = [{"metric": "throughput.output_tok_s", "tolerance": "35%"}]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    lines: list[str] = []
+    outcome = run_playbook(
+        load_playbook(path), RunOptions(archive_root=tmp_path / "reports"), publish=publish_report, report=lines.append
+    )
+    assert outcome.status == "complete", lines
+    (verdict,) = ArchivedRun.open(outcome.run_dir).verdicts()
+    search = verdict.search
+    assert search is not None and search.target == "args.parallel" and search.incumbent_value == 1
+    assert [v.value for v in search.values] == [2, 4] and search.trials > 0 and search.engine_s > 0
+    assert any("full grid" in line for line in lines)
+    html = (outcome.run_dir / "report.html").read_text()
+    assert "Search over args.parallel" in html and "against args.parallel" in html
+    assert "P95 TTFT against output tokens/s" in html  # the trade-off chart, against the first guard
+    result = CliRunner().invoke(cli, ["verify", str(outcome.run_dir)])
+    assert result.exit_code == 0, result.output

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from llmplay.archive.model import (
     FAILED,
@@ -32,16 +32,31 @@ from llmplay.archive.model import (
     TrialRecord,
 )
 from llmplay.catalog import RECORD_METRICS
-from llmplay.spec import Change, ChangeEffect, Config, Scalar, SearchSpace, Step, apply_change, current_value
-from llmplay.tuning.book import ConfigTrials, TrialSlot
+from llmplay.spec import Change, ChangeEffect, Config, Playbook, Scalar, SearchSpace, Step, apply_change, current_value
+from llmplay.tuning.book import ConfigTrials, TrialBook, TrialSlot
 from llmplay.tuning.decide import Decision, TrialSample, decide_step, pooled_summary
-from llmplay.tuning.intervals import Effect
+from llmplay.tuning.intervals import Effect, Noise
 from llmplay.tuning.progress import verdict_line
 from llmplay.tuning.quality import judge_quality, speed_goals
+from llmplay.tuning.schedule import TrialScheduler
 from llmplay.tuning.search import Arm, Round, SearchDesign, SearchResult, ValueSearch
 
-if TYPE_CHECKING:
-    from llmplay.tuning.steps import StepLoop
+
+class Loop(Protocol):
+    """What a search step uses of the step loop (tuning.steps.StepLoop) that runs it."""
+
+    playbook: Playbook
+    book: TrialBook
+    scheduler: TrialScheduler
+    write_config: Callable[[Config], None]
+    verdicts: list[StepVerdict]
+    noise: dict[str, list[Noise]]
+
+    def count(self, target: ConfigTrials, trial: TrialRecord, sample: TrialSample | None) -> None: ...
+
+    def add_record_rows(
+        self, index: int, reference: ConfigTrials, cand: ConfigTrials | None, verdict: StepVerdict
+    ) -> None: ...
 
 
 def search_seed(run_id: str, step: str) -> int:
@@ -69,7 +84,7 @@ def _figures(samples: Sequence[TrialSample]) -> dict[str, float]:
 class SearchStepRun:
     """One search step: measured by `measure`, then `conclude` archives its verdict and says what is carried."""
 
-    def __init__(self, loop: StepLoop, index: int, step: Step, best: ConfigTrials):
+    def __init__(self, loop: Loop, index: int, step: Step, best: ConfigTrials):
         assert step.search is not None
         self.loop, self.index, self.step, self.space = loop, index, step, step.search
         pb = loop.playbook
