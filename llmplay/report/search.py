@@ -32,7 +32,7 @@ def value_chart(search: SearchRecord, metric: str, width_in: float = 4.6) -> str
     fig, (ax,) = _figure(width_in, 2.8, bottom_in=0.55)
     ax.set_title(f"{label_of(metric)} against {search.target}")
     xs, labels, incumbent_x, numeric = _positions(search)
-    drawn = False
+    drawn = labelled = False
     for x, value in zip(xs, search.values, strict=True):
         e = value.effect
         if e is None or e.rel_change is None:
@@ -41,9 +41,10 @@ def value_chart(search: SearchRecord, metric: str, width_in: float = 4.6) -> str
         color = CHOSEN_COLOR if chosen else CANDIDATE_COLOR
         if e.ci_low is not None and e.ci_high is not None:
             ax.vlines(x, e.ci_low * 100, e.ci_high * 100, color=color, linewidth=2, alpha=0.6)
-        ax.scatter(
-            [x], [e.rel_change * 100], color=color, s=60 if chosen else 28, marker="*" if chosen else "o", zorder=3
-        )
+        label = f"chosen ({value.value})" if chosen else (None if labelled else "a value, CI over its pairs")
+        marker = "*" if chosen else "o"
+        ax.scatter([x], [e.rel_change * 100], color=color, s=70 if chosen else 28, marker=marker, zorder=3, label=label)
+        labelled = labelled or not chosen
         drawn = True
     if not drawn:
         _not_measured(ax, "no value has a measured change")
@@ -83,7 +84,9 @@ def trade_off_chart(search: SearchRecord, objective: str, other: str, width_in: 
     scale = 1000.0 if objective.startswith(("ttft", "tpot", "itl", "e2el")) else 1.0
     x_scale = 1000.0 if other.startswith(("ttft", "tpot", "itl", "e2el")) else 1.0
     for label, x, y, color in points:
-        ax.scatter([x * x_scale], [y * scale], color=color, s=60 if color == CHOSEN_COLOR else 28, zorder=3)
+        chosen = color == CHOSEN_COLOR
+        size, marker = (70, "*") if chosen else (28, "o")
+        ax.scatter([x * x_scale], [y * scale], color=color, s=size, marker=marker, zorder=3)
         ax.annotate(label, (x * x_scale, y * scale), textcoords="offset points", xytext=(5, 3), fontsize=7)
     ax.set_xlabel(label_of(other) + (" (ms)" if x_scale > 1 else ""))
     ax.set_ylabel(label_of(objective) + (" (ms)" if scale > 1 else ""))
