@@ -31,6 +31,8 @@ from llmplay.archive.model import (
     RuleChecked,
     RunInfo,
     Scalar,
+    SearchRecord,
+    SearchValue,
     StepVerdict,
     TrialRecord,
     TrialsAsRun,
@@ -143,7 +145,27 @@ def verdict_from(d: Mapping[str, Any]) -> StepVerdict:
     kw["deltas"] = tuple(delta_from(g) for g in d.get("deltas") or ())
     for key in ("changes", "trials_baseline", "trials_candidate"):
         kw[key] = tuple(d.get(key) or ())
+    kw["search"] = search_from(d["search"]) if isinstance(d.get("search"), Mapping) else None
     return StepVerdict(**kw)
+
+
+def _search_value_from(d: Mapping[str, Any]) -> SearchValue:
+    kw = _known(SearchValue, d)
+    kw["effect"] = delta_from(d.get("effect"))
+    kw["trials"] = tuple(_items(d.get("trials")))
+    kw["metrics"] = {str(k): float(v) for k, v in mapping(d.get("metrics")).items() if _number(v) is not None}
+    return SearchValue(**kw)
+
+
+def search_from(d: Mapping[str, Any]) -> SearchRecord:
+    """A search step's race as archived (absent from archives older than the search step)."""
+    kw = _known(SearchRecord, d)
+    kw["values"] = tuple(_search_value_from(mapping(v)) for v in _items(d.get("values")))
+    kw["incumbent_metrics"] = {
+        str(k): float(v) for k, v in mapping(d.get("incumbent_metrics")).items() if _number(v) is not None
+    }
+    kw["gain"] = delta_from(d.get("gain"))
+    return SearchRecord(**kw)
 
 
 def gate_from(d: Mapping[str, Any]) -> GateResult:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from llmplay.spec import EngineSpec, Workload
+from llmplay.spec import Scalar as KnobValue  # a knob's value: None is the engine default
 
 TRIAL_OK, TRIAL_FAILED, TRIAL_INTERRUPTED = "ok", "failed", "interrupted"
 KEPT, REJECTED, INCONCLUSIVE, FAILED = "kept", "rejected", "inconclusive", "failed"
@@ -112,6 +113,51 @@ class MetricDelta:
 
 
 @dataclass(frozen=True)
+class SearchValue:
+    """One value a search step raced: its configuration, its objective change against the incumbent over every
+    pair it ran (at the run's confidence, not corrected for selection), what became of it, and its pooled figures
+    (what the report's value and Pareto charts plot)."""
+
+    value: KnobValue
+    config_id: str  # "<step>=<value>"
+    pairs: int
+    effect: MetricDelta | None
+    status: str  # winner | beats the incumbent | rejected against the incumbent | shown worse than the leader | ...
+    left_at_round: int | None = None
+    reason: str = ""
+    trials: tuple[str, ...] = ()
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SearchRecord:
+    """How a search step chose its value (tuning.search): every value raced against the incumbent in rounds that
+    share one request sequence, the winner's gain re-estimated from pairs that did not select it, and the engine
+    time the race cost against a full grid."""
+
+    target: str  # the knob, a Change target: "args.parallel"
+    incumbent_value: KnobValue
+    incumbent_config: str
+    incumbent_metrics: Mapping[str, float]
+    values: tuple[SearchValue, ...]
+    chosen: KnobValue  # the winner when kept, else the value shown as the candidate (the leader)
+    seed: int  # the arms' order within each round is drawn from it
+    rounds: int
+    trials: int
+    first_rounds: int
+    max_rounds: int
+    confirm_rounds: int
+    gain: MetricDelta | None  # the winner's gain (see gain_method); None without a winner
+    gain_method: str
+    engine_s: float
+    grid_engine_s: float  # every value and the incumbent measured as often as the most-measured value
+    grid_max_rounds_engine_s: float  # ... as often as the design allows one value
+    unimodal: bool | None
+    familywise: str
+    finished: bool = True  # False: the run stopped mid-search; the record holds what was measured
+
+
+@dataclass(frozen=True)
 class StepVerdict:
     step: str
     index: int
@@ -128,6 +174,7 @@ class StepVerdict:
     trials_candidate: tuple[str, ...]
     more_trials_needed: int | None = None  # inconclusive: estimate to decide
     carried: bool = False  # did this step's config become the new best
+    search: SearchRecord | None = None  # a search step's race (None: a step of fixed changes, or an older archive)
 
 
 @dataclass(frozen=True)

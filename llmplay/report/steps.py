@@ -22,6 +22,7 @@ from llmplay.catalog import (
 )
 from llmplay.report import charts
 from llmplay.report.data import THIN_MARK, Remarks, RunData, arrow, concat, value_of
+from llmplay.report.search import search_section
 
 LOG_TAIL_LINES = 60
 _URL = re.compile(r"https?://[^\s,;]+")
@@ -242,6 +243,7 @@ def steps(run: RunData, descriptions: Mapping[str, str], kept_text: str) -> list
                 "interval": _interval_note(v),
                 "ci_header": _ci_header(v),
                 "deltas": _delta_rows(v),
+                "search": search_section(v),
                 "trials": _trial_rows(run, trial_ids, objective),
                 "charts": _section_charts(run, sorted(used), objective),
                 "notes": _notes(run, trial_ids),
@@ -270,6 +272,7 @@ def steps(run: RunData, descriptions: Mapping[str, str], kept_text: str) -> list
                 "interval": "",
                 "ci_header": "CI",
                 "deltas": [],
+                "search": None,
                 "anchor": "trials-loose",
                 "trials": _trial_rows(run, loose, "throughput.output_tok_s"),
                 "charts": _section_charts(run, [t for t in loose if t not in superseded], "throughput.output_tok_s"),

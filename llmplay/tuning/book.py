@@ -10,8 +10,21 @@ from llmplay.archive.writer import RunArchive
 from llmplay.spec import Config, Playbook
 from llmplay.tuning.decide import TrialSample
 from llmplay.tuning.progress import Narrator, describe_trial
+from llmplay.tuning.quality import ProbeResult
 from llmplay.tuning.signals import SignalGuard, TrialInterrupted
 from llmplay.tuning.trial import TrialResult, trial_sample
+
+
+@dataclass
+class ConfigTrials:
+    """One configuration and what the run has measured of it so far: samples of its ok trials, every trial id."""
+
+    config: Config
+    samples: list[TrialSample] = field(default_factory=list)
+    trial_ids: list[str] = field(default_factory=list)
+    failed: int = 0
+    nodes: dict[int, str] = field(default_factory=dict)  # repeat -> the cluster node its trial ran on
+    probes: tuple[ProbeResult, ...] | None = None  # goals.quality's answers from its first ok trial
 
 
 @dataclass(frozen=True)
@@ -24,8 +37,15 @@ class TrialSlot:
     repeat: int
 
     @property
-    def key(self) -> tuple[str, str, int]:
-        return (self.step or "", self.role, self.repeat)
+    def key(self) -> tuple[str, str, int, str]:
+        return slot_key(self.step, self.role, self.repeat, self.config.label)
+
+
+def slot_key(step: str | None, role: str, repeat: int, config_id: str) -> tuple[str, str, int, str]:
+    """What matches a trial an earlier attempt archived to the slot asking for it. A search step's round holds
+    several candidates (one per value, each its own configuration) under one repeat, so a candidate is told apart
+    by its configuration; a baseline's configuration is whatever the run carried, so it is matched without it."""
+    return (step or "", role, repeat, config_id if role == "candidate" else "")
 
 
 @dataclass
@@ -36,7 +56,7 @@ class TrialBook:
     playbook: Playbook
     narrator: Narrator
     signals: SignalGuard | None = None
-    done: dict[tuple[str, str, int], TrialRecord] = field(default_factory=dict)  # archived by an earlier attempt
+    done: dict[tuple[str, str, int, str], TrialRecord] = field(default_factory=dict)  # archived by an earlier attempt
     counter: int = 0
     began: bool = False  # a trial was handed to its measurement (an engine may have started)
 
@@ -45,7 +65,7 @@ class TrialBook:
         measured again, and so is a pair whose node was lost (superseded)."""
         for trial in self.archive.trials():
             if trial.status != TRIAL_INTERRUPTED and trial.superseded is None:
-                self.done[(trial.step or "", trial.role, trial.repeat)] = trial
+                self.done[slot_key(trial.step, trial.role, trial.repeat, trial.config_id)] = trial
             self.counter = max(self.counter, int(trial.trial_id.lstrip("t") or 0))
         return len(self.done)
 

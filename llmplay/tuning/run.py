@@ -34,7 +34,7 @@ from llmplay.runtime.docker import require_images
 from llmplay.runtime.image_flags import image_flags
 from llmplay.runtime.owner import Owner
 from llmplay.spec import CapacitySpec, Config, Playbook, Trials
-from llmplay.tuning.book import TrialBook
+from llmplay.tuning.book import ConfigTrials, TrialBook
 from llmplay.tuning.capacity import capacity_goal
 from llmplay.tuning.decide import evaluate_gates, pooled_summary
 from llmplay.tuning.diagnose.from_trials import diagnose_run
@@ -44,7 +44,7 @@ from llmplay.tuning.progress import Narrator, Reporter, stopped_by_bug
 from llmplay.tuning.schedule import MeasurementCrashed, scheduler_for
 from llmplay.tuning.sharing import HostSharing
 from llmplay.tuning.signals import SignalGuard, StopRun
-from llmplay.tuning.steps import ConfigTrials, StepLoop
+from llmplay.tuning.steps import StepLoop
 from llmplay.tuning.trial import FreshEngineTrial, MeasureTrial, utc_now
 
 

@@ -5,33 +5,23 @@ the loop counts it, so an interrupted run resumes without measuring an archived 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from llmplay.archive.model import FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, MetricDelta, StepVerdict, TrialRecord
 from llmplay.catalog import CAPACITY_METRICS, RECORD_METRICS, SAMPLE_COUNT_KEYS
 from llmplay.spec import Config, Playbook, Step, apply_step
-from llmplay.tuning.book import TrialBook, TrialSlot
+from llmplay.tuning.book import ConfigTrials, TrialBook, TrialSlot
 from llmplay.tuning.decide import Decision, TrialSample, decide_step, pooled_summary
 from llmplay.tuning.intervals import Noise
 from llmplay.tuning.progress import step_line, verdict_line
-from llmplay.tuning.quality import ProbeResult, judge_quality, load_probes, speed_goals
+from llmplay.tuning.quality import judge_quality, load_probes, speed_goals
 from llmplay.tuning.schedule import TrialScheduler
+from llmplay.tuning.search_step import SearchStepRun, search_header
 from llmplay.tuning.signals import StopRun
-
-
-@dataclass
-class ConfigTrials:
-    """One configuration and what the run has measured of it so far: samples of its ok trials, every trial id."""
-
-    config: Config
-    samples: list[TrialSample] = field(default_factory=list)
-    trial_ids: list[str] = field(default_factory=list)
-    failed: int = 0
-    nodes: dict[int, str] = field(default_factory=dict)  # repeat -> the cluster node its trial ran on
-    probes: tuple[ProbeResult, ...] | None = None  # goals.quality's answers from its first ok trial
 
 
 def candidate_first(run_id: str, step: str, repeat: int) -> bool:
@@ -64,13 +54,15 @@ class StepLoop:
         steps = self.playbook.steps
         if not steps:
             slots = [[TrialSlot(best.config, None, "baseline", r)] for r in range(self.playbook.trials.repeats)]
-            self.scheduler.run(slots, lambda _, trial, sample: self._take(best, trial, sample))
+            self.scheduler.run(slots, lambda _, trial, sample: self.count(best, trial, sample))
             self.record_rows.append(_record_row(best, None))
         for index, step in enumerate(steps, start=1):
             best = self._step(index, step, best)
         return best
 
     def _step(self, index: int, step: Step, best: ConfigTrials) -> ConfigTrials:
+        if step.search is not None:
+            return self._search(index, step, best)
         cand_config, effects = apply_step(best.config, step)
         cand_config = Config(step.name, cand_config.engine, cand_config.workload)
         self.write_config(cand_config)
@@ -105,10 +97,34 @@ class StepLoop:
         for metric, noise in decision.noise.items():
             self.noise.setdefault(metric, []).append(noise)
         self.book.narrator.say(f"the verdict line of step {step.name}", lambda: verdict_line(decision))
+        self.add_record_rows(index, reference, cand, verdict)
+        return cand if carried else reference
+
+    def _search(self, index: int, step: Step, best: ConfigTrials) -> ConfigTrials:
+        """A search step: its values raced against `best` (tuning.search_step). A run stopped mid-search still
+        archives the search's record of what it measured, then stops as any run does."""
+        run = SearchStepRun(self, index, step, best)
+        head = f"step {index}/{len(self.playbook.steps)} {step.name}"
+        self.book.narrator.say(
+            f"the header line of step {step.name}", lambda: search_header(head, run.space, run.current)
+        )
+        try:
+            run.measure()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the stop itself is what the run reports
+                run.conclude(finished=False)
+            raise
+        return run.conclude()
+
+    def add_record_rows(
+        self, index: int, reference: ConfigTrials, cand: ConfigTrials | None, verdict: StepVerdict
+    ) -> None:
+        """The tuning record's rows of a decided step: the configuration it started from (first step only), and
+        the one it measured against it."""
         if index == 1:
             self.record_rows.append(_record_row(reference, None))
-        self.record_rows.append(_record_row(cand, verdict))
-        return cand if carried else reference
+        if cand is not None:
+            self.record_rows.append(_record_row(cand, verdict))
 
     def _measure_pair(self, reference: ConfigTrials, cand: ConfigTrials, step: Step) -> None:
         """A B, B A, B A, A B ... in an order drawn per pair (candidate_first), or A A B B; in sequential mode, more
@@ -121,7 +137,7 @@ class StepLoop:
             return [TrialSlot(m.config, step.name, role, r) for m, role in (sides[::-1] if drawn else sides)]
 
         def take(slot: TrialSlot, trial: TrialRecord, sample: TrialSample | None) -> None:
-            self._take(reference if slot.role == "baseline" else cand, trial, sample)
+            self.count(reference if slot.role == "baseline" else cand, trial, sample)
 
         self.scheduler.run([pair(r) for r in range(trials.repeats)], take)
         rep = trials.repeats
@@ -147,7 +163,7 @@ class StepLoop:
         )
         return _node_blocks(decision, reference, cand)
 
-    def _take(self, target: ConfigTrials, trial: TrialRecord, sample: TrialSample | None) -> None:
+    def count(self, target: ConfigTrials, trial: TrialRecord, sample: TrialSample | None) -> None:
         """One measured trial counted into its configuration (and the run stopped if the playbook says so)."""
         target.trial_ids.append(trial.trial_id)
         if trial.node.get("id"):
