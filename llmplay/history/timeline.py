@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmplay.archive.index import GuardGoal, RunEntry
 from llmplay.archive.model import MetricDelta
+from llmplay.archive.run_entry import GuardGoal, RunEntry
 from llmplay.catalog import RATE_METRICS, fmt_full, label_of
 from llmplay.tuning.decide import BEYOND, describe_delta, guard_outcome
 from llmplay.tuning.intervals import newcombe_difference, t_mean_interval, welch_effect, wilson_interval
