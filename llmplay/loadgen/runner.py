@@ -55,6 +55,24 @@ async def _progress_loop(sender: LoadSender, total: int | None, duration_s: floa
             bar.update(task, completed=done if total else min(el, duration_s or el), stats=stats)
 
 
+async def _phase(
+    sender: LoadSender,
+    feed: RequestFeed,
+    workload: Workload,
+    arrival_rng: np.random.Generator,
+    *,
+    warmup: bool,
+    until_ns: int | None,
+) -> None:
+    """One phase (warm-up or measured) in the workload's mode: closed loop, a trace's own times, or arrivals."""
+    if workload.concurrency is not None:
+        await closed_loop(sender, feed, workload.concurrency, warmup=warmup, until_ns=until_ns)
+    elif workload.trace is not None:
+        await trace_loop(sender, feed, warmup=warmup, until_ns=until_ns)
+    else:
+        await open_loop(sender, feed, arrival_rng, warmup=warmup, until_ns=until_ns)
+
+
 async def run_load(
     client: httpx.AsyncClient,
     base_url: str,
@@ -88,22 +106,12 @@ async def run_load(
     try:
         if workload.warmup_requests or workload.warmup_s:
             until = t_warm + int(workload.warmup_s * 1e9) if workload.warmup_s else None
-            if mode == "closed":
-                await closed_loop(sender, feed, workload.concurrency or 1, warmup=True, until_ns=until)
-            elif workload.trace is not None:
-                await trace_loop(sender, feed, warmup=True, until_ns=until)
-            else:
-                await open_loop(sender, feed, arrival_rng, warmup=True, until_ns=until)
+            await _phase(sender, feed, workload, arrival_rng, warmup=True, until_ns=until)
         start_ns = now_ns()
         until = start_ns + int(workload.duration_s * 1e9) if workload.duration_s is not None else None
         if show:
             bar = asyncio.ensure_future(_progress_loop(sender, workload.num_requests, workload.duration_s, start_ns))
-        if mode == "closed":
-            await closed_loop(sender, feed, workload.concurrency or 1, warmup=False, until_ns=until)
-        elif workload.trace is not None:
-            await trace_loop(sender, feed, warmup=False, until_ns=until)
-        else:
-            await open_loop(sender, feed, arrival_rng, warmup=False, until_ns=until)
+        await _phase(sender, feed, workload, arrival_rng, warmup=False, until_ns=until)
         end_wall = now_ns()
     except asyncio.CancelledError:
         interrupted, end_wall = True, now_ns()
