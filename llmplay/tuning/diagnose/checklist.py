@@ -304,22 +304,34 @@ def diagnose(
             _steps(S_BATCH, S_SCALE),
             "§6",
         )
-    if sched.get("prefix_caching") is False and (sched.get("shared_prefix_tokens") or 0) > 0:
+    # The workload's own prefix reuse (measured on what was sent: shared prefixes, conversations resending their
+    # history) against what the engine served from its prefix cache; the configured shared prefix where an older
+    # summary has no such figure.
+    expected, achieved = summary.get("prefix_reuse.expected"), summary.get("prefix_reuse.achieved")
+    shared = sched.get("shared_prefix_tokens") or 0
+    reuses = expected >= 0.05 if expected is not None else shared > 0
+    reuse_text = (
+        f"the workload repeats {_pct(expected)} of its prompt tokens"
+        if expected is not None
+        else f"{shared} shared prefix tokens per request"
+    )
+    if sched.get("prefix_caching") is False and reuses:
         add(
             "sched.prefix_cache_off",
             "info",
             "Prompts share a prefix but prefix caching is off",
-            f"{sched['shared_prefix_tokens']} shared prefix tokens per request",
+            reuse_text,
             S_PREFIX,
             "§6",
         )
-    hit = telemetry.get("engine.prefix_cache_hit_rate")
-    if hit is not None and (sched.get("shared_prefix_tokens") or 0) > 0 and hit < 0.1:
+    hit = achieved if achieved is not None else telemetry.get("engine.prefix_cache_hit_rate")
+    missed = hit < expected / 2 if expected is not None and hit is not None else hit is not None and hit < 0.1
+    if sched.get("prefix_caching") is not False and reuses and missed:
         add(
             "sched.prefix_cache_misses",
             "info",
             "Shared prefixes are not being hit in the prefix cache",
-            f"prefix-cache hit rate {_pct(hit)} with {sched['shared_prefix_tokens']} shared prefix tokens",
+            f"prefix-cache hit rate {_pct(hit)} where {reuse_text}",  # type: ignore[arg-type]
             S_PREFIX,
             "§6",
         )
