@@ -215,7 +215,7 @@ class InstrumentCore:
         n_tokens = int(cfg["tokens"] if cfg["tokens"] is not None else req.get("max_tokens") or 16)
         stream = bool(req.get("stream"))
         want_usage = (not stream) or bool((req.get("stream_options") or {}).get("include_usage"))
-        usage = (
+        usage: dict[str, Any] | None = (
             {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens, "total_tokens": prompt_tokens + n_tokens}
             if cfg["usage"] and want_usage
             else None

@@ -328,3 +328,40 @@ def test_llama_server_second_turn_carries_the_first_reply_exactly(llama_endpoint
     assert second_rec.cached_tokens >= 0.9 * first_rec.input_tokens > first_rec.cached_tokens
     s = summarize(result.records, result.duration_s).as_dict()
     assert s["prefix_reuse.expected"] > 0.3 and s["prefix_reuse.achieved"] > 0.3
+
+
+def test_sharegpt_conversations_send_every_human_turn(srv, tmp_path):
+    share = tmp_path / "share.json"
+    share.write_text(
+        json.dumps(
+            [
+                {
+                    "conversations": [
+                        {"from": "system", "value": "sys"},
+                        {"from": "human", "value": "first question"},
+                        {"from": "gpt", "value": "one two three"},
+                        {"from": "human", "value": "second question"},
+                        {"from": "gpt", "value": "a b c d e"},
+                        {"from": "human", "value": "third question"},
+                    ]
+                },
+                {"conversations": [{"from": "human", "value": "only question"}, {"from": "gpt", "value": "x y"}]},
+            ]
+        )
+    )
+    wl = replace(CHAT, dataset=str(share), prefix_tokens=0, turns=5, num_requests=4, concurrency=1, seed=3)
+    planned = build_requests(wl, TOK, "m")
+    by_conv = {}
+    for r in planned:
+        by_conv.setdefault(r.conversation_id, []).append(r)
+    long = next(turns for turns in by_conv.values() if len(turns) == 3)
+    assert [r.user_text for r in long] == ["first question", "second question", "third question"]
+    assert [r.max_tokens for r in long[:2]] == [3, 5] and [r.final_turn for r in long] == [False, False, True]
+    assert all(len(turns) in (1, 3) for turns in by_conv.values())  # each conversation ends with its human turns
+    # turns: 1 keeps the first human turn alone, as always.
+    assert all(r.turn == 0 for r in build_requests(replace(wl, turns=1), TOK, "m"))
+    res, log = run(srv, wl, tokens=2)
+    assert len(res.records) == 4 and all(r.ok for r in res.records)
+    sent = [e["messages"] for e in sorted(log, key=lambda e: e["recv_ns"]) if len(e["messages"]) > 1]
+    assert sent and all(m[1] == {"role": "assistant", "content": _reply(2)} for m in sent)  # the server's reply
+    assert sent[-1][-1] == {"role": "user", "content": "third question"}

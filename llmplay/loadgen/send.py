@@ -86,7 +86,7 @@ class LoadSender:
             history = self._history.get(planned.conversation_id, [])
             planned = planned.resend(history)
         rec, reply = await self._send(planned, scheduled_ns, warmup, queue_wait_s, history)
-        if planned.turn + 1 < self.workload.turns:
+        if not planned.final_turn:
             # Whatever the server returned is the history, a cut-off reply included: a client would show that.
             self._history.setdefault(planned.conversation_id, history)
             history.append((planned.user_text, reply))

@@ -47,6 +47,7 @@ class PlannedRequest:
     prefix: str = ""  # the group's shared prefix (system prompt); empty when none
     user_text: str = ""  # this turn's own new text, after the prefix and the history
     think_s: float = 0.0  # the user's pause after the previous turn's reply, before sending this one
+    final_turn: bool = True  # the conversation's last turn: nothing resends its reply
 
     def resend(self, history: Sequence[tuple[str, str]]) -> PlannedRequest:
         """This turn after the given (user text, reply) turns: what a user in conversation really sends.
@@ -172,6 +173,8 @@ def draw_length(dist: LengthDist, rng: np.random.Generator) -> int:
 class DatasetEntry:
     prompt: str
     output_tokens: int | None  # None: take the output distribution / max_tokens
+    # A ShareGPT conversation's later human turns and the replies that followed (counted only when sent).
+    later_turns: tuple[tuple[str, str | None], ...] = ()
 
 
 def load_dataset(path: str, tokenizer: Tokenizer) -> tuple[DatasetEntry, ...]:
@@ -187,6 +190,7 @@ def load_dataset(path: str, tokenizer: Tokenizer) -> tuple[DatasetEntry, ...]:
         DatasetEntry(
             row.prompt,
             row.output_tokens if row.reply is None else max(1, tokenizer.count(row.reply)),
+            row.later_turns,
         )
         for row in rows
     )
@@ -234,15 +238,21 @@ def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Itera
         prefix = prefix_for(group) if workload.prefix_tokens > 0 else ""
         history: list[tuple[str, str]] = []  # (user, assistant) turns already sent
         history_tokens = 0
-        for turn in range(turns):
+        entry = dataset_entry(conv) if dataset else None
+        # A dataset conversation sends each of its human turns, up to `turns`; a synthetic one exactly `turns`.
+        conv_turns = min(turns, 1 + len(entry.later_turns)) if entry is not None else turns
+        for turn in range(conv_turns):
             if total is not None and index >= total:
                 return
             text_rng = _sub_rng(workload.seed, _PURPOSE_TEXT, conv, turn)
-            if dataset and turn == 0:
-                entry = dataset_entry(conv)
+            if entry is not None and turn == 0:
                 user_text = entry.prompt
                 user_tokens = tokenizer.count(user_text)
                 planned_out = entry.output_tokens
+            elif entry is not None:
+                user_text, reference = entry.later_turns[turn - 1]
+                user_tokens = tokenizer.count(user_text)
+                planned_out = max(1, tokenizer.count(reference)) if reference is not None else None
             else:
                 user_tokens = draw_length(workload.input, rng)
                 user_text = tokenizer.make_text(user_tokens, text_rng)
@@ -274,9 +284,10 @@ def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Itera
                 prefix=prefix,
                 user_text=user_text,
                 think_s=think_s,
+                final_turn=turn + 1 == conv_turns,
             )
             index += 1
-            if turn + 1 < turns:
+            if turn + 1 < conv_turns:
                 # A stand-in reply of the planned length: the load runner resends the server's real one instead.
                 reply = tokenizer.make_text(max_tokens, _sub_rng(workload.seed, _PURPOSE_REPLY, conv, turn))
                 history.append((user_text, reply))
