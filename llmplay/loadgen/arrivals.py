@@ -2,7 +2,8 @@
 
 A conversation (turns > 1) is one user in closed loop: its turns leave one after another, each after the previous
 reply and the user's think time. In closed loop each of the N users runs whole conversations; in open loop the
-conversations themselves arrive (rate / turns a second, so the requests still average `rate`)."""
+conversations themselves arrive (a conversation of k turns is followed by a gap of k / rate on average, so the
+requests still average `rate`)."""
 
 from __future__ import annotations
 
@@ -168,8 +169,9 @@ async def open_loop(
     wl = sender.workload
     assert wl.rate is not None and wl.rate > 0
     burst = max(1, wl.burst)
-    # rate counts requests: bursts arrive rate/burst times a second, conversations of `turns` requests rate/turns.
-    mean_gap_s = burst * max(1, wl.turns) / wl.rate
+    # rate counts requests: the gap after an arrival is as long as its requests take at that rate, so bursts arrive
+    # rate/burst times a second and 3-turn conversations rate/3 (a dataset's conversations, each by its own turns).
+    mean_gap_s = burst / wl.rate
     tasks: set[asyncio.Task[None]] = set()
     t0 = now_ns()
     offset_s = 0.0
@@ -188,15 +190,18 @@ async def open_loop(
         while (delay_ns := at_ns - now_ns()) > 0:
             await asyncio.sleep(delay_ns / 1e9)
         stop = False
+        sent = 0
         for _ in range(burst):
             session = await feed.next_session()
             if not session:
                 stop = True
                 break
+            sent += len(session)
             task = asyncio.ensure_future(_converse(sender, feed, session, at_ns, warmup=warmup, until_ns=until_ns))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if stop:
             break
+        mean_gap_s = sent / wl.rate
     if tasks:
         await asyncio.gather(*tasks)
