@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -116,8 +116,8 @@ class LoadSender:
             # As vllm bench serve: a reply is one once a message with non-empty choices came, even without text
             # (an immediate EOS); a stream of usage and [DONE] alone has no first token to time.
             exchange.fail("protocol", "response carried no token (no message with non-empty choices)")
-        rec = self._record(planned, scheduled_ns, warmup, queue_wait_s, exchange, reply, state)
-        rec = replace(rec, **_fingerprint(planned, history, reply.content))
+        fingerprint = _fingerprint(planned, history, reply.content)
+        rec = self._record(planned, scheduled_ns, warmup, queue_wait_s, exchange, reply, state, fingerprint)
         self.records.append(rec)
         if rec.error_kind is None:
             self.out_tokens += rec.output_tokens
@@ -129,16 +129,14 @@ class LoadSender:
         wl = self.workload
         body = json.dumps(planned.body(temperature=wl.temperature, ignore_eos=wl.ignore_eos)).encode()
         url = self._urls["chat" if planned.messages is not None else "completions"]
-        headers = {"content-type": "application/json"}
-        if wl.session_header:
-            headers[wl.session_header] = f"{wl.seed}-{planned.conversation_id}"
+        # The same value on every turn of a conversation, so a router that pins sessions keeps it on one replica.
+        session = {wl.session_header: f"{wl.seed}-{planned.conversation_id}"} if wl.session_header else {}
         if self._direct is not None:
-            if wl.session_header:
-                return httpx.Request(
-                    "POST", url, content=body, headers={**self._headers, **headers}, extensions=self._timeout_ext
-                )
-            return httpx.Request("POST", url, content=body, headers=self._headers, extensions=self._timeout_ext)
-        return self.client.build_request("POST", url, content=body, headers=headers)
+            headers = httpx.Headers({**self._headers, **session}) if session else self._headers
+            return httpx.Request("POST", url, content=body, headers=headers, extensions=self._timeout_ext)
+        return self.client.build_request(
+            "POST", url, content=body, headers={"content-type": "application/json", **session}
+        )
 
     async def _exchange(self, request: httpx.Request, stream: bool, state: StreamState, exchange: _Exchange) -> None:
         """Send, read the whole response into state (stream) or exchange.body; failures go to exchange."""
@@ -185,6 +183,7 @@ class LoadSender:
         exchange: _Exchange,
         reply: _Reply,
         state: StreamState,
+        fingerprint: dict[str, Any],
     ) -> RequestRecord:
         usage = reply.usage
         if usage and isinstance(usage.get("completion_tokens"), int):
@@ -229,6 +228,7 @@ class LoadSender:
             finished_ns=exchange.finished_ns,
             first_text_ns=first_text_ns,
             cached_tokens=_cached_tokens(usage, reply.timings),
+            **fingerprint,
         )
 
 
