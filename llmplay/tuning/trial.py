@@ -21,7 +21,14 @@ from llmplay.loadgen.records import LoadResult
 from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
 from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.loadgen.workload import iter_requests
-from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
+from llmplay.metrics import (
+    engine_prefix_reuse,
+    per_request_frame,
+    prefix_reuse_text,
+    slo_attainment,
+    summarize,
+    usd_per_1m_tokens,
+)
 from llmplay.redaction import resolve_args, resolve_env
 from llmplay.runtime.base import Runtime
 from llmplay.runtime.labels import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
@@ -243,6 +250,7 @@ def run_trial(
     telemetry_frame: pd.DataFrame | None = None
     try:
         summary.update(telemetry.summary(start_s=max(0.0, (load.start_ns - sampler_origin_ns) / 1e9)))
+        summary.update(engine_prefix_reuse(summary))
         telemetry_frame = telemetry.to_frame()
     except Exception as exc:  # a bug in telemetry must not cost the measured load: the trial keeps its requests
         notes.append(f"telemetry not summarised ({type(exc).__name__}: {exc}); its figures are not measured")
@@ -430,5 +438,7 @@ def describe_trial(trial: TrialRecord) -> str:
         found = [f"{label_of(m)} {figure(m, s)}" for m in CAPACITY_METRICS if measured(s.get(m)) is not None]
         head = ", ".join(found or ["capacity not measured (indeterminate, or outside its bounds)"])
         head += "; at the boundary probe: "
+    if (reuse := prefix_reuse_text(s)) is not None:
+        figures.append(reuse)
     thin = [warning for m in shown if (warning := thin_warning(m, s)) is not None]
     return f"  trial {trial.trial_id} {role}: {head}{', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")
