@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,12 +77,27 @@ for _info in (
     MetricInfo("quality.exact_match", "fraction", False, "probes answered exactly as the baseline"),
     MetricInfo("quality.token_agreement", "fraction", False, "baseline tokens reproduced before divergence"),
     MetricInfo("quality.logprob_shift", "nats", True, "mean |change| of the baseline tokens' log-probabilities"),
+    # The workload's own reuse is no better or worse; the engine's share of it served from cache is better higher.
+    MetricInfo("prefix_reuse.expected", "fraction", False, "prefix reuse in the workload"),
+    MetricInfo("prefix_reuse.achieved", "fraction", False, "prefix-cache hits"),
+    MetricInfo("engine.prefix_cache_hit_rate", "fraction", False, "prefix-cache hit rate (/metrics)"),
+    MetricInfo("session.count", "count", False, "conversations"),
+    MetricInfo("session.turns_mean", "count", False, "turns per conversation"),
+    MetricInfo("session.duration_s.mean", "s", True, "MEAN conversation time"),
+    MetricInfo("session.duration_s.p50", "s", True, "P50 conversation time"),
+    MetricInfo("session.duration_s.p95", "s", True, "P95 conversation time"),
 ):
     METRICS[_info.path] = _info
 
+# TTFT by turn index (metrics.session_figures): ttft_turn.<k>.p50 / .mean for the k-th turn of a conversation.
+_TURN_METRIC = re.compile(r"^ttft_turn\.([1-9][0-9]*)\.(p50|mean)$")
+
 
 def metric_info(path: str) -> MetricInfo | None:
-    return METRICS.get(path)
+    info = METRICS.get(path)
+    if info is None and (m := _TURN_METRIC.match(path)):
+        return MetricInfo(path, "s", True, f"{m.group(2).upper()} TTFT of turn {m.group(1)}")
+    return info
 
 
 # ---------------------------------------------------------------------------------------------- metric lists
@@ -115,6 +131,16 @@ RECORD_METRICS: tuple[str, ...] = (
     "cost.usd_per_1m_tokens",
     "memory.peak_frac",
     "memory.kv_share",
+    "prefix_reuse.expected",
+    "prefix_reuse.achieved",
+)
+# The figures of a conversation workload (turns > 1) a report shows beside the per-request ones; TTFT by turn
+# index adds ttft_turn.<k>.p50 for each turn measured (metrics.session_figures).
+SESSION_METRICS: tuple[str, ...] = (
+    "session.count",
+    "session.turns_mean",
+    "session.duration_s.p50",
+    "session.duration_s.p95",
 )
 # The tuning record as printed on the console after a run (commands.run).
 TUNING_RECORD_METRICS: tuple[str, ...] = (
@@ -128,6 +154,8 @@ TUNING_RECORD_METRICS: tuple[str, ...] = (
     "goodput.req_s",
     "cost.usd_per_1m_tokens",
     "errors.rate",
+    "prefix_reuse.expected",
+    "prefix_reuse.achieved",
 )
 # What `llmplay compare` shows of each run's final configuration, besides the goals' own metrics.
 COMPARED_METRICS: tuple[str, ...] = (
@@ -286,6 +314,8 @@ ABSENCE_REASONS: dict[str, str] = {
     "ttft_nonstream": "no non-streamed request completed",
     "ttft_content": "no streamed request carried text",
     "queue_wait": "no request completed",
+    "ttft_turn": "no streamed request of that turn completed",
+    "session": "no conversation of more than one turn was measured (workload.turns is 1)",
 }
 
 
@@ -356,6 +386,13 @@ def absence_reason(metric: str) -> str:
         return "no capacity search (goals.capacity), or no load within its bounds met the SLOs"
     if family == "cost":
         return "no price in the playbook, or no output tokens"
+    if metric == "prefix_reuse.expected":
+        return "no request completed, or its records predate prompt fingerprints"
+    if metric == "prefix_reuse.achieved":
+        return (
+            "the engine reported no cached prompt tokens (no usage.prompt_tokens_details, and no prefix-cache "
+            "counters on /metrics)"
+        )
     if family == "engine":
         return "the engine exposed no such figure on /metrics"
     if family == "quality":

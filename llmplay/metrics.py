@@ -15,6 +15,11 @@ request reaches the transport, before it acquires a connection (RequestRecord.se
   (warm-up excluded; it ends when the last measured request ended, failures included).
   Goodput: completed requests meeting every SLO in slo_s ÷ duration.
 - Errors are counted over every measured request sent; errors.rate = errors / requests sent.
+- Prefix reuse: prefix_reuse.expected is the workload's own, the share of prompt tokens that repeat the start of an
+  earlier prompt (or an earlier prompt and its reply), piece by piece (prompt_prefix_reuse); prefix_reuse.achieved
+  is what the engine reported serving from its prefix cache (cached prompt tokens ÷ prompt tokens).
+- Sessions (conversations of more than one turn): turns and duration (first send → last reply) per conversation,
+  and TTFT by turn index, the cost of a growing context.
 Only completed (error-free), non-warm-up requests enter latency and throughput figures.
 """
 
@@ -262,7 +267,8 @@ def summarize(
     unknown = set(slo) - set(SLO_KEYS)
     if unknown:
         raise ValueError(f"unknown SLO keys {sorted(unknown)}; expected {', '.join(SLO_KEYS)}")
-    recs = measured_requests(records)
+    every = _as_records(records)
+    recs = measured_requests(every)
     ok = [r for r in recs if completed(r)]
     arrays = per_request_arrays(ok)
     values: dict[str, float | int | None] = {}
@@ -305,6 +311,8 @@ def summarize(
     values["tokens.output_counted"] = int(source != "usage")
     # Counted by an approximate tokenizer (no usage, no exact tokenizer): the token figures are estimates.
     values["tokens.output_estimated"] = int("estimated" in sources)
+    values.update(prefix_reuse_figures(every))
+    values.update(session_figures(recs))
     return Summary(
         values=MappingProxyType(values),
         duration_s=duration_s,
@@ -359,3 +367,103 @@ def request_timeline(records: Records) -> dict[str, np.ndarray]:
         "output_tokens": np.asarray([r.output_tokens for r in done], dtype=float),
         "send_gap_s": np.diff(sends) / 1e9,
     }
+
+
+# ---------------------------------------------------------------------------------------------- prefix reuse
+def prompt_prefix_reuse(records: Records) -> np.ndarray:
+    """Per request, in record order: the prompt tokens that repeat the start of a prompt sent earlier (warm-up
+    included: the engine saw it), or of an earlier prompt followed by its reply (the engine computed that too, and a
+    conversation's next turn resends it). Compared piece by piece (system prompt, each message, the new text: the
+    prompt fingerprint the sender recorded), so a piece shared only in part counts as not shared; tokens are the
+    prompt's own (usage) split in proportion to characters. 0 for a request without a fingerprint."""
+    recs = _as_records(records)
+    seen: set[int] = set()
+    reused = np.zeros(len(recs), dtype=float)
+    for i in sorted(range(len(recs)), key=lambda k: recs[k].sent_ns):
+        r = recs[i]
+        chars = 0
+        for h, n in zip(r.prompt_hashes, r.prompt_chars, strict=False):
+            if h not in seen:
+                break
+            chars = n
+        if chars and r.prompt_chars:
+            reused[i] = r.input_tokens * min(chars / r.prompt_chars[-1], 1.0)
+        seen.update(r.prompt_hashes)
+        if r.reply_hash is not None:
+            seen.add(r.reply_hash)
+    return reused
+
+
+def prefix_reuse_figures(records: Sequence[RequestRecord]) -> dict[str, float | int | None]:
+    """prefix_reuse.expected (the workload's own reuse) and prefix_reuse.achieved (the engine's cached share, where
+    it reported cached tokens on every such request), over measured completed requests."""
+    reused = prompt_prefix_reuse(records)
+    done = [i for i, r in enumerate(records) if not r.is_warmup and completed(r)]
+    prompt = sum(records[i].input_tokens for i in done)
+    values: dict[str, float | int | None] = {}
+    if any(records[i].prompt_hashes for i in done) and prompt > 0:
+        values["prefix_reuse.expected"] = float(sum(reused[i] for i in done)) / prompt
+    reported = [records[i] for i in done if records[i].cached_tokens is not None]
+    if reported and len(reported) == len(done) and prompt > 0:
+        values["prefix_reuse.achieved"] = sum(r.cached_tokens or 0 for r in reported) / prompt
+    return values
+
+
+def engine_prefix_reuse(summary: Mapping[str, Any]) -> dict[str, float]:
+    """prefix_reuse.achieved from the engine's /metrics counters (vLLM's prefix-cache hits ÷ queries over the
+    measured window, telemetry's engine.prefix_cache_hit_rate) where the responses themselves did not say."""
+    rate = summary.get("engine.prefix_cache_hit_rate")
+    if summary.get("prefix_reuse.achieved") is None and isinstance(rate, (int, float)) and np.isfinite(rate):
+        return {"prefix_reuse.achieved": float(rate)}
+    return {}
+
+
+def prefix_reuse_text(summary: Mapping[str, Any]) -> str | None:
+    """ "prefix reuse 62% expected, 58% achieved" for a trial's console line; None when the workload reuses nothing
+    and the engine reported no hits."""
+    expected, achieved = summary.get("prefix_reuse.expected"), summary.get("prefix_reuse.achieved")
+    if not expected and not achieved:
+        return None
+
+    def pct(value: object) -> str:
+        return f"{value * 100:.0f}%" if isinstance(value, (int, float)) else "not measured"
+
+    return f"prefix reuse {pct(expected)} expected, {pct(achieved)} achieved"
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+MAX_TURN_FIGURES = 16  # TTFT by turn index for the first turns only: a 1,000-turn chat must not swell the summary
+
+
+def session_figures(records: Sequence[RequestRecord]) -> dict[str, float | int | None]:
+    """Conversations of a multi-turn workload (measured requests): session.count, session.turns_mean (turns sent),
+    session.duration_s.{mean,p50,p95} (first send → last reply or failure), and per turn index k (1-based) the
+    TTFT of streamed completed requests, ttft_turn.k.{p50,mean,n}. Empty for single-turn workloads."""
+    measured = measured_requests(records)
+    if not any(r.turn > 0 for r in measured):
+        return {}
+    sessions: dict[int, list[RequestRecord]] = {}
+    for r in measured:
+        sessions.setdefault(r.conversation_id, []).append(r)
+    durations = []
+    for turns in sessions.values():
+        ends = [e for e in (r.end_ns if r.ok else (r.finished_ns or r.end_ns) for r in turns) if e is not None]
+        if ends:
+            durations.append((max(ends) - min(r.sent_ns for r in turns)) / 1e9)
+    values: dict[str, float | int | None] = {
+        "session.count": len(sessions),
+        "session.turns_mean": float(np.mean([len(t) for t in sessions.values()])),
+    }
+    stats = _stats(np.asarray(durations, dtype=float))
+    for stat in ("mean", "p50", "p95"):
+        values[f"session.duration_s.{stat}"] = stats[stat]
+    by_turn: dict[int, list[float]] = {}
+    for r in measured:
+        if r.ok and r.stream and r.first_chunk_ns is not None and r.turn < MAX_TURN_FIGURES:
+            by_turn.setdefault(r.turn, []).append(_ttft_s(r))
+    for turn in sorted(by_turn):
+        ttft = np.asarray(by_turn[turn], dtype=float)
+        values[f"ttft_turn.{turn + 1}.p50"] = float(np.percentile(ttft, 50))
+        values[f"ttft_turn.{turn + 1}.mean"] = float(ttft.mean())
+        values[f"ttft_turn.{turn + 1}.n"] = int(ttft.size)
+    return values

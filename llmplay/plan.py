@@ -172,3 +172,29 @@ def sample_shortfalls(workload: Workload, goals: Goals, trials: Trials) -> list[
         latency = expected.busy_s * share * repeats / need if share > 0 else None
         out.append(SampleShortfall(metric, roles, need, expected, share, kind, repeats, latency))
     return out
+
+
+# Knobs whose only effect is reusing computed prompt prefixes: a step on one has nothing to gain without reuse.
+# (TGI switches prefix caching with an environment variable, not a flag.)
+PREFIX_CACHE_TARGETS = frozenset({"args.prefix_caching", "args.cache_reuse", "env.PREFIX_CACHING"})
+
+
+def reuses_prefixes(w: Workload) -> bool:
+    """Whether the workload's prompts can repeat an earlier prompt's start: a shared prefix among several requests,
+    conversations resending their history, or a dataset (whose prompts may repeat). Synthetic prompts otherwise
+    are fresh random text each."""
+    return (w.prefix_tokens > 0 and (w.num_requests or 2) > 1) or w.turns > 1 or w.dataset is not None
+
+
+def prefix_cache_notes(plan: Plan) -> dict[int, str]:
+    """Per step index: a note when the step changes a prefix-caching knob while its workload reuses no prefix."""
+    notes = {}
+    for planned in plan.steps:
+        if {e.target for e in planned.effects} & PREFIX_CACHE_TARGETS and not reuses_prefixes(
+            planned.cumulative.workload
+        ):
+            notes[planned.index] = (
+                "note: a prefix-caching step on a workload with no prefix reuse (no shared prefix, one turn per "
+                "conversation, no dataset): expect no effect beyond noise"
+            )
+    return notes

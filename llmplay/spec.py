@@ -163,6 +163,18 @@ class TraceSpec:
 
 
 @dataclass(frozen=True)
+class ThinkTime:
+    """A user's pause between a reply and their next turn, in seconds. kind: fixed|uniform|exponential|lognormal."""
+
+    kind: str = "fixed"
+    value_s: float = 0.0  # fixed
+    min_s: float | None = None  # uniform / clip bounds
+    max_s: float | None = None
+    mean_s: float | None = None  # exponential / lognormal (mean of the pauses)
+    sigma: float | None = None  # lognormal: sigma of the log-pauses
+
+
+@dataclass(frozen=True)
 class Workload:
     api: str = "completions"  # "completions" | "chat"
     input: LengthDist = LengthDist("fixed", value=128)
@@ -171,6 +183,9 @@ class Workload:
     prefix_tokens: int = 0
     prefix_groups: int = 1
     turns: int = 1
+    think_time: ThinkTime = ThinkTime()  # between a turn's reply and the conversation's next turn
+    # An affinity header every request of a conversation carries (x-session-id), for routers that pin sessions.
+    session_header: str | None = None
     concurrency: int | None = None  # closed loop
     rate: float | None = None  # open loop, req/s
     arrival: str = "poisson"  # "poisson" | "constant"

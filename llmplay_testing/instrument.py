@@ -8,6 +8,8 @@ per_chunk (1: tokens per text chunk, as servers that batch their stream send), u
 usage chunk when asked), done (1: send [DONE]), role (chat streams start with a role-only chunk; 1: written
 with the first token, as vLLM and llama.cpp do; 2: on admission, right after the headers; 0: none),
 fault: none | 500 | 400 | close (FIN mid-stream) | stall (stop sending) | reset (TCP RST) | garbage,
+cache (0; 1: a word-level prefix cache: usage.prompt_tokens_details.cached_tokens counts the prompt's leading
+words that repeat an earlier prompt, or an earlier prompt and its reply, as engines report prefix-cache hits),
 fault_after (text chunks sent before the fault; 0 = before the response headers), fault_from (0: how
 many requests of this scenario, counted per path prefix since the last GET /_log, are served before
 the fault starts: one fast request and one that times out in the same run).
@@ -18,7 +20,8 @@ Under Poisson arrivals its TTFT minus ttft_ms is then the M/M/c waiting time, wh
 capacity under a TTFT SLO (llmplay_testing.queueing).
 
 Every text chunk's actual write time (time.perf_counter_ns, the same clock the client uses) is logged
-per request, keyed by the prompt (or the last user message); GET /_log returns and clears the log.
+per request, keyed by the prompt (or the last user message), with the request's messages or prompt and its
+headers as sent; GET /_log returns and clears the log.
 Streams are driven by one timer heap instead of a task per stream, so 1,000+ concurrent
 streams cost little CPU and chunk times stay close to the script.
 
@@ -60,6 +63,7 @@ DEFAULTS: dict[str, Any] = {
     "servers": 0,
     "service_ms": 100.0,
     "qseed": 0,
+    "cache": 0,
 }
 
 
@@ -141,6 +145,7 @@ class InstrumentCore:
         # Per scenario segment: the virtual servers' free times (a heap) and the service-time generator.
         self._queues: dict[str, tuple[list[int], random.Random]] = {}
         self._chunks: dict[tuple[bool, int, bool, int], bytes] = {}
+        self._cached: list[list[str]] = []  # cache=1: the word sequences an engine would hold (prompt, prompt+reply)
 
     # --- connection handling -------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -158,7 +163,7 @@ class InstrumentCore:
                 headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
                 recv_ns = time.perf_counter_ns()
-                keep = await self.dispatch(method, path, body, recv_ns, reader, writer)
+                keep = await self.dispatch(method, path, body, recv_ns, reader, writer, headers)
                 if not keep:
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -175,6 +180,7 @@ class InstrumentCore:
         recv_ns: int,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        headers: dict[str, str] | None = None,
     ) -> bool:
         cfg, segment = dict(DEFAULTS), ""
         if path.startswith("/c/"):
@@ -185,6 +191,7 @@ class InstrumentCore:
             entries, self.log = self.log, []
             self._served.clear()
             self._queues.clear()
+            self._cached.clear()
             writer.write(_response(200, json.dumps(entries).encode()))
             return True
         if path == "/health":
@@ -208,7 +215,7 @@ class InstrumentCore:
         n_tokens = int(cfg["tokens"] if cfg["tokens"] is not None else req.get("max_tokens") or 16)
         stream = bool(req.get("stream"))
         want_usage = (not stream) or bool((req.get("stream_options") or {}).get("include_usage"))
-        usage = (
+        usage: dict[str, Any] | None = (
             {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens, "total_tokens": prompt_tokens + n_tokens}
             if cfg["usage"] and want_usage
             else None
@@ -223,7 +230,12 @@ class InstrumentCore:
             "itl_ms": cfg["itl_ms"],
             "fault": cfg["fault"],
             "headers_ns": None,
+            "messages": req.get("messages") if chat else None,
+            "prompt": None if chat else req.get("prompt"),
+            "headers": headers or {},
         }
+        if cfg["cache"] and usage is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self._cache_hit(req, chat, n_tokens)}
         self.log.append(log)
         ordinal = self._served.get(segment, 0)
         self._served[segment] = ordinal + 1
@@ -398,6 +410,22 @@ class InstrumentCore:
             "model": "instrument",
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
         }
+
+    def _cache_hit(self, req: dict, chat: bool, n_tokens: int) -> int:
+        """Leading prompt words already held (a prompt, or a prompt and its reply, seen before); remembers this one."""
+        pieces = [str(m.get("content", "")) for m in req["messages"]] if chat else [str(req.get("prompt", ""))]
+        words = " ".join(pieces).split()
+        hit = 0
+        for held in self._cached:
+            n = 0
+            for a, b in zip(held, words, strict=False):
+                if a != b:
+                    break
+                n += 1
+            hit = max(hit, n)
+        reply = "".join(f" t{i}" for i in range(n_tokens)).split()
+        self._cached = [*self._cached[-255:], words, words + reply]
+        return hit
 
     # --- a word-level stand-in for llama.cpp's /tokenize and /detokenize -----------------------
     def tokenize(self, path: str, req: dict) -> dict:

@@ -202,8 +202,26 @@ def test_sched_prefix_cache_misses_below_ten_percent(hit: float | None, shared: 
     assert fires(scheduler.PREFIX_CACHE_MISSES, facts) is fired
     if fired:
         assert finding(scheduler.PREFIX_CACHE_MISSES, facts).evidence == (
-            "prefix-cache hit rate 2.0% with 512 shared prefix tokens"
+            "prefix-cache hit rate 2.0% where 512 shared prefix tokens per request"
         )
+
+
+@pytest.mark.parametrize(
+    "expected, achieved, caching, fired",
+    [(0.4, 0.1, True, True), (0.4, 0.3, True, False), (0.04, 0.0, True, False), (0.4, 0.1, False, False)],
+)
+def test_sched_prefix_cache_misses_against_the_workloads_own_reuse(
+    expected: float, achieved: float, caching: bool, fired: bool
+):
+    summary = {"prefix_reuse.expected": expected, "prefix_reuse.achieved": achieved}
+    facts = RunFacts(summary=summary, scheduler=SchedulerFacts(prefix_caching=caching))
+    assert fires(scheduler.PREFIX_CACHE_MISSES, facts) is fired
+    if fired:
+        assert finding(scheduler.PREFIX_CACHE_MISSES, facts).evidence == (
+            "prefix-cache hit rate 10.0% where the workload repeats 40.0% of its prompt tokens"
+        )
+    off = RunFacts(summary=summary, scheduler=SchedulerFacts(prefix_caching=False))
+    assert fires(scheduler.PREFIX_CACHE_OFF, off) is (expected >= 0.05)
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,7 @@ def test_misspelled_key_is_one_line_with_line_number_and_hint(tmp_path):
         "p.yaml:7: workload.num_requets: unknown key 'num_requets' (did you mean 'num_requests'?); "
         "expected one of: api, arrival, burst, concurrency, dataset, duration, ignore_eos, input, "
         "max_tokens, num_requests, output, prefix_groups, prefix_tokens, rate, request_timeout, "
-        "seed, streaming_fraction, sweep, temperature, trace, turns, warmup, warmup_requests"
+        "seed, session_header, streaming_fraction, sweep, temperature, think_time, trace, turns, warmup, warmup_requests"
     )
 
 

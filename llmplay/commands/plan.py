@@ -9,11 +9,20 @@ import click
 
 from llmplay.catalog import label_of
 from llmplay.errors import ExitCode
-from llmplay.plan import Config, Plan, SampleShortfall, build_plan, docker_run_argv, format_argv, sample_shortfalls
+from llmplay.plan import (
+    Config,
+    Plan,
+    SampleShortfall,
+    build_plan,
+    docker_run_argv,
+    format_argv,
+    prefix_cache_notes,
+    sample_shortfalls,
+)
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.trace import describe_trace
 from llmplay.redaction import redact_text
-from llmplay.spec import LengthDist, Workload, show_value
+from llmplay.spec import LengthDist, ThinkTime, Workload, show_value
 
 
 def plan_command(file: Path, *, allow_outside_extends: bool = False) -> int:
@@ -36,6 +45,17 @@ def describe_length(dist: LengthDist) -> str:
     return f"{dist.kind} mean {dist.mean:g} {spread} {dist.std:g}{bounds}"
 
 
+def describe_think_time(think: ThinkTime) -> str:
+    if think.kind == "fixed":
+        return f"{think.value_s:g}s"
+    bounds = f" clipped [{think.min_s or 0:g}s, {f'{think.max_s:g}s' if think.max_s is not None else '∞'}]"
+    if think.kind == "uniform":
+        return f"uniform [{think.min_s:g}s, {think.max_s:g}s]"
+    if think.kind == "exponential":
+        return f"exponential mean {think.mean_s:g}s" + (bounds if think.max_s is not None else "")
+    return f"lognormal mean {think.mean_s:g}s sigma {think.sigma:g}{bounds}"
+
+
 def describe_workload(w: Workload) -> str:
     if w.trace is not None:
         length = f"{w.num_requests} requests" + (f", at most {w.duration_s:g}s" if w.duration_s else "")
@@ -51,7 +71,10 @@ def describe_workload(w: Workload) -> str:
     if w.prefix_tokens:
         extras.append(f"shared prefix {w.prefix_tokens} tokens x {w.prefix_groups} groups")
     if w.turns > 1:
-        extras.append(f"{w.turns} turns")
+        think = f", think time {describe_think_time(w.think_time)}" if w.think_time != ThinkTime() else ""
+        extras.append(f"{w.turns} turns{think}")
+    if w.session_header:
+        extras.append(f"session header {w.session_header}")
     extras.append(f"streaming {w.streaming_fraction:.0%}")
     warm = f"warm-up {w.warmup_s:g}s" + (f" + {w.warmup_requests} requests" if w.warmup_requests else "")
     return f"{w.api}, {shape}, {load}, {length}, {warm}, {', '.join(extras)}, seed {w.seed}"
@@ -119,6 +142,7 @@ def render_plan(plan: Plan) -> str:
     lines += [f"  {gate.text}" for gate in goals.gates]
     lines += sample_size_lines(plan)
     lines += ["", "Baseline", *_config_lines(plan.baseline, plan)]
+    reuse_notes = prefix_cache_notes(plan)
     for planned in plan.steps:
         step = planned.step
         flag = " [bundle: several knobs]" if step.bundle else ""
@@ -129,6 +153,8 @@ def render_plan(plan: Plan) -> str:
             lines.append(f"  searches {step.search.target} over {values} (the configuration below is the incumbent)")
         if step.description:
             lines.append(f"  why: {step.description}")
+        if planned.index in reuse_notes:
+            lines.append(f"  {reuse_notes[planned.index]}")
         lines += _config_lines(planned.cumulative, plan)
     if plan.steps:
         lines += [

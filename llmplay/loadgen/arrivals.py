@@ -1,4 +1,9 @@
-"""When requests leave: the request feed, and the closed-loop (N users) and open-loop (R req/s) arrival loops."""
+"""When requests leave: the request feed, and the closed-loop (N users) and open-loop (R req/s) arrival loops.
+
+A conversation (turns > 1) is one user in closed loop: its turns leave one after another, each after the previous
+reply and the user's think time. In closed loop each of the N users runs whole conversations; in open loop the
+conversations themselves arrive (a conversation of k turns is followed by a gap of k / rate on average, so the
+requests still average `rate`)."""
 
 from __future__ import annotations
 
@@ -18,14 +23,16 @@ class RequestFeed:
     """Hands out planned requests; a lazy iterator is drawn ahead in a thread so prompt building
     (which may call the engine's tokenizer) never blocks the event loop mid-measurement."""
 
-    def __init__(self, requests: Iterable[PlannedRequest], ahead: int):
+    def __init__(self, requests: Iterable[PlannedRequest], ahead: int, *, conversations: bool = False):
         self._ahead = max(16, ahead)
+        self._conversations = conversations  # turns > 1: next_session gathers a conversation's turns
         self._seq: Sequence[PlannedRequest] | None = None
         self._pos = 0
         self._buf: collections.deque[PlannedRequest] = collections.deque()
         self._it: Iterator[PlannedRequest] | None = None
         self._exhausted = False
         self._refill: asyncio.Future[list[PlannedRequest]] | None = None
+        self._returned: collections.deque[PlannedRequest] = collections.deque()  # handed back, sent first
         if isinstance(requests, (list, tuple)):
             self._seq = requests
         else:
@@ -51,11 +58,15 @@ class RequestFeed:
         return self.peek()
 
     def peek(self) -> PlannedRequest | None:
+        if self._returned:
+            return self._returned[0]
         if self._seq is not None:
             return self._seq[self._pos] if self._pos < len(self._seq) else None
         return self._buf[0] if self._buf else None
 
     async def next(self) -> PlannedRequest | None:
+        if self._returned:
+            return self._returned.popleft()
         if self._seq is not None:
             if self._pos >= len(self._seq):
                 return None
@@ -70,6 +81,32 @@ class RequestFeed:
             await self._start_refill(wait=False)
         return item
 
+    async def next_session(self) -> list[PlannedRequest]:
+        """The next conversation's requests still to send, in turn order; empty when none is left."""
+        first = await self.next()
+        if first is None:
+            return []
+        session = [first]
+        while (
+            self._conversations
+            and (nxt := await self._peek_drawn()) is not None
+            and nxt.conversation_id == first.conversation_id
+        ):
+            if nxt.turn <= session[-1].turn:
+                break  # the same id again is another conversation (a caller's own sequence)
+            session.append(await self.next())  # type: ignore[arg-type]
+        return session
+
+    def give_back(self, requests: Sequence[PlannedRequest]) -> None:
+        """Requests taken but not sent (the rest of a conversation when warm-up ended): the next ones out."""
+        self._returned.extendleft(reversed(requests))
+
+    async def _peek_drawn(self) -> PlannedRequest | None:
+        """peek, drawing more from a lazy iterator first when none is buffered."""
+        while self._seq is None and not self._returned and not self._buf and not self._exhausted:
+            await self._start_refill()
+        return self.peek()
+
     async def _start_refill(self, wait: bool = True) -> None:
         if self._refill is None or self._refill.done():
             self._refill = asyncio.ensure_future(asyncio.to_thread(self._draw, self._ahead))
@@ -81,22 +118,52 @@ class RequestFeed:
             await self._refill
 
 
+def _warmup_over(nxt: PlannedRequest | None, now_ns_: int, until_ns: int | None) -> bool:
+    """Warm-up lasts while planned warm-up requests remain or warmup_s has not passed."""
+    return nxt is None or (not nxt.is_warmup and (until_ns is None or now_ns_ >= until_ns))
+
+
+async def _converse(
+    sender: LoadSender,
+    feed: RequestFeed,
+    session: Sequence[PlannedRequest],
+    scheduled_ns: int,
+    *,
+    warmup: bool,
+    until_ns: int | None,
+) -> None:
+    """One user's conversation: each turn after the previous reply and the user's think time. A warm-up that ends
+    mid-conversation hands the rest back to the feed; a measured window that ends, ends it."""
+    for i, planned in enumerate(session):
+        if i:
+            if planned.think_s > 0:
+                await asyncio.sleep(planned.think_s)
+            now = now_ns()
+            if warmup and _warmup_over(planned, now, until_ns):
+                feed.give_back(session[i:])
+                return
+            if not warmup and until_ns is not None and now >= until_ns:
+                return
+            scheduled_ns = now
+        await sender.send(planned, scheduled_ns, warmup)
+
+
 async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warmup: bool, until_ns: int | None) -> None:
-    """`users` users, each sending its next request as soon as its last one finished."""
+    """`users` users, each sending its next request as soon as its last one finished (and each running whole
+    conversations, turn after turn)."""
 
     async def user() -> None:
         while True:
             now = now_ns()
             if warmup:
-                nxt = feed.peek()
-                if nxt is None or (not nxt.is_warmup and (until_ns is None or now >= until_ns)):
+                if _warmup_over(feed.peek(), now, until_ns):
                     return
             elif until_ns is not None and now >= until_ns:
                 return
-            planned = await feed.next()
-            if planned is None:
+            session = await feed.next_session()
+            if not session:
                 return
-            await sender.send(planned, now_ns(), warmup)
+            await _converse(sender, feed, session, now_ns(), warmup=warmup, until_ns=until_ns)
 
     await asyncio.gather(*(user() for _ in range(users)))
 
@@ -104,12 +171,15 @@ async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warm
 async def open_loop(
     sender: LoadSender, feed: RequestFeed, rng: np.random.Generator, *, warmup: bool, until_ns: int | None
 ) -> None:
-    """Requests (or bursts of them) leave on a fixed or Poisson schedule, whether or not earlier ones finished."""
+    """Requests (or bursts of them; conversations when turns > 1) leave on a fixed or Poisson schedule, whether or
+    not earlier ones finished."""
     wl = sender.workload
     assert wl.rate is not None and wl.rate > 0
     burst = max(1, wl.burst)
-    mean_gap_s = burst / wl.rate  # rate counts requests, so bursts arrive rate/burst times a second
-    tasks: set[asyncio.Task[RequestRecord]] = set()
+    # rate counts requests: the gap after an arrival is as long as its requests take at that rate, so bursts arrive
+    # rate/burst times a second and 3-turn conversations rate/3 (a dataset's conversations, each by its own turns).
+    mean_gap_s = burst / wl.rate
+    tasks: set[asyncio.Task[None]] = set()
     t0 = now_ns()
     offset_s = 0.0
     first = True
@@ -119,9 +189,7 @@ async def open_loop(
         first = False
         at_ns = t0 + int(offset_s * 1e9)
         if warmup:
-            # Warm-up lasts while planned warm-up requests remain or warmup_s has not passed.
-            nxt = feed.peek()
-            if nxt is None or (not nxt.is_warmup and (until_ns is None or at_ns >= until_ns)):
+            if _warmup_over(feed.peek(), at_ns, until_ns):
                 break
         elif until_ns is not None and at_ns >= until_ns:
             break
@@ -129,16 +197,19 @@ async def open_loop(
         while (delay_ns := at_ns - now_ns()) > 0:
             await asyncio.sleep(delay_ns / 1e9)
         stop = False
+        sent = 0
         for _ in range(burst):
-            planned = await feed.next()
-            if planned is None:
+            session = await feed.next_session()
+            if not session:
                 stop = True
                 break
-            task = asyncio.ensure_future(sender.send(planned, at_ns, warmup))
+            sent += len(session)
+            task = asyncio.ensure_future(_converse(sender, feed, session, at_ns, warmup=warmup, until_ns=until_ns))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if stop:
             break
+        mean_gap_s = sent / wl.rate
     if tasks:
         await asyncio.gather(*tasks)
 

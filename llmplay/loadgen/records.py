@@ -44,6 +44,15 @@ class RequestRecord:
     # First chunk carrying generated text, content or reasoning (AIPerf's TTFT): ttft_content. Archives written
     # before it existed timed only text chunks, so their first_chunk_ns is this (records_from_dataframe).
     first_text_ns: int | None = None
+    # Prompt tokens the engine said it served from its prefix cache (usage.prompt_tokens_details.cached_tokens, or
+    # llama.cpp's timings.cache_n); None where it did not say.
+    cached_tokens: int | None = None
+    # The sent prompt's fingerprint, for the workload's own prefix reuse (metrics.prompt_prefix_reuse): a chained
+    # hash at the end of each piece (system prompt, each message, the new text) and the characters up to there.
+    prompt_hashes: tuple[int, ...] = ()
+    prompt_chars: tuple[int, ...] = ()
+    # The chained hash of the prompt followed by the reply: the prefix the conversation's next turn resends.
+    reply_hash: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -69,7 +78,17 @@ class LoadResult:
 
 
 RECORD_COLUMNS = tuple(f.name for f in fields(RequestRecord))
-_NULLABLE_INT_COLUMNS = ("first_chunk_ns", "first_content_ns", "end_ns", "http_status", "finished_ns", "first_text_ns")
+_NULLABLE_INT_COLUMNS = (
+    "first_chunk_ns",
+    "first_content_ns",
+    "end_ns",
+    "http_status",
+    "finished_ns",
+    "first_text_ns",
+    "cached_tokens",
+    "reply_hash",
+)
+_LIST_COLUMNS = ("chunk_ns", "prompt_hashes", "prompt_chars")
 
 
 def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:
@@ -81,7 +100,8 @@ def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:
 
     # Column by column: asdict() per record deep-copies every chunk tuple.
     columns: dict[str, list[object]] = {name: [getattr(r, name) for r in records] for name in RECORD_COLUMNS}
-    columns["chunk_ns"] = [list(r.chunk_ns) for r in records]
+    for name in _LIST_COLUMNS:
+        columns[name] = [list(getattr(r, name)) for r in records]
     df = pd.DataFrame(columns, columns=list(RECORD_COLUMNS))
     for col in _NULLABLE_INT_COLUMNS:
         df[col] = df[col].astype("Int64")
@@ -100,10 +120,11 @@ def records_from_dataframe(df: Any) -> tuple[RequestRecord, ...]:
         kw = {name: _none_if_na(row.get(name)) for name in RECORD_COLUMNS}
         if legacy:
             kw["first_text_ns"] = kw["first_chunk_ns"]
-        chunks = kw["chunk_ns"]
-        if isinstance(chunks, str):  # a CSV round trip writes the list as text
-            chunks = json.loads(chunks) if chunks.strip() else ()
-        kw["chunk_ns"] = tuple(int(x) for x in (chunks if chunks is not None else ()))
+        for name in _LIST_COLUMNS:
+            values = kw[name]
+            if isinstance(values, str):  # a CSV round trip writes the list as text
+                values = json.loads(values) if values.strip() else ()
+            kw[name] = tuple(int(x) for x in (values if values is not None else ()))
         for name in _NULLABLE_INT_COLUMNS:
             kw[name] = None if kw[name] is None else int(kw[name])
         for name in (

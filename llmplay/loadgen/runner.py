@@ -92,7 +92,7 @@ async def run_load(
         raise ValueError("workload needs exactly one of concurrency (closed loop) or rate (open loop)")
     mode = "closed" if workload.concurrency is not None else "open"
     ahead = (workload.concurrency or 0) * 4 + int((workload.rate or 0) * 4) + workload.warmup_requests
-    feed = RequestFeed(requests, max(ahead, prefetch_requests(workload)))
+    feed = RequestFeed(requests, max(ahead, prefetch_requests(workload)), conversations=workload.turns > 1)
     sender = LoadSender(client, base_url, workload, transport)
     arrival_rng = np.random.default_rng([workload.seed, 7])
     show = progress and sys.stderr.isatty()

@@ -9,11 +9,12 @@ from typing import Any
 
 import httpx
 
+from llmplay.hashing import chain_hash
 from llmplay.loadgen.clock import now_ns
 from llmplay.loadgen.records import RequestRecord
 from llmplay.loadgen.sse import StreamState
 from llmplay.loadgen.transport import BodyStream, StampedBytes, StreamingTransport
-from llmplay.loadgen.workload import PlannedRequest
+from llmplay.loadgen.workload import PlannedRequest, prompt_segments
 from llmplay.spec import Workload
 
 
@@ -38,11 +39,13 @@ class _Exchange:
 class _Reply:
     """What the response said, streamed or not."""
 
-    text: str = ""
+    text: str = ""  # what output tokens are counted on: content, and reasoning where a chunk has no content
+    content: str = ""  # the reply alone, without reasoning: what the conversation's next turn resends
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
     first_ns: int | None = None
     end_ns: int | None = None
+    timings: dict[str, Any] | None = None  # llama.cpp's per-request timings (a non-streamed body's)
 
 
 class LoadSender:
@@ -63,8 +66,9 @@ class LoadSender:
         self.inflight = 0
         self.out_tokens = 0
         self.errors = 0
-        # Multi-turn: turn k of a conversation waits for turn k-1 (its history) to finish.
-        self._turn_done: dict[tuple[int, int], asyncio.Event] = {}
+        # Multi-turn: each conversation's (user text, reply as the server returned it) turns so far. The arrival
+        # loops run a conversation's turns one after another, so turn k finds turn k-1's reply here.
+        self._history: dict[int, list[tuple[str, str]]] = {}
         self._direct = transport
         self._urls = {
             api: httpx.URL(self.base_url + path)
@@ -73,26 +77,31 @@ class LoadSender:
         self._headers = httpx.Headers({**dict(client.headers), "content-type": "application/json"})
         self._timeout_ext = {"timeout": client.timeout.as_dict()}
 
-    def _turn_event(self, conversation: int, turn: int) -> asyncio.Event:
-        return self._turn_done.setdefault((conversation, turn), asyncio.Event())
-
     async def send(
         self, planned: PlannedRequest, scheduled_ns: int, warmup: bool, queue_wait_s: float = 0.0
     ) -> RequestRecord:
+        """Send one request (a later turn with its conversation's real history) and record it."""
+        history: list[tuple[str, str]] = []
         if planned.turn > 0:
-            t_wait = now_ns()
-            await self._turn_event(planned.conversation_id, planned.turn - 1).wait()
-            del self._turn_done[(planned.conversation_id, planned.turn - 1)]
-            queue_wait_s += (now_ns() - t_wait) / 1e9
-        try:
-            return await self._send(planned, scheduled_ns, warmup, queue_wait_s)
-        finally:
-            if self.workload.turns > 1:
-                self._turn_event(planned.conversation_id, planned.turn).set()
+            history = self._history.get(planned.conversation_id, [])
+            planned = planned.resend(history)
+        rec, reply = await self._send(planned, scheduled_ns, warmup, queue_wait_s, history)
+        if not planned.final_turn:
+            # Whatever the server returned is the history, a cut-off reply included: a client would show that.
+            self._history.setdefault(planned.conversation_id, history)
+            history.append((planned.user_text, reply))
+        else:
+            self._history.pop(planned.conversation_id, None)
+        return rec
 
     async def _send(
-        self, planned: PlannedRequest, scheduled_ns: int, warmup: bool, queue_wait_s: float
-    ) -> RequestRecord:
+        self,
+        planned: PlannedRequest,
+        scheduled_ns: int,
+        warmup: bool,
+        queue_wait_s: float,
+        history: list[tuple[str, str]],
+    ) -> tuple[RequestRecord, str]:
         request = self._build_request(planned)
         state = StreamState()
         self.inflight += 1
@@ -107,21 +116,27 @@ class LoadSender:
             # As vllm bench serve: a reply is one once a message with non-empty choices came, even without text
             # (an immediate EOS); a stream of usage and [DONE] alone has no first token to time.
             exchange.fail("protocol", "response carried no token (no message with non-empty choices)")
-        rec = self._record(planned, scheduled_ns, warmup, queue_wait_s, exchange, reply, state)
+        fingerprint = _fingerprint(planned, history, reply.content)
+        rec = self._record(planned, scheduled_ns, warmup, queue_wait_s, exchange, reply, state, fingerprint)
         self.records.append(rec)
         if rec.error_kind is None:
             self.out_tokens += rec.output_tokens
         else:
             self.errors += 1
-        return rec
+        return rec, reply.content
 
     def _build_request(self, planned: PlannedRequest) -> httpx.Request:
         wl = self.workload
         body = json.dumps(planned.body(temperature=wl.temperature, ignore_eos=wl.ignore_eos)).encode()
         url = self._urls["chat" if planned.messages is not None else "completions"]
+        # The same value on every turn of a conversation, so a router that pins sessions keeps it on one replica.
+        session = {wl.session_header: f"{wl.seed}-{planned.conversation_id}"} if wl.session_header else {}
         if self._direct is not None:
-            return httpx.Request("POST", url, content=body, headers=self._headers, extensions=self._timeout_ext)
-        return self.client.build_request("POST", url, content=body, headers={"content-type": "application/json"})
+            headers = httpx.Headers({**self._headers, **session}) if session else self._headers
+            return httpx.Request("POST", url, content=body, headers=headers, extensions=self._timeout_ext)
+        return self.client.build_request(
+            "POST", url, content=body, headers={"content-type": "application/json", **session}
+        )
 
     async def _exchange(self, request: httpx.Request, stream: bool, state: StreamState, exchange: _Exchange) -> None:
         """Send, read the whole response into state (stream) or exchange.body; failures go to exchange."""
@@ -168,6 +183,7 @@ class LoadSender:
         exchange: _Exchange,
         reply: _Reply,
         state: StreamState,
+        fingerprint: dict[str, Any],
     ) -> RequestRecord:
         usage = reply.usage
         if usage and isinstance(usage.get("completion_tokens"), int):
@@ -211,6 +227,8 @@ class LoadSender:
             turn=planned.turn,
             finished_ns=exchange.finished_ns,
             first_text_ns=first_text_ns,
+            cached_tokens=_cached_tokens(usage, reply.timings),
+            **fingerprint,
         )
 
 
@@ -253,6 +271,7 @@ def _stream_reply(state: StreamState, exchange: _Exchange) -> _Reply:
         )
     return _Reply(
         text=state.text,
+        content=state.content,
         usage=state.usage,
         finish_reason=state.finish_reason,
         first_ns=state.first_chunk_ns,
@@ -268,8 +287,44 @@ def _body_reply(exchange: _Exchange) -> _Reply:
     try:
         obj = json.loads(exchange.body)
         choice = obj["choices"][0]
-        reply.text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
+        reply.text = reply.content = choice.get("text") or (choice.get("message") or {}).get("content") or ""
+        timings = obj.get("timings")
+        reply.timings = timings if isinstance(timings, dict) else None
         reply.finish_reason, reply.usage = choice.get("finish_reason"), obj.get("usage")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         exchange.fail("protocol", f"bad completion body ({exc}): {exchange.body[:200]!r}")
     return reply
+
+
+def _cached_tokens(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> int | None:
+    """Prompt tokens the engine served from its prefix cache, where it says: usage.prompt_tokens_details
+    (vLLM with --enable-prompt-tokens-details, llama.cpp, OpenAI), else llama.cpp's timings.cache_n."""
+    details = (usage or {}).get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None and timings is not None:
+        cached = timings.get("cache_n")
+    return int(cached) if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else None
+
+
+def _fingerprint(planned: PlannedRequest, history: list[tuple[str, str]], reply: str) -> dict[str, Any]:
+    """The sent prompt's chained piece hashes and character counts, and the hash of the prompt followed by its
+    reply (what the next turn resends): the workload's own prefix reuse is computed from these afterwards."""
+    chat = planned.messages is not None
+    if planned.messages is not None:
+        pieces = planned.messages
+    elif planned.user_text or planned.prefix:
+        pieces = prompt_segments(False, planned.prefix, history, planned.user_text)
+    else:  # a request planned elsewhere, its prompt written whole
+        pieces = (("", planned.prompt or ""),)
+    hashes, chars = [], []
+    h = n = 0
+    for role, text in pieces:
+        h = chain_hash(h, role, text)
+        n += len(text) + 1
+        hashes.append(h)
+        chars.append(n)
+    return {
+        "prompt_hashes": tuple(hashes),
+        "prompt_chars": tuple(chars),
+        "reply_hash": chain_hash(h, "assistant" if chat else "", reply),
+    }

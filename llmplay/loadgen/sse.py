@@ -114,6 +114,7 @@ class StreamState:
     __slots__ = (
         "bytes_received",
         "chunk_ns",
+        "contents",
         "decoder",
         "done",
         "end_ns",
@@ -134,7 +135,8 @@ class StreamState:
         self.first_content_ns: int | None = None  # first non-reasoning content
         self.chunk_ns: list[int] = []
         self.end_ns: int | None = None
-        self.texts: list[str] = []
+        self.texts: list[str] = []  # content, or reasoning where a chunk has no content: what output tokens count
+        self.contents: list[str] = []  # non-reasoning content alone: the reply a conversation resends
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
         self.done = False
@@ -158,8 +160,10 @@ class StreamState:
                 if kind == TEXT:
                     if self.first_text_ns is None:
                         self.first_text_ns = t_ns
-                    if ev.content and self.first_content_ns is None:
-                        self.first_content_ns = t_ns
+                    if ev.content:
+                        if self.first_content_ns is None:
+                            self.first_content_ns = t_ns
+                        self.contents.append(ev.content)
                     self.texts.append(ev.content or ev.reasoning)
             elif kind == DONE:
                 self.done = True
@@ -175,6 +179,11 @@ class StreamState:
     @property
     def text(self) -> str:
         return "".join(self.texts)
+
+    @property
+    def content(self) -> str:
+        """The reply without its reasoning, as a chat client shows it and sends it back in the next turn."""
+        return "".join(self.contents)
 
     def tail(self, n: int = 200) -> bytes:
         """The last bytes not yet parsed into an event: what an error message should show."""

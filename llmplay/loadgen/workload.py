@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ from llmplay.errors import LlmplayError, PlaybookError
 from llmplay.loadgen.tokenizer import Tokenizer
 from llmplay.loadgen.trace import iter_trace_prompts
 from llmplay.playbook.dataset import read_dataset
-from llmplay.spec import LengthDist, Workload
+from llmplay.spec import LengthDist, ThinkTime, Workload
 
 MAX_LENGTH_TOKENS = 10_000_000  # the playbook schema's `tokens` maximum: the longest length any request draws
 
@@ -27,7 +27,8 @@ class WorkloadError(LlmplayError):
 
 @dataclass(frozen=True)
 class PlannedRequest:
-    """One request as planned; the load runner sends it unchanged.
+    """One request as planned. A first turn is sent unchanged; a later turn of a conversation is sent as
+    `resend(history)`, with the replies the server actually gave (its planned replies are a stand-in).
 
     Exactly one of `prompt` (completions API) and `messages` (chat API: (role, content) pairs) is set.
     """
@@ -45,6 +46,16 @@ class PlannedRequest:
     is_warmup: bool
     model: str
     arrival_s: float | None = None  # trace replay: send time, seconds after the trace window's first request
+    prefix: str = ""  # the group's shared prefix (system prompt); empty when none
+    user_text: str = ""  # this turn's own new text, after the prefix and the history
+    think_s: float = 0.0  # the user's pause after the previous turn's reply, before sending this one
+    final_turn: bool = True  # the conversation's last turn: nothing resends its reply
+
+    def resend(self, history: Sequence[tuple[str, str]]) -> PlannedRequest:
+        """This turn after the given (user text, reply) turns: what a user in conversation really sends.
+        input_tokens stays as planned (the server's usage replaces it once the request is answered)."""
+        prompt, messages = compose_prompt(self.messages is not None, self.prefix, history, self.user_text)
+        return replace(self, prompt=prompt, messages=messages)
 
     def body(self, *, temperature: float, ignore_eos: bool) -> dict[str, Any]:
         """The OpenAI JSON body for this request."""
@@ -64,6 +75,61 @@ class PlannedRequest:
             # llama.cpp and vLLM honour it; others ignore unknown fields.
             body["ignore_eos"] = True
         return body
+
+
+def compose_prompt(
+    chat: bool, prefix: str, history: Sequence[tuple[str, str]], user_text: str
+) -> tuple[str | None, tuple[tuple[str, str], ...] | None]:
+    """(prompt, messages) of one turn: chat messages (system prefix, user/assistant pairs, the new user text), or
+    the same pieces joined by newlines for the completions API. prompt_segments splits them back."""
+    segments = prompt_segments(chat, prefix, history, user_text)
+    if chat:
+        return None, segments
+    return "\n".join(content for _, content in segments), None
+
+
+def prompt_segments(
+    chat: bool, prefix: str, history: Sequence[tuple[str, str]], user_text: str | None
+) -> tuple[tuple[str, str], ...]:
+    """The pieces a turn's prompt is made of, in order, as (role, text); user_text None stops after the history.
+    A prefix cache can reuse an earlier prompt only up to the first piece that differs."""
+    pieces: list[tuple[str, str]] = [("system", prefix)] if prefix else []
+    for user, reply in history:
+        pieces += [("user", user), ("assistant", reply)]
+    if user_text is not None:
+        pieces.append(("user", user_text))
+    if not chat:
+        # The completions API has no roles: the text alone is what the engine sees.
+        return tuple(("", text) for _, text in pieces)
+    return tuple(pieces)
+
+
+def draw_think_s(think: ThinkTime, rng: np.random.Generator) -> float:
+    """One pause in seconds >= 0 from the distribution (exponential/lognormal clipped to [min, max])."""
+    if think.kind == "fixed":
+        value = think.value_s
+    elif think.kind == "uniform":
+        if think.min_s is None or think.max_s is None:
+            raise WorkloadError("uniform think_time needs min and max")
+        value = float(rng.uniform(think.min_s, think.max_s))
+    elif think.kind == "exponential":
+        if think.mean_s is None:
+            raise WorkloadError("exponential think_time needs mean")
+        value = float(rng.exponential(think.mean_s))
+    elif think.kind == "lognormal":
+        if think.mean_s is None or think.sigma is None or think.mean_s <= 0:
+            raise WorkloadError("lognormal think_time needs mean (> 0, of the pauses) and sigma")
+        sigma = float(think.sigma)
+        value = float(rng.lognormal(math.log(think.mean_s) - sigma * sigma / 2, sigma))
+    else:
+        raise WorkloadError(
+            f"unknown think_time distribution {think.kind!r}; expected fixed, uniform, exponential or lognormal"
+        )
+    if think.min_s is not None:
+        value = max(value, think.min_s)
+    if think.max_s is not None:
+        value = min(value, think.max_s)
+    return max(value, 0.0)
 
 
 def draw_length(dist: LengthDist, rng: np.random.Generator) -> int:
@@ -109,6 +175,8 @@ def draw_length(dist: LengthDist, rng: np.random.Generator) -> int:
 class DatasetEntry:
     prompt: str
     output_tokens: int | None  # None: take the output distribution / max_tokens
+    # A ShareGPT conversation's later human turns and the replies that followed (counted only when sent).
+    later_turns: tuple[tuple[str, str | None], ...] = ()
 
 
 def load_dataset(path: str, tokenizer: Tokenizer) -> tuple[DatasetEntry, ...]:
@@ -124,6 +192,7 @@ def load_dataset(path: str, tokenizer: Tokenizer) -> tuple[DatasetEntry, ...]:
         DatasetEntry(
             row.prompt,
             row.output_tokens if row.reply is None else max(1, tokenizer.count(row.reply)),
+            row.later_turns,
         )
         for row in rows
     )
@@ -159,7 +228,7 @@ def _sub_rng(seed: int, *keys: int) -> np.random.Generator:
     return np.random.default_rng([seed, *keys])
 
 
-_PURPOSE_PLAN, _PURPOSE_TEXT, _PURPOSE_PREFIX, _PURPOSE_DATASET, _PURPOSE_REPLY = 1, 2, 3, 4, 5
+_PURPOSE_PLAN, _PURPOSE_TEXT, _PURPOSE_PREFIX, _PURPOSE_DATASET, _PURPOSE_REPLY, _PURPOSE_THINK = 1, 2, 3, 4, 5, 6
 
 
 def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Iterator[PlannedRequest]:
@@ -180,15 +249,21 @@ def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Itera
         prefix = shared.prefix(group) if workload.prefix_tokens > 0 else ""
         history: list[tuple[str, str]] = []  # (user, assistant) turns already sent
         history_tokens = 0
-        for turn in range(turns):
+        entry = shared.dataset_entry(conv) if shared.dataset else None
+        # A dataset conversation sends each of its human turns, up to `turns`; a synthetic one exactly `turns`.
+        conv_turns = min(turns, 1 + len(entry.later_turns)) if entry is not None else turns
+        for turn in range(conv_turns):
             if total is not None and index >= total:
                 return
             text_rng = _sub_rng(workload.seed, _PURPOSE_TEXT, conv, turn)
-            if shared.dataset and turn == 0:
-                entry = shared.dataset_entry(conv)
+            if entry is not None and turn == 0:
                 user_text = entry.prompt
                 user_tokens = tokenizer.count(user_text)
                 planned_out = entry.output_tokens
+            elif entry is not None:
+                user_text, reference = entry.later_turns[turn - 1]
+                user_tokens = tokenizer.count(user_text)
+                planned_out = max(1, tokenizer.count(reference)) if reference is not None else None
             else:
                 user_tokens = draw_length(workload.input, rng)
                 user_text = tokenizer.make_text(user_tokens, text_rng)
@@ -198,22 +273,12 @@ def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Itera
             max_tokens = workload.max_tokens if workload.max_tokens is not None else planned_out
             stream = bool(rng.random() < workload.streaming_fraction)
             target = workload.prefix_tokens + history_tokens + user_tokens
-            if workload.api == "chat":
-                messages: list[tuple[str, str]] = []
-                if prefix:
-                    messages.append(("system", prefix))
-                for u, a in history:
-                    messages += [("user", u), ("assistant", a)]
-                messages.append(("user", user_text))
-                prompt, msgs = None, tuple(messages)
-                counted = sum(tokenizer.count(c) for _, c in messages)
-            else:
-                parts = [prefix] if prefix else []
-                for u, a in history:
-                    parts += [u, a]
-                parts.append(user_text)
-                prompt, msgs = "\n".join(parts), None
-                counted = tokenizer.count(prompt)
+            prompt, msgs = compose_prompt(workload.api == "chat", prefix, history, user_text)
+            counted = sum(tokenizer.count(c) for _, c in msgs) if msgs is not None else tokenizer.count(prompt or "")
+            # Its own stream per turn, so adding think time changes no other draw of an existing workload.
+            think_s = (
+                draw_think_s(workload.think_time, _sub_rng(workload.seed, _PURPOSE_THINK, conv, turn)) if turn else 0.0
+            )
             yield PlannedRequest(
                 index=index,
                 conversation_id=conv,
@@ -227,10 +292,14 @@ def iter_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Itera
                 stream=stream,
                 is_warmup=index < workload.warmup_requests,
                 model=model,
+                prefix=prefix,
+                user_text=user_text,
+                think_s=think_s,
+                final_turn=turn + 1 == conv_turns,
             )
             index += 1
-            if turn + 1 < turns:
-                # The reply is planned text of the planned length: the history a later turn resends.
+            if turn + 1 < conv_turns:
+                # A stand-in reply of the planned length: the load runner resends the server's real one instead.
                 reply = tokenizer.make_text(max_tokens, _sub_rng(workload.seed, _PURPOSE_REPLY, conv, turn))
                 history.append((user_text, reply))
                 history_tokens += user_tokens + max_tokens

@@ -24,6 +24,7 @@ from llmplay.spec import (
     LengthDist,
     RuntimeSpec,
     Step,
+    ThinkTime,
     Trials,
     Workload,
     frozen_map,
@@ -67,6 +68,29 @@ def parse_length(raw: Any, path: YamlPath, problems: Problems) -> LengthDist:
     if lo is not None and hi is not None and lo > hi:
         problems.add((*path, kind, "min"), f"min {lo} is greater than max {hi}; expected min <= max")
     return LengthDist(kind, min=lo, max=hi, mean=params.get("mean"), std=params.get("std", params.get("sigma")))
+
+
+def parse_think_time(raw: Any, path: YamlPath, problems: Problems) -> ThinkTime:
+    """A think-time distribution: a duration, or one `{kind: params}` mapping with durations inside."""
+    if not isinstance(raw, Mapping):
+        return ThinkTime(
+            "fixed", value_s=parse_duration({"think_time": raw}, "think_time", path[:-1], problems, 0.0) or 0.0
+        )
+    ((kind, params),) = raw.items()
+    if kind == "fixed":
+        return ThinkTime("fixed", value_s=parse_duration(raw, "fixed", path, problems, 0.0) or 0.0)
+    where = (*path, kind)
+    lo = parse_duration(params, "min", where, problems, None)
+    hi = parse_duration(params, "max", where, problems, None)
+    if lo is not None and hi is not None and lo > hi:
+        problems.add((*where, "min"), f"min {lo:g}s is greater than max {hi:g}s; expected min <= max")
+    return ThinkTime(
+        kind,
+        min_s=lo,
+        max_s=hi,
+        mean_s=parse_duration(params, "mean", where, problems, None),
+        sigma=params.get("sigma"),
+    )
 
 
 def parse_duration(
@@ -169,6 +193,10 @@ def parse_workload(
         prefix_tokens=raw.get("prefix_tokens", 0),
         prefix_groups=raw.get("prefix_groups", 1),
         turns=raw.get("turns", 1),
+        think_time=parse_think_time(raw["think_time"], (*path, "think_time"), problems)
+        if "think_time" in raw
+        else defaults.think_time,
+        session_header=raw.get("session_header"),
         concurrency=raw.get("concurrency"),
         rate=raw.get("rate"),
         arrival=raw.get("arrival", "poisson"),

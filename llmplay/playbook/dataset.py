@@ -25,12 +25,15 @@ EXPECTED = 'a JSONL file of {"prompt": ..., "output_tokens": N} lines or ShareGP
 @dataclass(frozen=True)
 class DatasetRow:
     """One usable row: its prompt, the output length it asks for (None: the workload's), the reference reply's
-    text (ShareGPT; the load generator counts its tokens), and the line it starts on."""
+    text (ShareGPT; the load generator counts its tokens), and the line it starts on. A ShareGPT conversation's
+    later human turns, each with the reply that followed it (None: none did), are the turns a multi-turn
+    workload sends after the first."""
 
     line: int
     prompt: str
     output_tokens: int | None
     reply: str | None = None
+    later_turns: tuple[tuple[str, str | None], ...] = ()
 
 
 class DatasetProblems(PlaybookError):
@@ -153,6 +156,22 @@ def _row(item: Any, line: int, shown: str, problems: list[str]) -> DatasetRow | 
         return None
     if not prompt.strip():
         return None  # an empty first turn: nothing to send, like a row without a human turn
-    reply = conv[human + 1] if human + 1 < len(conv) else None
-    reply_text = reply.get("value", reply.get("content")) if isinstance(reply, dict) else None
-    return DatasetRow(line, prompt, None, reply_text if isinstance(reply_text, str) else None)
+    turns = _human_turns(conv, human)
+    return DatasetRow(line, prompt, None, turns[0][1], turns[1:])
+
+
+def _human_turns(conv: list[Any], first: int) -> tuple[tuple[str, str | None], ...]:
+    """Each human turn from `first` on with the reply right after it (None when none follows); a human turn without
+    text ends the conversation there, as nothing after it could be sent."""
+    turns: list[tuple[str, str | None]] = []
+    for i in range(first, len(conv)):
+        turn = conv[i]
+        if not isinstance(turn, dict) or turn.get("from", turn.get("role")) not in ("human", "user"):
+            continue
+        text = turn.get("value", turn.get("content"))
+        if not isinstance(text, str) or not text.strip():
+            break
+        reply = conv[i + 1] if i + 1 < len(conv) else None
+        reply_text = reply.get("value", reply.get("content")) if isinstance(reply, dict) else None
+        turns.append((text, reply_text if isinstance(reply_text, str) else None))
+    return tuple(turns)

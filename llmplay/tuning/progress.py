@@ -11,6 +11,7 @@ from typing import Any
 
 from llmplay.archive.model import TRIAL_OK, TrialRecord
 from llmplay.catalog import CAPACITY_METRICS, figure, label_of, measured, thin_warning
+from llmplay.metrics import prefix_reuse_text
 from llmplay.spec import ChangeEffect
 from llmplay.tuning.decide import Decision
 
@@ -55,6 +56,8 @@ def describe_trial(trial: TrialRecord) -> str:
         found = [f"{label_of(m)} {figure(m, s)}" for m in CAPACITY_METRICS if measured(s.get(m)) is not None]
         head = ", ".join(found or ["capacity not measured (indeterminate, or outside its bounds)"])
         head += "; at the boundary probe: "
+    if (reuse := prefix_reuse_text(s)) is not None:
+        figures.append(reuse)
     thin = [warning for m in shown if (warning := thin_warning(m, s)) is not None]
     return f"  trial {trial.trial_id} {role}: {head}{', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")
 

@@ -20,7 +20,13 @@ from llmplay.loadgen.records import LoadResult
 from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
 from llmplay.loadgen.tokenizer import Tokenizer, make_tokenizer
 from llmplay.loadgen.workload import PlannedRequest, iter_requests
-from llmplay.metrics import per_request_frame, slo_attainment, summarize, usd_per_1m_tokens
+from llmplay.metrics import (
+    engine_prefix_reuse,
+    per_request_frame,
+    slo_attainment,
+    summarize,
+    usd_per_1m_tokens,
+)
 from llmplay.redaction import resolve_args, resolve_env
 from llmplay.runtime import RuntimeFactory, make_runtime
 from llmplay.runtime.base import Endpoint, Runtime
@@ -401,6 +407,7 @@ def _conclude(playbook: Playbook, config: Config, started: _Started, measured: _
         try:
             # Telemetry of the measured window only, like the load metrics: warm-up and engine start excluded.
             summary.update(measured.telemetry.summary(start_s=measured.telemetry_start_s))
+            summary.update(engine_prefix_reuse(summary))
             telemetry_frame = measured.telemetry.to_frame()
         except Exception as exc:  # a bug in telemetry must not cost the measured load: the trial keeps its requests
             notes.append(f"telemetry not summarised ({type(exc).__name__}: {exc}); its figures are not measured")

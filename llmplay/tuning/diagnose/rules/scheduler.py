@@ -9,6 +9,8 @@ from llmplay.tuning.diagnose.steps import S_BATCH, S_CONT_BATCH, S_PREFIX, S_SCA
 _PERSISTENT_MEAN_WAITING = 1.0
 # A prefix-cache hit rate below this, with prefixes to share, means they are not being reused.
 _PREFIX_HIT_FLOOR = 0.1
+# A workload repeating less of its prompt tokens than this does not count as sharing prefixes.
+_REUSE_FLOOR = 0.05
 
 NO_CONTINUOUS_BATCHING = Rule(
     "sched.no_continuous_batching",
@@ -42,35 +44,51 @@ CONCURRENCY_OVER_BATCH = Rule(
     _over_batch_finding,
 )
 
+
+def _prefix_reuse(f: RunFacts) -> tuple[bool, str]:
+    """Whether the workload reuses prefixes, and how much: its own measured reuse (shared prefixes, conversations
+    resending their history), or the configured shared prefix where an older summary has no such figure."""
+    expected = f.summary.get("prefix_reuse.expected")
+    if expected is not None:
+        return expected >= _REUSE_FLOOR, f"the workload repeats {pct(expected)} of its prompt tokens"
+    shared = f.scheduler.shared_prefix_tokens
+    return shared > 0, f"{shared} shared prefix tokens per request"
+
+
+def _prefix_hit_rate(f: RunFacts) -> float | None:
+    """What the engine served from its prefix cache: as the responses said, else its /metrics hit rate."""
+    achieved = f.summary.get("prefix_reuse.achieved")
+    return achieved if achieved is not None else f.telemetry.get("engine.prefix_cache_hit_rate")
+
+
 PREFIX_CACHE_OFF = Rule(
     "sched.prefix_cache_off",
     "§6",
     "prompts share a prefix but prefix caching is off",
-    lambda f: f.scheduler.prefix_caching is False and f.scheduler.shared_prefix_tokens > 0,
-    lambda f: Outcome(
-        "info",
-        "Prompts share a prefix but prefix caching is off",
-        f"{f.scheduler.shared_prefix_tokens} shared prefix tokens per request",
-        S_PREFIX,
-    ),
+    lambda f: f.scheduler.prefix_caching is False and _prefix_reuse(f)[0],
+    lambda f: Outcome("info", "Prompts share a prefix but prefix caching is off", _prefix_reuse(f)[1], S_PREFIX),
 )
 
 
 def _prefix_misses(f: RunFacts) -> bool:
-    hit = f.telemetry.get("engine.prefix_cache_hit_rate")
-    return hit is not None and f.scheduler.shared_prefix_tokens > 0 and hit < _PREFIX_HIT_FLOOR
+    if f.scheduler.prefix_caching is False or not _prefix_reuse(f)[0]:
+        return False
+    hit, expected = _prefix_hit_rate(f), f.summary.get("prefix_reuse.expected")
+    if hit is None:
+        return False
+    # Against the workload's own reuse where measured (half of it served from cache is a miss), else a floor.
+    return hit < expected / 2 if expected is not None else hit < _PREFIX_HIT_FLOOR
 
 
 PREFIX_CACHE_MISSES = Rule(
     "sched.prefix_cache_misses",
     "§6",
-    "shared prefixes miss the prefix cache (hit rate below 10%)",
+    "shared prefixes miss the prefix cache (served under half the workload's own reuse, or a hit rate below 10%)",
     _prefix_misses,
     lambda f: Outcome(
         "info",
         "Shared prefixes are not being hit in the prefix cache",
-        f"prefix-cache hit rate {pct(f.telemetry['engine.prefix_cache_hit_rate'])} with "
-        f"{f.scheduler.shared_prefix_tokens} shared prefix tokens",
+        f"prefix-cache hit rate {pct(_prefix_hit_rate(f) or 0)} where {_prefix_reuse(f)[1]}",
         S_PREFIX,
     ),
 )
