@@ -78,8 +78,8 @@ for _info in (
     MetricInfo("quality.token_agreement", "fraction", False, "baseline tokens reproduced before divergence"),
     MetricInfo("quality.logprob_shift", "nats", True, "mean |change| of the baseline tokens' log-probabilities"),
     # The workload's own reuse is no better or worse; the engine's share of it served from cache is better higher.
-    MetricInfo("prefix_reuse.expected", "fraction", False, "prefix reuse in the workload"),
-    MetricInfo("prefix_reuse.achieved", "fraction", False, "prefix-cache hits"),
+    MetricInfo("prefix_reuse.expected", "fraction", False, "prefix reuse expected"),
+    MetricInfo("prefix_reuse.achieved", "fraction", False, "prefix reuse achieved"),
     MetricInfo("engine.prefix_cache_hit_rate", "fraction", False, "prefix-cache hit rate (/metrics)"),
     MetricInfo("session.count", "count", False, "conversations"),
     MetricInfo("session.turns_mean", "count", False, "turns per conversation"),

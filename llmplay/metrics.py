@@ -425,10 +425,10 @@ def prefix_reuse_text(summary: Mapping[str, Any]) -> str | None:
     if not expected and not achieved:
         return None
 
-    def pct(value: object) -> str:
-        return f"{value * 100:.0f}%" if isinstance(value, (int, float)) else "not measured"
+    def said(value: object, what: str) -> str:
+        return f"{value * 100:.0f}% {what}" if isinstance(value, (int, float)) else f"{what} not measured"
 
-    return f"prefix reuse {pct(expected)} expected, {pct(achieved)} achieved"
+    return f"prefix reuse {said(expected, 'expected')}, {said(achieved, 'achieved')}"
 
 
 # ---------------------------------------------------------------------------------------------- sessions
