@@ -1,5 +1,5 @@
-"""Runs the reliability suite (tests/test_reliability.py, the playbook fuzzers, the results-pipeline fuzzer, the
-signal/kill tests of tests/test_run_cpu.py) and prints the README's reliability figures: faults injected by kind,
+"""Runs the reliability suite (tests/tuning/test_reliability.py, the playbook fuzzers, the results-pipeline fuzzer, the
+signal/kill tests of tests/tuning/test_run_cpu.py) and prints the README's reliability figures: faults injected by kind,
 inputs fuzzed, results-pipeline examples, containers leaked, records lost.
 
     .venv/bin/python benchmarks/reliability.py            # all of it (needs dockerd and the CPU engine image)
@@ -27,9 +27,9 @@ from llmplay.runtime import dockerd
 from llmplay.runtime.docker import LABEL_RUN, ORPHAN, judge
 
 ROOT = Path(__file__).resolve().parents[1]
-PIPELINE_FUZZER = "tests/test_results_pipeline.py"
-SUITE = ["tests/test_reliability.py", "tests/test_fuzz_playbook.py", "tests/test_playbook.py", PIPELINE_FUZZER]
-RUN_CPU = "tests/test_run_cpu.py"
+PIPELINE_FUZZER = "tests/report/test_results_pipeline.py"
+SUITE = ["tests/tuning/test_reliability.py", "tests/playbook/test_fuzz_playbook.py", "tests/playbook/test_playbook.py", PIPELINE_FUZZER]
+RUN_CPU = "tests/tuning/test_run_cpu.py"
 # Faults injected by tests this script does not instrument: one per passing test, by name.
 FAULTS_BY_TEST = {
     "test_signal_mid_trial_leaves_no_container[SIGINT]": "SIGINT mid-trial",

@@ -8,7 +8,7 @@ from pathlib import Path
 from llmplay.cli import cli
 from llmplay.playbook.schema import playbook_schema
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 SCHEMA = playbook_schema()  # the copy that ships in the wheel, which the loader reads
 

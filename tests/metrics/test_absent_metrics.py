@@ -33,7 +33,7 @@ from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.trial import TrialResult, trial_sample
 from llmplay_testing.synthetic import scripted_trial
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000
 
 

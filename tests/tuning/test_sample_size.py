@@ -25,7 +25,7 @@ from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.trial import TrialResult
 from llmplay_testing.synthetic import scripted_trial
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRIALS = Trials(repeats=2)
 
 

@@ -15,7 +15,7 @@ from llmplay.playbook.extends import deep_merge
 from llmplay.playbook.load import load_playbook, load_workload
 from llmplay.playbook.source import display_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOKS = sorted((ROOT / "playbooks").glob("*.yaml"))
 BAD = sorted((ROOT / "tests" / "data" / "bad").glob("*.yaml"))
 

@@ -24,7 +24,7 @@ from llmplay.tuning.trial import TrialResult
 from llmplay_testing.cpu_runs import tiny_playbook
 from llmplay_testing.synthetic import scripted_trial
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # P95 TTFT of each `parallel` value relative to parallel 1: 4 is the clear best.
 RESPONSE = {1: 1.0, 2: 0.8, 4: 0.5}
 

@@ -18,7 +18,7 @@ from llmplay.spec import Goals, Guard, Objective, Trials
 from llmplay.tuning.decide import TrialSample, decide_step
 from llmplay.tuning.intervals import Noise, holm, moderate, newcombe_difference, newcombe_p_above
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAIRED = Trials(repeats=3, interleave=True)
 
 

@@ -32,7 +32,7 @@ from llmplay_testing.cpu_runs import (
 )
 from llmplay_testing.ray_cluster import FixedTrials, kill_raylet, local_cluster, node_running, replace_node
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPU_TYPE = {"accelerator_type:T4": 1}
 
 

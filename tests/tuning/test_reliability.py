@@ -35,7 +35,7 @@ from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.cpu_runs import cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
 from llmplay_testing.fault_server import FaultServer
 
-DATA = Path(__file__).resolve().parent / "data" / "reliability"
+DATA = Path(__file__).resolve().parents[1] / "data" / "reliability"
 
 
 # ------------------------------------------------------------------------------------------- helpers

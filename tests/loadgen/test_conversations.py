@@ -37,7 +37,7 @@ CHAT = Workload(
     output=LengthDist("fixed", value=4),
     request_timeout_s=10.0,
 )
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from llmplay.tuning.resume import yaml_differences
 from llmplay.tuning.run import run_playbook
 from llmplay.tuning.trial import TrialResult, trial_sample
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000
 
 

@@ -28,7 +28,7 @@ from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.trial import TrialResult, trial_sample
 from llmplay_testing.instrument import InstrumentServer, scenario_url
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000
 
 

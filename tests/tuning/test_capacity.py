@@ -32,7 +32,7 @@ from llmplay.tuning.trial import capacity_search
 from llmplay_testing.instrument import InstrumentServer
 from llmplay_testing.queueing import mmc_attainment, mmc_capacity
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The instrument's queue: 4 servers, 100 ms mean service (40 req/s at most); TTFT = wait + 10 ms, so a TTFT SLO of
 # 210 ms is a 200 ms bound on the wait, met by 90% of requests up to the Erlang C boundary (about 31.3 req/s).
 # Waits of hundreds of ms keep the CPU scheduling jitter of a shared 2-core machine (tens of ms) small beside them.

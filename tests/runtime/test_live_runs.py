@@ -32,7 +32,7 @@ from llmplay.runtime.owner import Owner
 from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.trial import TrialResult
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Another llmplay run as far as the registry can tell: registered, live until its stdin closes.
 OTHER_RUN = """

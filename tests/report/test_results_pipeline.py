@@ -321,5 +321,5 @@ def test_any_measured_data_goes_through_the_whole_pipeline(playbook, tmp_path_fa
 
 
 def test_the_readme_states_this_example_count():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     assert f"| results-pipeline examples | {PIPELINE_EXAMPLES} per test run" in readme

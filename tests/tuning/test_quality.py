@@ -35,7 +35,7 @@ from llmplay.tuning.quality import (
 )
 from llmplay.tuning.run import RunOptions, run_playbook
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("What is the capital of France?", "Name three primary colors.", "What is 12 plus 30?")
 
 

@@ -13,7 +13,7 @@ from llmplay.commands.plan import describe_shortfall
 from llmplay.plan import expected_requests, request_share, sample_shortfalls
 from llmplay.spec import Goals, Objective, Trials, Workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOKS = sorted((ROOT / "playbooks").glob("*.yaml"))
 
 

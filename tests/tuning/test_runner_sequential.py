@@ -19,7 +19,7 @@ from llmplay.tuning.steps import candidate_first
 from llmplay.tuning.trial import TrialResult
 from llmplay_testing.synthetic import scripted_trial
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class SyntheticTrials:

@@ -458,7 +458,7 @@ def test_a_tuning_run_replays_the_shared_trace_on_llama_cpp(tmp_path, cpu_engine
     from llmplay.report import publish_report
     from llmplay.tuning.run import RunOptions, run_playbook
 
-    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "playbooks" / "cpu-tiny.yaml").read_text())
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "playbooks" / "cpu-tiny.yaml").read_text())
     doc["metadata"]["name"] = "trace-e2e"
     doc["goals"] = {"objective": {"minimize": "ttft.p95"}}
     doc["workload"] = {

@@ -305,7 +305,7 @@ def render_in_chromium(page: Path) -> None:
 def test_the_ci_job_file_runs_retest_then_check():
     import yaml
 
-    job = yaml.safe_load((Path(__file__).resolve().parents[1] / "docs/ci/nightly-retest.gitlab-ci.yml").read_text())
+    job = yaml.safe_load((Path(__file__).resolve().parents[2] / "docs/ci/nightly-retest.gitlab-ci.yml").read_text())
     script = job["nightly-engine-retest"]["script"]
     assert "llmplay retest" in " ".join(script) and script[-1].endswith('history "$PLAYBOOK" --check')
     commands = " ".join(script)

@@ -207,7 +207,7 @@ def test_report_from_a_real_cpu_run(cpu_engine, tmp_path, monkeypatch):
     private, public, _ = keygen(tmp_path / "keys" / "team.key")
     monkeypatch.setenv(ENV_SIGNING_KEY, str(private))
     monkeypatch.delenv(ENV_PUBLIC_KEY, raising=False)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     doc = yaml.safe_load((root / "playbooks" / "cpu-tiny.yaml").read_text())
     doc["metadata"]["name"] = "cpu-report"
     doc["steps"] = [{"name": "parallel-4", "description": "four slots", "set": {"parallel": 4}}]
