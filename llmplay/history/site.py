@@ -127,16 +127,16 @@ def _playbook_view(root: Path, history: PlaybookHistory, warn: Warn) -> dict[str
     for metric in history.metrics:
         scale, unit = _unit(metric)
         points = [
-            {
-                "date": r.entry.started_utc,
-                "value": r.figures[metric].value,
-                "low": r.figures[metric].low,
-                "high": r.figures[metric].high,
-                "engine": r.entry.engine_version or r.entry.engine,
-                "config": r.entry.config_fingerprint,
-                "flag": flagged.get((r.entry.run_id, metric), ""),
-                "reference": r.reference,
-            }
+            charts.TrendPoint(
+                date=r.entry.started_utc,
+                value=float(r.figures[metric].value),
+                low=float(r.figures[metric].low),
+                high=float(r.figures[metric].high),
+                engine=str(r.entry.engine_version or r.entry.engine or ""),
+                config=r.entry.config_fingerprint,
+                flag=flagged.get((r.entry.run_id, metric), ""),
+                reference=r.reference,
+            )
             for r in history.rows
             if r.usable and metric in r.figures
         ]

@@ -6,6 +6,7 @@ import functools
 import io
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import matplotlib
@@ -407,42 +408,55 @@ def capacity_knee(
     return to_svg(fig)
 
 
+@dataclass(frozen=True)
+class TrendPoint:
+    """One run on a trend chart: its value with the trial-level interval, and what the chart marks about it."""
+
+    date: str
+    value: float
+    low: float
+    high: float
+    engine: str  # the engine version (or label), written where it changes
+    config: str  # a fingerprint: a dotted line where it changes
+    flag: str = ""  # "regression" | "improvement" | ""
+    reference: bool = False  # the accepted reference run
+
+
 @_styled
 def trend(
     title: str,
     unit_label: str,
-    points: Sequence[Mapping[str, Any]],
+    points: Sequence[TrendPoint],
     scale: float = 1.0,
     width_in: float = 7.5,
 ) -> str:
     """A headline metric across a playbook's runs, oldest first: each run's value with its trial-level interval as a
     band, the engine version labelled where it changes, regressions and improvements the history flagged, and the
-    accepted reference; a dotted line where the configuration changed. Each point: date, value, low, high, engine,
-    config (a fingerprint), flag ("regression" | "improvement" | ""), reference (bool)."""
+    accepted reference; a dotted line where the configuration changed."""
     fig, (ax,) = _figure(width_in, 2.7, bottom_in=0.62)
     ax.set_title(title)
     if not points:
         _not_measured(ax, "no verified run measured it")
         return to_svg(fig)
     x = np.arange(len(points), dtype=float)
-    y = np.array([float(p["value"]) for p in points]) * scale
-    low = np.array([float(p["low"]) for p in points]) * scale
-    high = np.array([float(p["high"]) for p in points]) * scale
+    y = np.array([p.value for p in points]) * scale
+    low = np.array([p.low for p in points]) * scale
+    high = np.array([p.high for p in points]) * scale
     ax.fill_between(x, low, high, color=BASELINE_COLOR, alpha=0.18, linewidth=0, label="interval over trials")
     ax.plot(x, y, color=BASELINE_COLOR, linewidth=1.1, marker="o" if len(points) <= 60 else None, markersize=3)
     for flag, marker, color in (("regression", "v", "#c0392b"), ("improvement", "^", "#2e8b57")):
-        idx = [i for i, p in enumerate(points) if p.get("flag") == flag]
+        idx = [i for i, p in enumerate(points) if p.flag == flag]
         if idx:
             ax.scatter(x[idx], y[idx], marker=marker, s=46, color=color, zorder=4, label=flag)
-    ref = [i for i, p in enumerate(points) if p.get("reference")]
+    ref = [i for i, p in enumerate(points) if p.reference]
     if ref:
         ax.scatter(x[ref], y[ref], marker="*", s=110, color="#7a6bb0", zorder=5, label="accepted reference")
     previous = None
     for i, p in enumerate(points):  # the engine version, written where it changes
-        if p.get("engine") != previous:
+        if p.engine != previous:
             ax.axvline(x[i] - 0.5 if i else x[i], color="#999999", linewidth=0.7, linestyle="--")
             ax.annotate(
-                str(p.get("engine") or "?")[:40],
+                (p.engine or "?")[:40],
                 (x[i], 1.0),
                 xycoords=("data", "axes fraction"),
                 xytext=(3, -10),
@@ -451,8 +465,8 @@ def trend(
                 color="#555555",
                 rotation=0,
             )
-            previous = p.get("engine")
-        if i and p.get("config") != points[i - 1].get("config"):
+            previous = p.engine
+        if i and p.config != points[i - 1].config:
             ax.axvline(x[i] - 0.5, color="#c0392b", linewidth=0.9, linestyle=":")
             ax.annotate(
                 "configuration changed",
@@ -465,7 +479,7 @@ def trend(
             )
     step = max(1, int(np.ceil(len(points) / 8)))
     ticks = list(range(0, len(points), step))
-    ax.set_xticks(ticks, [str(points[i]["date"])[:16].replace("T", " ") for i in ticks], rotation=20, ha="right")
+    ax.set_xticks(ticks, [points[i].date[:16].replace("T", " ") for i in ticks], rotation=20, ha="right")
     ax.set_xlim(-0.6, len(points) - 0.4)
     ax.set_ylabel(unit_label)
     ax.legend(loc="lower left", ncols=4)
