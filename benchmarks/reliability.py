@@ -28,7 +28,12 @@ from llmplay.runtime.docker import LABEL_RUN, ORPHAN, judge
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE_FUZZER = "tests/report/test_results_pipeline.py"
-SUITE = ["tests/tuning/test_reliability.py", "tests/playbook/test_fuzz_playbook.py", "tests/playbook/test_playbook.py", PIPELINE_FUZZER]
+SUITE = [
+    "tests/tuning/test_reliability.py",
+    "tests/playbook/test_fuzz_playbook.py",
+    "tests/playbook/test_playbook.py",
+    PIPELINE_FUZZER,
+]
 RUN_CPU = "tests/tuning/test_run_cpu.py"
 # Faults injected by tests this script does not instrument: one per passing test, by name.
 FAULTS_BY_TEST = {
