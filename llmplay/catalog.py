@@ -197,6 +197,9 @@ REPORT_RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("memory.kv_share", "KV share"),
     ("cost.usd_per_1m_tokens", "$ / 1M tok"),
     ("errors.rate", "errors"),
+    # The workload's reuse beside the engine's: what prefix caching could serve, and what it did.
+    ("prefix_reuse.expected", "reuse expected"),
+    ("prefix_reuse.achieved", "reuse achieved"),
 )
 
 # What each figure means (DESIGN.md's definitions), as the report's method section states them.
