@@ -58,8 +58,23 @@ def describe_trial(trial: TrialRecord) -> str:
         head += "; at the boundary probe: "
     if (reuse := prefix_reuse_text(s)) is not None:
         figures.append(reuse)
+    if (sessions := session_text(s)) is not None:
+        figures.append(sessions)
     thin = [warning for m in shown if (warning := thin_warning(m, s)) is not None]
     return f"  trial {trial.trial_id} {role}: {head}{', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")
+
+
+def session_text(s: Mapping[str, Any]) -> str | None:
+    """Conversations of several turns: how many, and P50 TTFT by turn ("12 conversations, P50 TTFT by turn
+    41 / 55 / 60 ms"); None for a workload of one turn."""
+    count = measured(s.get("session.count"))
+    if count is None:
+        return None
+    turns: list[float] = []
+    while (value := measured(s.get(f"ttft_turn.{len(turns) + 1}.p50"))) is not None:
+        turns.append(value)
+    by_turn = f", P50 TTFT by turn {' / '.join(f'{v * 1000:.0f}' for v in turns)} ms" if turns else ""
+    return f"{count:.0f} conversations{by_turn}"
 
 
 def step_line(head: str, effects: Sequence[ChangeEffect]) -> str:
