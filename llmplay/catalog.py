@@ -93,6 +93,17 @@ for _info in (
 _TURN_METRIC = re.compile(r"^ttft_turn\.([1-9][0-9]*)\.(p50|mean)$")
 
 
+def turn_ttft_p50s(summary: Mapping[str, Any]) -> list[tuple[int, float]]:
+    """(turn, P50 TTFT s) of each turn a summary measured, in turn order; a turn whose requests all fell in the
+    warm-up has none."""
+    turns = []
+    for key, value in summary.items():
+        m = _TURN_METRIC.match(key)
+        if m and m.group(2) == "p50" and (number := measured(value)) is not None:
+            turns.append((int(m.group(1)), number))
+    return sorted(turns)
+
+
 def metric_info(path: str) -> MetricInfo | None:
     info = METRICS.get(path)
     if info is None and (m := _TURN_METRIC.match(path)):

@@ -4,21 +4,19 @@ session figures with TTFT by turn index per configuration. Read from the archive
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from llmplay.archive.model import TRIAL_OK, TrialRecord
-from llmplay.catalog import SESSION_METRICS, fmt_value, label_of
+from llmplay.catalog import SESSION_METRICS, fmt_value, label_of, turn_ttft_p50s
 from llmplay.report import charts
 from llmplay.report.data import Remarks, RunData, concat
 from llmplay.report.method import describe_length
 from llmplay.spec import TraceSpec, Workload
 
 REUSE_METRICS = ("prefix_reuse.expected", "prefix_reuse.achieved", "engine.prefix_cache_hit_rate")
-_TURN_P50 = re.compile(r"^ttft_turn\.([1-9][0-9]*)\.p50$")
 NONE = "—"
 
 
@@ -144,7 +142,7 @@ def workload_shape(run: RunData) -> dict[str, Any] | None:
 
 def sessions(run: RunData, trials: Sequence[TrialRecord]) -> dict[str, Any] | None:
     """Conversations per configuration: the session figures and TTFT P50 by turn index (a column per turn)."""
-    turns = sorted({int(m.group(1)) for t in trials for k in t.summary if (m := _TURN_P50.match(k))})
+    turns = sorted({k for t in trials for k, _ in turn_ttft_p50s(t.summary)})
     metrics = [*SESSION_METRICS, *(f"ttft_turn.{k}.p50" for k in turns)]
     rows, lines = [], []
     for config_id in dict.fromkeys(t.config_id for t in trials):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llmplay.archive.model import TRIAL_OK, TrialRecord
-from llmplay.catalog import CAPACITY_METRICS, figure, label_of, measured, thin_warning
+from llmplay.catalog import CAPACITY_METRICS, figure, label_of, measured, thin_warning, turn_ttft_p50s
 from llmplay.metrics import prefix_reuse_text
 from llmplay.spec import ChangeEffect
 from llmplay.tuning.decide import Decision
@@ -66,14 +66,12 @@ def describe_trial(trial: TrialRecord) -> str:
 
 def session_text(s: Mapping[str, Any]) -> str | None:
     """Conversations of several turns: how many, and P50 TTFT by turn ("12 conversations, P50 TTFT by turn
-    41 / 55 / 60 ms"); None for a workload of one turn."""
+    1: 41 ms, 2: 55 ms"); None for a workload of one turn."""
     count = measured(s.get("session.count"))
     if count is None:
         return None
-    turns: list[float] = []
-    while (value := measured(s.get(f"ttft_turn.{len(turns) + 1}.p50"))) is not None:
-        turns.append(value)
-    by_turn = f", P50 TTFT by turn {' / '.join(f'{v * 1000:.0f}' for v in turns)} ms" if turns else ""
+    turns = turn_ttft_p50s(s)
+    by_turn = ", P50 TTFT by turn " + ", ".join(f"{k}: {v * 1000:.0f} ms" for k, v in turns) if turns else ""
     return f"{count:.0f} conversations{by_turn}"
 
 
