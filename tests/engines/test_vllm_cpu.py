@@ -207,8 +207,8 @@ def test_trace_replay_reports_reuse_expected_beside_achieved(docker_client, tmp_
     trials = json.loads((run_dir / "manifest.json").read_text())["trials"]
     assert [t["config_id"] for t in trials] == ["baseline", "prefix-caching"]
     assert all(t["status"] == "ok" for t in trials), trials
-    for trial in trials:
-        assert trial["summary"]["prefix_reuse.expected"] > 0, trial["summary"]
+    for trial in trials:  # the sent prompts repeat what the window's hash ids share (4.8% of its tokens)
+        assert trial["summary"]["prefix_reuse.expected"] > 0.02, trial["summary"]
     (cached,) = [t["summary"] for t in trials if t["config_id"] == "prefix-caching"]
     assert cached["prefix_reuse.achieved"] > 0, cached
     html = (run_dir / "report.html").read_text()
