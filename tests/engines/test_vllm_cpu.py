@@ -205,7 +205,7 @@ def test_trace_replay_reports_reuse_expected_beside_achieved(docker_client, tmp_
     assert proc.returncode in (0, 3), out  # 3: a gate missed, still a complete run
     (run_dir,) = [p.parent for p in archive.glob("*/*/manifest.json")]
     trials = json.loads((run_dir / "manifest.json").read_text())["trials"]
-    assert [t["config_id"] for t in trials] == ["baseline", "prefix-caching"]
+    assert sorted(t["config_id"] for t in trials) == ["baseline", "prefix-caching"]  # which runs first is drawn
     assert all(t["status"] == "ok" for t in trials), trials
     for trial in trials:  # the sent prompts repeat what the window's hash ids share (4.8% of its tokens)
         assert trial["summary"]["prefix_reuse.expected"] > 0.02, trial["summary"]
