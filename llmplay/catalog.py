@@ -93,6 +93,17 @@ for _info in (
 _TURN_METRIC = re.compile(r"^ttft_turn\.([1-9][0-9]*)\.(p50|mean)$")
 
 
+def turn_ttft_p50s(summary: Mapping[str, Any]) -> list[tuple[int, float]]:
+    """(turn, P50 TTFT s) of each turn a summary measured, in turn order; a turn whose requests all fell in the
+    warm-up has none."""
+    turns = []
+    for key, value in summary.items():
+        m = _TURN_METRIC.match(key)
+        if m and m.group(2) == "p50" and (number := measured(value)) is not None:
+            turns.append((int(m.group(1)), number))
+    return sorted(turns)
+
+
 def metric_info(path: str) -> MetricInfo | None:
     info = METRICS.get(path)
     if info is None and (m := _TURN_METRIC.match(path)):
@@ -197,6 +208,9 @@ REPORT_RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("memory.kv_share", "KV share"),
     ("cost.usd_per_1m_tokens", "$ / 1M tok"),
     ("errors.rate", "errors"),
+    # The workload's reuse beside the engine's: what prefix caching could serve, and what it did.
+    ("prefix_reuse.expected", "reuse expected"),
+    ("prefix_reuse.achieved", "reuse achieved"),
 )
 
 # What each figure means (DESIGN.md's definitions), as the report's method section states them.

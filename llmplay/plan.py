@@ -181,9 +181,10 @@ PREFIX_CACHE_TARGETS = frozenset({"args.prefix_caching", "args.cache_reuse", "en
 
 def reuses_prefixes(w: Workload) -> bool:
     """Whether the workload's prompts can repeat an earlier prompt's start: a shared prefix among several requests,
-    conversations resending their history, or a dataset (whose prompts may repeat). Synthetic prompts otherwise
-    are fresh random text each."""
-    return (w.prefix_tokens > 0 and (w.num_requests or 2) > 1) or w.turns > 1 or w.dataset is not None
+    conversations resending their history, a dataset (whose prompts may repeat), or a trace whose window shares
+    hash ids. Synthetic prompts otherwise are fresh random text each."""
+    trace_reuse = w.trace is not None and (w.trace.facts is None or w.trace.facts.prefix_reuse > 0)
+    return (w.prefix_tokens > 0 and (w.num_requests or 2) > 1) or w.turns > 1 or w.dataset is not None or trace_reuse
 
 
 def prefix_cache_notes(plan: Plan) -> dict[int, str]:

@@ -33,6 +33,7 @@ from llmplay.loadgen.records import RequestRecord, records_to_dataframe
 from llmplay.metrics import summarize, usd_per_1m_tokens
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
+from llmplay.spec import ThinkTime, TraceFacts, TraceSpec, Workload
 from llmplay.telemetry.sampler import TelemetrySeries
 from llmplay.tuning.decide import TrialSample, evaluate_gates, sample_from_records
 from llmplay.tuning.intervals import PAIRED_LOG
@@ -230,11 +231,61 @@ LOG_TAIL = (
 )
 
 
+# A replayed trace window's facts, as the playbook loader measures them (llmplay.playbook.trace.window_facts).
+TRACE_FACTS = TraceFacts(
+    requests=76,
+    span_s=19.556,
+    input_mean_tokens=129.8,
+    output_mean_tokens=14.8,
+    longest_input_tokens=564,
+    longest_output_tokens=32,
+    longest_line=41,
+    longest_tokens=580,
+    prefix_reuse=0.048,
+)
+
+
+def _shaped(workload: Workload, shape: str) -> Workload:
+    """The playbook's workload as a trace replay ("trace") or three-turn conversations ("chat")."""
+    if shape == "trace":
+        trace = TraceSpec(
+            "/data/traces/mooncake.jsonl", "mooncake", duration_s=20.0, input_scale=0.01, facts=TRACE_FACTS
+        )
+        return replace(workload, trace=trace, rate=2.0, concurrency=None, prefix_tokens=0)
+    if shape == "chat":
+        return replace(workload, api="chat", turns=3, think_time=ThinkTime("fixed", 0.5), session_header="x-session-id")
+    return workload
+
+
+def _shape_figures(rng: np.random.Generator, shape: str, cached: bool) -> dict[str, float]:
+    """What a shaped workload adds to a trial's summary: reuse expected and achieved; for conversations the
+    session figures and TTFT by turn (later turns resend the conversation so far, so they reuse more)."""
+    if not shape:
+        return {}
+    expected = 0.05 if shape == "trace" else 0.6
+    out = {"prefix_reuse.expected": expected, "prefix_reuse.achieved": expected * 0.9 if cached else 0.0}
+    out["engine.prefix_cache_hit_rate"] = out["prefix_reuse.achieved"]
+    if shape == "chat":
+        out |= {"session.count": 16.0, "session.turns_mean": 3.0}
+        out |= {"session.duration_s.p50": float(rng.uniform(2, 3)), "session.duration_s.p95": float(rng.uniform(3, 4))}
+        for turn in (1, 2, 3):
+            out[f"ttft_turn.{turn}.p50"] = 0.2 * turn * (0.5 if cached else 1.0)
+            out[f"ttft_turn.{turn}.mean"] = 0.22 * turn * (0.5 if cached else 1.0)
+    return out
+
+
 def make_archive(
-    root: Path, *, seed: int = 7, slowdown: float = 1.0, name_suffix: str = "", streamed: bool = True
+    root: Path,
+    *,
+    seed: int = 7,
+    slowdown: float = 1.0,
+    name_suffix: str = "",
+    streamed: bool = True,
+    shape: str = "",
 ) -> Path:
     """Build a finished archive under root and return its run directory. slowdown > 1 makes every config slower
-    (a planted regression for compare); streamed=False sends every request non-streamed (no streamed TTFT)."""
+    (a planted regression for compare); streamed=False sends every request non-streamed (no streamed TTFT);
+    shape "trace" or "chat" archives a trace replay or three-turn conversations with their reuse figures."""
     root = Path(root)
     pb_path = root / f"synthetic{name_suffix}.yaml"
     root.mkdir(parents=True, exist_ok=True)
@@ -263,7 +314,7 @@ def make_archive(
         return ConfigRecord(
             cid,
             replace(playbook.engine, gpus=1, args=args, env={"HF_TOKEN": SECRET}),
-            playbook.workload,
+            _shaped(playbook.workload, shape),
             argv,
             "docker run --rm -e HF_TOKEN=*** llmplay/llamacpp-cpu:local " + " ".join(argv[1:]),
         )
@@ -297,7 +348,7 @@ def make_archive(
         records, duration = fake_records(rng, sp, errors=errors, streamed=streamed)
         nvml = counter[0] % 3 != 0
         tele = fake_telemetry(rng, duration, nvml=nvml, busy=0.9 if cid != "baseline" else 0.35)
-        summary = _summary(records, duration, tele)
+        summary = _summary(records, duration, tele) | _shape_figures(rng, shape, cid != "baseline")
         by_config.setdefault(cid, []).append(summary)
         frame = records_to_dataframe(records)
         samples.setdefault(cid, []).append(

@@ -38,7 +38,7 @@ from llmplay.archive.model import (
     TrialsAsRun,
     TuningRow,
 )
-from llmplay.spec import EngineSpec, LengthDist, Objective, Trials, Workload
+from llmplay.spec import EngineSpec, LengthDist, Objective, ThinkTime, TraceFacts, TraceSpec, Trials, Workload
 from llmplay.units import parse_fraction
 
 
@@ -120,11 +120,32 @@ def engine_from(d: Mapping[str, Any]) -> EngineSpec:
     return EngineSpec(**kw)
 
 
+def _trace_from(value: Any) -> TraceSpec | None:
+    """workload.trace as archived, its window's facts included; None before traces were replayed, or damaged."""
+    d = mapping(value)
+    if not isinstance(d.get("file"), str) or not isinstance(d.get("format"), str):
+        return None
+    kw = _known(TraceSpec, d)
+    facts = mapping(d.get("facts"))
+    try:
+        kw["facts"] = TraceFacts(**_known(TraceFacts, facts)) if facts else None
+    except TypeError:  # a facts record missing a field: the trace is still described, its figures not
+        kw["facts"] = None
+    return TraceSpec(**kw)
+
+
+def _think_time_from(value: Any) -> ThinkTime:
+    d = mapping(value)
+    return ThinkTime(**_known(ThinkTime, d)) if "kind" in d else ThinkTime()
+
+
 def workload_from(d: Mapping[str, Any]) -> Workload:
     kw = _known(Workload, d)
     kw["input"] = _length_from(kw.get("input"), Workload.input)
     kw["output"] = _length_from(kw.get("output"), Workload.output)
     kw["sweep"] = tuple(_items(kw.get("sweep")))
+    kw["trace"] = _trace_from(kw.get("trace"))
+    kw["think_time"] = _think_time_from(kw.get("think_time"))
     return Workload(**kw)
 
 

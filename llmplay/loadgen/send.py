@@ -310,7 +310,9 @@ def _fingerprint(planned: PlannedRequest, history: list[tuple[str, str]], reply:
     """The sent prompt's chained piece hashes and character counts, and the hash of the prompt followed by its
     reply (what the next turn resends): the workload's own prefix reuse is computed from these afterwards."""
     chat = planned.messages is not None
-    if planned.messages is not None:
+    if planned.blocks:  # a trace's request: the blocks its hash ids share with other requests
+        pieces = (("user" if chat else "", planned.blocks[0]), *(("", b) for b in planned.blocks[1:]))
+    elif planned.messages is not None:
         pieces = planned.messages
     elif planned.user_text or planned.prefix:
         pieces = prompt_segments(False, planned.prefix, history, planned.user_text)

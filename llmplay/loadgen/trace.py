@@ -82,6 +82,7 @@ class TracePrompt:
     input_tokens_target: int
     output_tokens: int
     group_id: int  # the first hash id: requests opening with the same block share a prefix group
+    blocks: tuple[str, ...] = ()  # the text of each hash-id block; `text` is them joined by spaces
 
 
 def prefetch_requests(workload: Workload) -> int:
@@ -126,4 +127,5 @@ def iter_trace_prompts(
             input_tokens_target=r.input_tokens,
             output_tokens=r.output_tokens,
             group_id=first if first is not None else -1 - index,
+            blocks=tuple(parts),
         )

@@ -50,6 +50,9 @@ class PlannedRequest:
     user_text: str = ""  # this turn's own new text, after the prefix and the history
     think_s: float = 0.0  # the user's pause after the previous turn's reply, before sending this one
     final_turn: bool = True  # the conversation's last turn: nothing resends its reply
+    # A trace request's prompt as its hash-id blocks' texts (joined by spaces): its reuse is fingerprinted block by
+    # block, so a prompt sharing only its first blocks with an earlier one counts those as reused.
+    blocks: tuple[str, ...] = ()
 
     def resend(self, history: Sequence[tuple[str, str]]) -> PlannedRequest:
         """This turn after the given (user text, reply) turns: what a user in conversation really sends.
@@ -324,6 +327,7 @@ def _trace_requests(workload: Workload, tokenizer: Tokenizer, model: str) -> Ite
             is_warmup=p.index < workload.warmup_requests,
             model=model,
             arrival_s=p.arrival_s,
+            blocks=p.blocks,
         )
 
 

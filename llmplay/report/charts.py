@@ -13,7 +13,7 @@ import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from llmplay.archive.model import CapacitySearch
 
@@ -483,4 +483,56 @@ def trend(
     ax.set_xlim(-0.6, len(points) - 0.4)
     ax.set_ylabel(unit_label)
     ax.legend(loc="lower left", ncols=4)
+    return to_svg(fig)
+
+
+@_styled
+def arrivals(series: Sequence[tuple[str, str, np.ndarray]], expected_rate: float | None, width_in: float = 7.0) -> str:
+    """Per trial (role, trial_id, send time of each measured request in s): the requests sent so far over time,
+    beside the straight line of the rate the workload asked for (a trace window's mean replay rate)."""
+    fig, (ax,) = _figure(width_in, 2.6)
+    ax.set_title("requests sent over time")
+    span_s = 0.0
+    for role, trial_id, sends in series:
+        if not len(sends):
+            continue
+        x, y = _thin(np.sort(np.asarray(sends, dtype=float)), np.arange(1, len(sends) + 1, dtype=float))
+        ax.step(x, y, where="post", color=ROLE_COLORS.get(role), linewidth=1.0, alpha=0.8, label=f"{trial_id} {role}")
+        span_s = max(span_s, float(x[-1]))
+    if not span_s:
+        _not_measured(ax)
+        return to_svg(fig)
+    if expected_rate:
+        ax.plot(
+            [0, span_s],
+            [1, 1 + expected_rate * span_s],
+            color="#888888",
+            linestyle="--",
+            linewidth=1.0,
+            label=f"{expected_rate:.3g} req/s asked",
+        )
+    ax.set_xlabel("s since the first measured send")
+    ax.set_ylabel("requests")
+    _, labels = ax.get_legend_handles_labels()
+    if len(labels) <= 8:
+        ax.legend(loc="upper left", ncols=2)
+    return to_svg(fig)
+
+
+@_styled
+def by_turn(lines: Sequence[tuple[str, Sequence[int], Sequence[float]]], width_in: float = 5.2) -> str:
+    """TTFT P50 by a conversation's turn index, one line per configuration (label, turn numbers, seconds)."""
+    fig, (ax,) = _figure(width_in, 2.6)
+    ax.set_title("P50 TTFT by turn of the conversation")
+    drawn = [(label, turns, values) for label, turns, values in lines if len(turns)]
+    if not drawn:
+        _not_measured(ax)
+        return to_svg(fig)
+    for i, (label, turns, values) in enumerate(drawn):
+        color = _SEARCH_COLORS[i % len(_SEARCH_COLORS)]
+        ax.plot(list(turns), np.asarray(values, dtype=float) * 1000, marker="o", color=color, label=label)
+    ax.set_xlabel("turn")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _ms(ax, "y")
+    ax.legend(loc="upper left")
     return to_svg(fig)

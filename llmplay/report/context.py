@@ -17,6 +17,7 @@ from llmplay.report.data import RunData, arrow
 from llmplay.report.diagnosis import diagnosis, rules_checked
 from llmplay.report.method import goals, method
 from llmplay.report.record import capacity, record_columns, record_rows
+from llmplay.report.shape import workload_shape
 from llmplay.report.steps import steps
 
 
@@ -126,6 +127,7 @@ def build_context(archive: ArchivedRun, *, unverified: Sequence[str] = ()) -> di
         "columns": [label for _, label in record_columns(run)],
         "record": record_rows(run),
         "capacity": capacity(run),
+        "shape": workload_shape(run),
         "steps": steps(run, playbook.step_descriptions, kept_means(playbook.min_effect, playbook.trials.confidence)),
         "diagnosis": diagnosis(found, archive.findings()),
         "method": method(run, playbook, rules_checked(found)),

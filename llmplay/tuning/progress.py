@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llmplay.archive.model import TRIAL_OK, TrialRecord
-from llmplay.catalog import CAPACITY_METRICS, figure, label_of, measured, thin_warning
+from llmplay.catalog import CAPACITY_METRICS, figure, label_of, measured, thin_warning, turn_ttft_p50s
 from llmplay.metrics import prefix_reuse_text
 from llmplay.spec import ChangeEffect
 from llmplay.tuning.decide import Decision
@@ -58,8 +58,21 @@ def describe_trial(trial: TrialRecord) -> str:
         head += "; at the boundary probe: "
     if (reuse := prefix_reuse_text(s)) is not None:
         figures.append(reuse)
+    if (sessions := session_text(s)) is not None:
+        figures.append(sessions)
     thin = [warning for m in shown if (warning := thin_warning(m, s)) is not None]
     return f"  trial {trial.trial_id} {role}: {head}{', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")
+
+
+def session_text(s: Mapping[str, Any]) -> str | None:
+    """Conversations of several turns: how many, and P50 TTFT by turn ("12 conversations, P50 TTFT by turn
+    1: 41 ms, 2: 55 ms"); None for a workload of one turn."""
+    count = measured(s.get("session.count"))
+    if count is None:
+        return None
+    turns = turn_ttft_p50s(s)
+    by_turn = ", P50 TTFT by turn " + ", ".join(f"{k}: {v * 1000:.0f} ms" for k, v in turns) if turns else ""
+    return f"{count:.0f} conversations{by_turn}"
 
 
 def step_line(head: str, effects: Sequence[ChangeEffect]) -> str:

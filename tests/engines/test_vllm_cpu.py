@@ -181,3 +181,39 @@ def test_retest_on_an_older_vllm_release_exits_as_the_comparison_says(vllm_run, 
     assert trial["engine_describe"]["engine_version"] == OLDER  # both releases named in the archives
     expected = 4 if compare_runs(run_dir, new_dir).has_regression else 0
     assert proc.returncode == expected, out
+
+
+def test_trace_replay_reports_reuse_expected_beside_achieved(docker_client, tmp_path) -> None:
+    """`llmplay run --allow-outside-tree playbooks/vllm-cpu-trace.yaml`, one trial a side, replayed twice as fast:
+    the Mooncake window's shared prefixes are sent as shared text, and with prefix caching on vLLM serves some of
+    them from its cache; the report puts the workload's reuse beside the engine's and the sent shape beside the
+    window's."""
+    _image(docker_client, CURRENT)
+    source = ROOT / "playbooks" / "vllm-cpu-trace.yaml"
+    trace = (source.parent / "../../shared/traces/mooncake-synthetic.jsonl").resolve()
+    if not trace.is_file():
+        pytest.skip(f"{trace} is not here (../shared beside the repository)")
+    doc = yaml.safe_load(source.read_text())
+    doc["workload"]["trace"]["file"] = str(trace)
+    doc["workload"]["rate"] = 4  # the same 20 s window (its first shared prefix comes at 14.5 s), in half the time
+    doc["engine"]["model_dir"] = str(load_playbook(PLAYBOOK).engine.model_dir)
+    playbook = tmp_path / "trace.yaml"
+    playbook.write_text(yaml.safe_dump(doc, sort_keys=False))
+    archive = tmp_path / "archive"
+    proc = cli("run", "--allow-outside-tree", str(playbook), "--repeats", "1", "--archive", str(archive))
+    out, _ = proc.communicate(timeout=1500)
+    assert proc.returncode in (0, 3), out  # 3: a gate missed, still a complete run
+    (run_dir,) = [p.parent for p in archive.glob("*/*/manifest.json")]
+    trials = json.loads((run_dir / "manifest.json").read_text())["trials"]
+    assert sorted(t["config_id"] for t in trials) == ["baseline", "prefix-caching"]  # which runs first is drawn
+    assert all(t["status"] == "ok" for t in trials), trials
+    for trial in trials:  # the sent prompts repeat what the window's hash ids share (4.8% of its tokens)
+        assert trial["summary"]["prefix_reuse.expected"] > 0.02, trial["summary"]
+    (cached,) = [t["summary"] for t in trials if t["config_id"] == "prefix-caching"]
+    assert cached["prefix_reuse.achieved"] > 0, cached
+    html = (run_dir / "report.html").read_text()
+    assert "reuse expected" in html and "reuse achieved" in html  # the tuning record's columns
+    shape = html[html.index('<section id="shape">') :]
+    shape = shape[: shape.index("</section>")]
+    assert "mooncake-synthetic.jsonl (mooncake)" in shape and "trace window" in shape
+    assert "prefix reuse achieved" in shape and shape.count("<svg") == 2

@@ -491,3 +491,33 @@ def test_a_tuning_run_replays_the_shared_trace_on_llama_cpp(tmp_path, cpu_engine
     assert len(trials) == 2 and all(t["status"] == "ok" for t in trials), trials
     assert all(t["summary"]["errors.rate"] == 0 and t["summary"]["requests.completed"] == 16 for t in trials)
     assert all(c["workload"]["trace"]["facts"]["requests"] == 18 for c in manifest["configs"])
+
+
+def test_a_trace_requests_fingerprint_counts_its_shared_blocks(tmp_path):
+    """The per-trial `prefix_reuse.expected` comes from each sent prompt's fingerprint: for a trace, block by block,
+    so it agrees with the reuse the hash ids give (a whole-prompt fingerprint saw only identical prompts)."""
+    from llmplay.loadgen.records import RequestRecord
+    from llmplay.loadgen.send import _fingerprint
+    from llmplay.metrics import prefix_reuse_figures
+
+    windowed = playbook(
+        tmp_path, {"file": str(SHARED), "format": "mooncake", "start": "5m", "duration": "1m", "input_scale": 1 / 64}
+    )
+    workload = load_playbook(windowed, allow_outside_extends=True).workload
+    for api in ("completions", "chat"):
+        reqs = build_requests(replace(workload, api=api), TOK, "m")
+        records = []
+        for r in reqs:
+            text = r.prompt if r.prompt is not None else r.messages[0][1]
+            fp = _fingerprint(r, [], "")
+            records.append(
+                RequestRecord(
+                    index=r.index, is_warmup=False, stream=True, scheduled_ns=r.index, sent_ns=r.index,
+                    first_chunk_ns=r.index + 1, first_content_ns=r.index + 1, chunk_ns=(r.index + 1,),
+                    end_ns=r.index + 1, input_tokens=len(text.split()), output_tokens=1,
+                    output_tokens_source="usage", finish_reason="length", http_status=200, error_kind=None,
+                    error_message=None, queue_wait_s=0.0, **fp,
+                )
+            )  # fmt: skip
+        expected = prefix_reuse_figures(records)["prefix_reuse.expected"]
+        assert expected == pytest.approx(workload.trace.facts.prefix_reuse, abs=0.01), api
