@@ -17,7 +17,8 @@ from llmplay.engines.base import (
 from llmplay.spec import EngineSpec, Scalar
 
 KIND = "llamacpp"
-CPU_IMAGE = "llmplay/llamacpp-cpu:local"  # built locally by `llmplay engine build-cpu`
+CPU_IMAGE_REPO = "llmplay/llamacpp-cpu"  # built locally by `llmplay engine build-cpu [--llama-cpp-python V]`
+CPU_IMAGE = f"{CPU_IMAGE_REPO}:local"  # the pinned release
 
 
 def _base(spec: EngineSpec, port: int) -> list[str]:

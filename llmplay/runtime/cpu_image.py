@@ -1,5 +1,7 @@
 """The embedded CPU engine: llama-server built from the pinned llama-cpp-python sdist, a tiny random Llama
 GGUF, and the local image `llmplay/llamacpp-cpu:local` imported from a minimal root filesystem (no registry).
+Another llama-cpp-python release builds `llmplay/llamacpp-cpu:VERSION` the same way, with the same model, so a
+run can be retested on an older or newer llama.cpp.
 
 Everything lands under the cache directory (default ~/.cache/llmplay), keyed by content hashes, so a
 second run only checks files and the image label and takes seconds.
@@ -25,13 +27,13 @@ from typing import Any
 import numpy as np
 
 from llmplay.engines.base import VERSION_LABEL
+from llmplay.engines.llamacpp import CPU_IMAGE, CPU_IMAGE_REPO
 from llmplay.errors import InfrastructureError
 from llmplay.hashing import sha256_file
 from llmplay.runtime import dockerd
 from llmplay.runtime.cache import default_cache_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_CURL=OFF",
@@ -39,7 +41,7 @@ CMAKE_FLAGS = (
     "-DBUILD_SHARED_LIBS=OFF",
     "-DGGML_NATIVE=OFF",
 )
-IMAGE_TAG = "llmplay/llamacpp-cpu:local"
+IMAGE_TAG = CPU_IMAGE  # the pinned release's tag, the one playbooks name
 MODEL_IN_IMAGE = "/models/tiny.gguf"
 CONTENT_LABEL = "llmplay.content"
 VOCAB_FILE = "vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf"
@@ -75,6 +77,16 @@ class CpuEngine:
     model_in_image: str  # where the image holds it
     content_hash: str  # label on the image; changes when binary, libraries or model change
     llama_cpp_python_version: str = LLAMA_CPP_PYTHON_VERSION
+
+
+def image_tag(version: str = LLAMA_CPP_PYTHON_VERSION) -> str:
+    """The pinned release keeps `:local`, so playbooks and archives naming it stay valid; others are tagged
+    with their release."""
+    return IMAGE_TAG if version == LLAMA_CPP_PYTHON_VERSION else f"{CPU_IMAGE_REPO}:{version}"
+
+
+def sdist_name(version: str = LLAMA_CPP_PYTHON_VERSION) -> str:
+    return f"llama_cpp_python-{version}"
 
 
 def _key(*parts: Any) -> str:
@@ -124,13 +136,13 @@ def _apt_install(packages: list[str], log_path: Path, log: Log) -> None:
 # --- source -------------------------------------------------------------------------------------------
 
 
-def sdist_path(cache: Path, log: Log = print) -> Path:
-    """The pinned sdist, downloaded once with pip (source only, no dependencies)."""
+def sdist_path(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
+    """The release's sdist, downloaded once with pip (source only, no dependencies)."""
     dest = cache / "sdist"
-    tarball = dest / f"{SDIST_NAME}.tar.gz"
+    tarball = dest / f"{sdist_name(version)}.tar.gz"
     if not tarball.exists():
         dest.mkdir(parents=True, exist_ok=True)
-        log(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist with pip")
+        log(f"downloading llama-cpp-python=={version} sdist with pip")
         _run(
             [
                 sys.executable,
@@ -140,7 +152,7 @@ def sdist_path(cache: Path, log: Log = print) -> Path:
                 "--no-deps",
                 "--no-binary",
                 ":all:",
-                f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+                f"llama-cpp-python=={version}",
                 "-d",
                 str(dest),
             ],
@@ -150,13 +162,13 @@ def sdist_path(cache: Path, log: Log = print) -> Path:
     return tarball
 
 
-def _extract(tarball: Path, dest: Path, prefix: str) -> Path:
+def _extract(tarball: Path, dest: Path, prefix: str, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
     """Extract members under `<sdist>/<prefix>` into dest; returns dest/<sdist>/<prefix>."""
-    root = dest / SDIST_NAME / prefix
+    root = dest / sdist_name(version) / prefix
     marker = root.parent / f".extracted-{_key(prefix)}"
     if marker.exists():
         return root
-    want = f"{SDIST_NAME}/{prefix}"
+    want = f"{sdist_name(version)}/{prefix}"
     with tarfile.open(tarball) as tf:
         members = [m for m in tf.getmembers() if m.name == want or m.name.startswith(want + "/")]
         tf.extractall(dest, members=members, filter="data")
@@ -168,21 +180,23 @@ def _extract(tarball: Path, dest: Path, prefix: str) -> Path:
 # --- llama-server -------------------------------------------------------------------------------------
 
 
-def binary_path(cache: Path) -> Path:
-    return cache / "llama-server" / _key(LLAMA_CPP_PYTHON_VERSION, CMAKE_FLAGS) / "llama-server"
+def binary_path(cache: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
+    return cache / "llama-server" / _key(version, CMAKE_FLAGS) / "llama-server"
 
 
-def build_llama_server(cache: Path, force: bool = False, log: Log = print) -> Path:
+def build_llama_server(
+    cache: Path, force: bool = False, log: Log = print, version: str = LLAMA_CPP_PYTHON_VERSION
+) -> Path:
     """llama-server from the sdist's vendored llama.cpp: Release, static, portable (no -march=native)."""
-    binary = binary_path(cache)
+    binary = binary_path(cache, version)
     if binary.exists() and not force:
         return binary
     for tool, pkg in (("cmake", "cmake"), ("c++", "g++"), ("make", "make")):
         if shutil.which(tool) is None:
             _apt_install([pkg], cache / "build.log", log)
-    src = _extract(sdist_path(cache, log), cache / "src", "vendor/llama.cpp")
+    src = _extract(sdist_path(cache, log, version), cache / "src", "vendor/llama.cpp", version)
     build = cache / "build" / binary.parent.name
-    log(f"building llama-server (about 8 minutes on 2 cores); log: {cache / 'build.log'}")
+    log(f"building llama-server {version} (about 8 minutes on 2 cores); log: {cache / 'build.log'}")
     t0 = time.perf_counter()
     _run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], cache / "build.log", "cmake configure")
     _run(
@@ -356,73 +370,87 @@ def _rootfs_tar(binary: Path, model: Path, libs: list[Path], dest: Path) -> Path
     return dest
 
 
-def ggml_version(cache: Path, log: Log = print) -> str:
+def ggml_version(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VERSION) -> str:
     """The vendored ggml's release (ggml/CMakeLists.txt): the sdist carries no git metadata, so llama.cpp's own
     build number is 0 and its commit "unknown"; this and the llama-cpp-python release are what names the source."""
-    src = _extract(sdist_path(cache, log), cache / "src", "vendor/llama.cpp/ggml/CMakeLists.txt")
+    src = _extract(sdist_path(cache, log, version), cache / "src", "vendor/llama.cpp/ggml/CMakeLists.txt", version)
     parts = dict(re.findall(r"set\(GGML_VERSION_(MAJOR|MINOR|PATCH)\s+(\d+)\)", src.read_text()))
     return ".".join(parts.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH"))
 
 
-def engine_version(cache: Path, log: Log = print) -> str:
+def engine_version(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VERSION) -> str:
     """What the image's version label says: the source release the binary was built from."""
-    return f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}, ggml {ggml_version(cache, log)}"
+    return f"llama-cpp-python {version}, ggml {ggml_version(cache, log, version)}"
 
 
 def build_image(
-    client: Any, binary: Path, model: Path, cache: Path, force: bool = False, log: Log = print
+    client: Any,
+    binary: Path,
+    model: Path,
+    cache: Path,
+    force: bool = False,
+    log: Log = print,
+    version: str = LLAMA_CPP_PYTHON_VERSION,
 ) -> tuple[str, str]:
     """(image id, content hash); imports the image only when the tag's label differs from the contents."""
     import docker  # deferred: the docker SDK loads only when an image is built (not for --no-image)
 
     libs = shared_libraries(binary)
-    version = engine_version(cache, log)
+    described = engine_version(cache, log, version)
+    tag_name = image_tag(version)
     content = _key(
         [sha256_file(binary), sha256_file(model)] + [(str(lib), sha256_file(lib)) for lib in libs],
         MODEL_IN_IMAGE,
-        version,
+        described,
     )
     if not force:
         try:
-            image = client.images.get(IMAGE_TAG)
+            image = client.images.get(tag_name)
             if (image.labels or {}).get(CONTENT_LABEL) == content:
                 return image.id, content
         except docker.errors.ImageNotFound:
             pass
-    log(f"importing image {IMAGE_TAG} (content {content})")
+    log(f"importing image {tag_name} (content {content})")
     workdir = cache / "image"
     workdir.mkdir(parents=True, exist_ok=True)
     tar = _rootfs_tar(binary, model, libs, workdir / f"rootfs-{content}.tar")
-    repo, tag = IMAGE_TAG.rsplit(":", 1)
+    repo, tag = tag_name.rsplit(":", 1)
     changes = [
         'ENTRYPOINT ["/llama-server"]',
         "EXPOSE 8080",
         f"LABEL {CONTENT_LABEL}={content}",
-        f"LABEL llmplay.llama_cpp_python={LLAMA_CPP_PYTHON_VERSION}",
-        f'LABEL {VERSION_LABEL}="{version}"',
+        f"LABEL llmplay.llama_cpp_python={version}",
+        f'LABEL {VERSION_LABEL}="{described}"',
         "ENV LLAMA_ARG_HOST=0.0.0.0",
     ]
     client.api.import_image(src=str(tar), repository=repo, tag=tag, changes=changes)
     tar.unlink()
-    image = client.images.get(IMAGE_TAG)
-    (workdir / "image.json").write_text(json.dumps({"tag": IMAGE_TAG, "id": image.id, "content": content}, indent=1))
+    image = client.images.get(tag_name)
+    (workdir / "image.json").write_text(json.dumps({"tag": tag_name, "id": image.id, "content": content}, indent=1))
     return image.id, content
 
 
 def build_cpu_engine(
-    cache_dir: Path | str | None = None, force: bool = False, *, with_image: bool = True, log: Log = print
+    cache_dir: Path | str | None = None,
+    force: bool = False,
+    *,
+    with_image: bool = True,
+    log: Log = print,
+    version: str = LLAMA_CPP_PYTHON_VERSION,
 ) -> CpuEngine:
-    """Binary, model and (unless with_image=False) the local image, each built only when missing or forced."""
+    """Binary, model and (unless with_image=False) the local image, each built only when missing or forced.
+    `version` is the llama-cpp-python release whose vendored llama.cpp is built; every release embeds the
+    same model (its tokenizer comes from the pinned sdist), so runs on two builds differ only in the engine."""
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    binary = build_llama_server(cache, force, log)
+    binary = build_llama_server(cache, force, log, version)
     model = write_tiny_model(cache, force, log)
     if not with_image:
-        return CpuEngine("", "", binary, model, MODEL_IN_IMAGE, "")
+        return CpuEngine("", "", binary, model, MODEL_IN_IMAGE, "", version)
     image_id, content = build_with_docker(
-        cache, log, lambda client: build_image(client, binary, model, cache, force, log)
+        cache, log, lambda client: build_image(client, binary, model, cache, force, log, version)
     )
-    return CpuEngine(IMAGE_TAG, image_id, binary, model, MODEL_IN_IMAGE, content)
+    return CpuEngine(image_tag(version), image_id, binary, model, MODEL_IN_IMAGE, content, version)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,11 +458,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None, help="default: ~/.cache/llmplay (or $LLMPLAY_CACHE)")
     parser.add_argument("--force", action="store_true", help="rebuild the binary, the model and the image")
     parser.add_argument("--no-image", action="store_true", help="binary and model only (for the process runtime)")
+    parser.add_argument(
+        "--llama-cpp-python",
+        dest="version",
+        default=LLAMA_CPP_PYTHON_VERSION,
+        help=f"release whose llama.cpp to build (default {LLAMA_CPP_PYTHON_VERSION}, tagged :local)",
+    )
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     try:
         eng = build_cpu_engine(
-            args.cache_dir, args.force, with_image=not args.no_image, log=lambda m: print(m, file=sys.stderr)
+            args.cache_dir,
+            args.force,
+            with_image=not args.no_image,
+            log=lambda m: print(m, file=sys.stderr),
+            version=args.version,
         )
     except InfrastructureError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ import docker.errors
 import docker.types
 
 from llmplay.engines.base import IMAGE_VERSION_LABELS, Engine
-from llmplay.engines.llamacpp import CPU_IMAGE
+from llmplay.engines.llamacpp import CPU_IMAGE, CPU_IMAGE_REPO
 from llmplay.errors import InfrastructureError
 from llmplay.runtime import dockerd
 from llmplay.runtime.base import Endpoint, Runtime, free_port, probe_version, tail_lines, wait_healthy
@@ -66,8 +66,13 @@ def _is_gpu_error(exc: Exception) -> bool:
 
 
 def image_hint(image: str) -> str:
-    """How to get a missing image: build the CPU one, pull any other."""
-    return CPU_IMAGE_HINT if image == CPU_IMAGE else f"pull it: `docker pull {image}`"
+    """How to get a missing image: build the CPU ones (any llama-cpp-python release), pull any other."""
+    if image == CPU_IMAGE:
+        return CPU_IMAGE_HINT
+    repo, _, tag = image.rpartition(":")
+    if repo == CPU_IMAGE_REPO:
+        return f"build it: `llmplay engine build-cpu --llama-cpp-python {tag}`"
+    return f"pull it: `docker pull {image}`"
 
 
 def image_missing(image: str) -> str:

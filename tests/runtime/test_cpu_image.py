@@ -1,0 +1,109 @@
+"""The llama.cpp CPU image of any llama-cpp-python release: its tag, its cache keys and its labels, so two
+builds never share a binary or an image and the archive tells them apart. No compile, no dockerd."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from llmplay.cli import cli
+from llmplay.engines.base import VERSION_LABEL
+from llmplay.runtime import cpu_image
+from llmplay.runtime.cpu_image import (
+    CONTENT_LABEL,
+    LLAMA_CPP_PYTHON_VERSION,
+    CpuEngine,
+    binary_path,
+    build_image,
+    image_tag,
+    sdist_name,
+)
+from llmplay.runtime.docker import image_hint
+
+OLDER = "0.3.30"
+
+
+def test_the_pinned_release_keeps_the_local_tag_and_others_are_tagged_with_theirs() -> None:
+    assert image_tag() == "llmplay/llamacpp-cpu:local"
+    assert image_tag(LLAMA_CPP_PYTHON_VERSION) == "llmplay/llamacpp-cpu:local"
+    assert image_tag(OLDER) == f"llmplay/llamacpp-cpu:{OLDER}"
+    assert (
+        image_hint(f"llmplay/llamacpp-cpu:{OLDER}")
+        == f"build it: `llmplay engine build-cpu --llama-cpp-python {OLDER}`"
+    )
+
+
+def test_each_release_has_its_own_sdist_and_binary_cache(tmp_path: Path) -> None:
+    assert sdist_name(OLDER) == f"llama_cpp_python-{OLDER}"
+    assert sdist_name() == f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    assert binary_path(tmp_path) == binary_path(tmp_path, LLAMA_CPP_PYTHON_VERSION)
+    assert binary_path(tmp_path, OLDER) != binary_path(tmp_path)
+    assert binary_path(tmp_path, OLDER).name == "llama-server"
+
+
+class FakeImages:
+    def __init__(self) -> None:
+        self.imported: dict[str, dict[str, str]] = {}
+
+    def get(self, tag: str) -> Any:
+        import docker.errors
+
+        if tag not in self.imported:
+            raise docker.errors.ImageNotFound(tag)
+        return type("Image", (), {"id": f"sha256:{tag}", "labels": self.imported[tag]})()
+
+
+class FakeClient:
+    """Records what `docker import` would be asked: the tag and the LABEL changes."""
+
+    def __init__(self) -> None:
+        self.images = FakeImages()
+        self.api = self
+
+    def import_image(self, *, src: str, repository: str, tag: str, changes: list[str]) -> None:
+        labels = {}
+        for change in changes:
+            if change.startswith("LABEL "):
+                key, _, value = change[len("LABEL ") :].partition("=")
+                labels[key] = value.strip('"')
+        self.images.imported[f"{repository}:{tag}"] = labels
+
+
+@pytest.mark.parametrize("version", [LLAMA_CPP_PYTHON_VERSION, OLDER])
+def test_the_image_is_tagged_and_labelled_with_its_release(
+    version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cpu_image, "shared_libraries", lambda binary: [])
+    monkeypatch.setattr(cpu_image, "ggml_version", lambda cache, log, version: f"ggml-of-{version}")
+    binary, model = tmp_path / "llama-server", tmp_path / "tiny.gguf"
+    binary.write_bytes(b"same binary")
+    model.write_bytes(b"same model")
+    client = FakeClient()
+
+    image_id, content = build_image(client, binary, model, tmp_path, version=version)
+
+    labels = client.images.imported[image_tag(version)]
+    assert image_id == f"sha256:{image_tag(version)}"
+    assert labels[VERSION_LABEL] == f"llama-cpp-python {version}, ggml ggml-of-{version}"
+    assert labels["llmplay.llama_cpp_python"] == version
+    assert labels[CONTENT_LABEL] == content
+    # The same bytes under another release's name are another image: the version is part of the content.
+    other = OLDER if version == LLAMA_CPP_PYTHON_VERSION else LLAMA_CPP_PYTHON_VERSION
+    assert build_image(client, binary, model, tmp_path, version=other)[1] != content
+
+
+def test_build_cpu_passes_the_release_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def fake_build(*, force: bool, version: str) -> CpuEngine:
+        asked.append(version)
+        return CpuEngine(image_tag(version), "id", Path("b"), Path("m"), "/models/tiny.gguf", "c", version)
+
+    monkeypatch.setattr("llmplay.commands.engine.build_cpu_engine", fake_build)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["engine", "build-cpu", "--llama-cpp-python", OLDER]).exit_code == 0
+    assert runner.invoke(cli, ["engine", "build-cpu"]).exit_code == 0
+    assert asked == [OLDER, LLAMA_CPP_PYTHON_VERSION]
