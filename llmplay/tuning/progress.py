@@ -45,7 +45,9 @@ class Narrator:
 def describe_trial(trial: TrialRecord) -> str:
     """The console line of a finished trial: its headline figures (an absent one says why), or why it failed;
     percentiles resting on too few requests are named at the end of the line."""
-    role = f"{trial.step or 'baseline'}/{trial.role} #{trial.repeat + 1}"
+    # A search step's candidates are several configurations under one role: name the value measured.
+    side = trial.config_id if trial.role == "candidate" and trial.config_id != trial.step else trial.role
+    role = f"{trial.step or 'baseline'}/{side} #{trial.repeat + 1}"
     if trial.status != TRIAL_OK:
         return f"  trial {trial.trial_id} {role}: FAILED: {trial.error or 'no reason recorded'}"
     s: Mapping[str, Any] = trial.summary
