@@ -74,6 +74,12 @@ def flag_sites(playbook: Playbook, engine: Engine, default_image: str) -> Iterat
             elif change.target == "image" and step_image != image:
                 # Another image: every flag of this configuration must be one it accepts.
                 yield FlagSite(step.name, written, step_image, tuple(engine.server_args(spec)))
+        if step.search is not None and step.search.target.startswith("args."):
+            # Every value a search may race is a configuration the image must accept, not only the first.
+            knob = step.search.target.removeprefix("args.")
+            written = f"steps[{i}].search.{knob}" if f"steps[{i}].search.{knob}" in playbook.sites else f"steps[{i}]"
+            for value in step.search.values:
+                yield FlagSite(step.name, written, step_image, tuple(engine.render_knob(knob, value)))
 
 
 def nearest_flag(flag: str, accepted: frozenset[str]) -> str | None:

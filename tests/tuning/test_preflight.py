@@ -108,3 +108,24 @@ def test_llamacpp_trials_name_the_source_release_not_b0_unknown(llama_endpoint) 
     assert describe["engine_version"] == describe["image_labels"]["llmplay.engine.version"]
     assert describe["engine_version"].startswith("llama-cpp-python 0.3.36, ggml ")
     assert describe["engine_version_reported"].startswith("b0-")  # what /props says, kept beside it
+
+
+def test_every_value_of_a_search_step_is_checked_against_the_image(tmp_path) -> None:
+    """A search races each of its values: a flag only some value renders must be refused before any trial."""
+    from llmplay.runtime.image_flags import ImageFlags
+    from llmplay.tuning.preflight import check_flags
+
+    path = tiny_playbook(tmp_path, steps=[{"name": "parallel", "search": {"parallel": [2, 4]}}])
+    playbook = load_playbook(path)
+    engine = get_engine("llamacpp")
+    image = playbook.engine.image or "llmplay/llamacpp-cpu:local"
+    accepted = {flag for site in _sites(playbook, engine, image) for flag in flag_names(site.flags)}
+    known = ImageFlags(image, "sha256:x", None, frozenset(accepted - {"--parallel"}), 0.0, True)
+    problems, checked = check_flags(playbook, engine, {image: known}, image)
+    assert checked >= 3 and any("--parallel" in line and "steps[0]" in line for line in problems), problems
+
+
+def _sites(playbook, engine, image):
+    from llmplay.tuning.preflight import flag_sites
+
+    return list(flag_sites(playbook, engine, image))
