@@ -14,7 +14,6 @@ from click.testing import CliRunner
 
 from llmplay.cli import cli
 from llmplay.errors import PlaybookError
-from llmplay.loadgen.reuse import prefix_reuse, sent_prefix_reuse
 from llmplay.loadgen.runner import run_load_sync
 from llmplay.loadgen.tokenizer import LlamaCppTokenizer, WordRatioTokenizer
 from llmplay.loadgen.trace import BlockTexts, iter_trace_prompts
@@ -23,6 +22,7 @@ from llmplay.playbook.load import load_playbook, load_workload
 from llmplay.playbook.trace import read_window, scale_window
 from llmplay.spec import LengthDist, TraceSpec, Workload
 from llmplay_testing.instrument import InstrumentServer
+from llmplay_testing.text_reuse import prefix_reuse, sent_prefix_reuse
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake-synthetic.jsonl"
 if not SHARED.exists():  # a worktree sits beside the main checkout; both see /work/shared
