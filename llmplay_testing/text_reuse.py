@@ -1,6 +1,7 @@
 """An instrument for tests and benchmarks: a workload's prefix reuse measured on the raw text of the prompts it
 sent (the product's own figure, prefix_reuse.expected, is metrics.prompt_prefix_reuse over the sent records). It is the
-share of prompt text that repeats a prefix an earlier request already sent (what a prefix cache of unbounded size could serve from cache, nothing more).
+share of prompt text that repeats a prefix an earlier request already sent (what a prefix cache of unbounded
+size could serve from cache, nothing more).
 
 It reads only the text, so it holds for every kind of workload: a trace's shared hash ids, a synthetic workload's
 shared prefix groups, multi-turn histories. Characters stand in for tokens: the synthesised prompts are words of

@@ -77,9 +77,8 @@ def flag_sites(playbook: Playbook, engine: Engine, default_image: str) -> Iterat
         if step.search is not None and step.search.target.startswith("args."):
             # Every value a search may race is a configuration the image must accept, not only the first.
             knob = step.search.target.removeprefix("args.")
-            written = f"steps[{i}].search.{knob}" if f"steps[{i}].search.{knob}" in playbook.sites else f"steps[{i}]"
-            for value in step.search.values:
-                yield FlagSite(step.name, written, step_image, tuple(engine.render_knob(knob, value)))
+            for value in step.search.values:  # the loader keeps the step's own line for a search: name the step
+                yield FlagSite(step.name, f"steps[{i}]", step_image, tuple(engine.render_knob(knob, value)))
 
 
 def nearest_flag(flag: str, accepted: frozenset[str]) -> str | None:
