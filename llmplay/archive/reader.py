@@ -87,7 +87,6 @@ def requests_from(records: pd.DataFrame | None) -> TrialRequests:
 # ---------------------------------------------------------------------------------------------- the archived run
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     """The manifest of an existing run directory, or an ArchiveError saying why it is not one."""
-    path = run_dir / MANIFEST
     if not run_dir.is_dir():
         raise ArchiveError(f"{run_dir}: no such directory; expected a run directory made by llmplay run")
     try:
@@ -96,6 +95,13 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         if exc.missing:
             raise ArchiveError(f"{run_dir}: no {MANIFEST}; expected a run directory made by llmplay run") from None
         raise ArchiveError(f"{run_dir}: {exc}") from None
+    return manifest_from(run_dir, data)
+
+
+def manifest_from(run_dir: Path, data: bytes) -> dict[str, Any]:
+    """The manifest from its bytes (read once by a caller that also verifies them), or an ArchiveError saying why
+    they are not an llmplay manifest."""
+    path = run_dir / MANIFEST
     try:
         manifest = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -156,6 +162,13 @@ class ArchivedRun:
 
     def engine_facts(self) -> EngineFacts:
         return engine_facts(self.trials(), self.configs(), self.info.final_config_id)
+
+    def final_trials(self) -> tuple[str, list[TrialRecord]]:
+        """The final configuration's id and the trials its figures rest on: the successful ones not superseded."""
+        final = self.info.final_config_id or "baseline"
+        # A superseded trial's pair was measured again on another cluster node: the run did not use it, nor does this.
+        trials = [t for t in self.trials() if t.config_id == final and t.status == TRIAL_OK and t.superseded is None]
+        return final, trials
 
     def tuning_record(self) -> list[TuningRow]:
         return [tuning_row_from(r) for r in self._manifest.get("tuning_record") or []]
