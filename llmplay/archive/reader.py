@@ -6,10 +6,9 @@ import importlib.util
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import yaml
 
 from llmplay.archive.convert import (
@@ -51,6 +50,9 @@ from llmplay.archive.paths import (
 from llmplay.catalog import REPORT_RECORD_COLUMNS
 from llmplay.errors import ArchiveError
 from llmplay.metrics import per_request_arrays, request_timeline
+
+if TYPE_CHECKING:  # imported where a frame is read: describing a run (history, the index, list) needs no pandas
+    import pandas as pd
 
 
 def have_pyarrow() -> bool:
@@ -222,6 +224,8 @@ class ArchivedRun:
             raise self._inside_error(exc) from None
 
     def _read_frame(self, relpath: object) -> pd.DataFrame:
+        import pandas as pd  # deferred: see the imports
+
         try:
             fh = open_inside(self.run_dir, relpath, max_bytes=MAX_DATA_BYTES)
         except OutsideError as exc:
@@ -254,6 +258,8 @@ class ArchivedRun:
 
     def load_records(self, trial_id: str) -> pd.DataFrame:
         """The trial's per-request records; an empty frame when the trial produced none (it failed to start)."""
+        import pandas as pd  # deferred: see the imports
+
         relpath = self._file_of(trial_id, "records")
         return pd.DataFrame() if relpath is None else self._read_frame(relpath)
 
