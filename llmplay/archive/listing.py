@@ -78,7 +78,7 @@ def still_running(manifest: dict[str, Any]) -> bool:
     or one that records neither, is taken at its word."""
     # deferred: the runtime package loads an HTTP client, and `history` (which needs only archive_root) answers sooner
     from llmplay.runtime.live_runs import lock_held
-    from llmplay.runtime.owner import Owner
+    from llmplay.runtime.owner import Owner  # deferred: as above
 
     owner = Owner.from_dict(manifest.get("owner"))
     if owner is not None:
