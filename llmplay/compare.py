@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from llmplay.archive.layout import RESOLVED_FILE
-from llmplay.archive.model import TRIAL_OK, GateResult, MetricDelta, TrialRecord
+from llmplay.archive.model import GateResult, MetricDelta, TrialRecord
 from llmplay.archive.paths import MAX_TEXT_BYTES, OutsideError, inside
 from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.writer import atomic_write_text
@@ -130,13 +130,6 @@ def _playbook_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
         + ("; ".join(errors) or "no playbook file")
         + "): no guard tolerances, only gates decide regressions"
     )
-
-
-def _final_trials(archive: ArchivedRun) -> tuple[str, list[TrialRecord]]:
-    final = archive.info.final_config_id or "baseline"
-    # A superseded trial's pair was measured again on another cluster node: the run did not use it, nor does this.
-    trials = [t for t in archive.trials() if t.config_id == final and t.status == TRIAL_OK and t.superseded is None]
-    return final, trials
 
 
 def _sample(archive: ArchivedRun, trial: TrialRecord, slo_s: Mapping[str, float]) -> TrialSample | None:
@@ -287,8 +280,8 @@ def compare_runs(run_a: Path, run_b: Path) -> Comparison:
     confidence = playbook.trials.confidence if playbook is not None else Trials.confidence
     notes = [note] if note else []
     slo_s = dict(goals.slo_s) if goals is not None else {}
-    config_a, trials_a = _final_trials(archive_a)
-    config_b, trials_b = _final_trials(archive_b)
+    config_a, trials_a = archive_a.final_trials()
+    config_b, trials_b = archive_b.final_trials()
     samples_a = [s for t in trials_a if (s := _sample(archive_a, t, slo_s)) is not None]
     samples_b = [s for t in trials_b if (s := _sample(archive_b, t, slo_s)) is not None]
     for name, samples in (("A", samples_a), ("B", samples_b)):

@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
-from llmplay.loadgen.records import ERROR_KINDS, RequestRecord, records_from_dataframe, records_to_dataframe
+from llmplay.loadgen.records import (
+    ERROR_KINDS,
+    RequestRecord,
+    after_warmup,
+    records_from_dataframe,
+    records_to_dataframe,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,7 +73,7 @@ def _as_records(records: Records) -> Sequence[RequestRecord]:
 
 def measured_requests(records: Records) -> list[RequestRecord]:
     """Every request sent after the warm-up: what errors.rate and the request counts are over."""
-    return [r for r in _as_records(records) if not r.is_warmup]
+    return list(after_warmup(_as_records(records)))
 
 
 def completed(r: RequestRecord) -> bool:

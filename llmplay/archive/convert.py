@@ -317,7 +317,8 @@ def environment_from(env: Mapping[str, Any]) -> Environment:
 def run_info_from(m: Mapping[str, Any]) -> RunInfo:
     playbook = mapping(m.get("playbook"))
     overrides = mapping(m.get("overrides"))
-    repeats = overrides.get("repeats")
+    repeats, only = overrides.get("repeats"), overrides.get("only")
+    files = mapping(m.get("files"))
     return RunInfo(
         run_id=str(m["run_id"]),
         playbook=PlaybookRef(
@@ -334,7 +335,11 @@ def run_info_from(m: Mapping[str, Any]) -> RunInfo:
         finished_utc=str(m.get("finished_utc", "")),
         overrides=dict(overrides),
         repeats_override=_whole(repeats) or None,
-        files=len(mapping(m.get("files"))),
+        image_override=_text(overrides.get("image")) or None,
+        only_override=(only,) if isinstance(only, str) and only else tuple(str(s) for s in _items(only)),
+        capacity_override=bool(overrides.get("capacity")),
+        files=len(files),
+        file_sha256={str(k): v for k, v in files.items() if isinstance(v, str)},
         manifest_sha256=str(m.get("manifest_sha256", "")),
         report_error=_text(m.get("report_error")),
     )

@@ -34,7 +34,9 @@ from llmplay.errors import ArchiveError
 
 INDEX_FILE = "index.sqlite"
 REFERENCE_FILE = "reference.json"  # <root>/<playbook dir>/reference.json: the run `history --accept` named
-INDEX_VERSION = "3"  # bump when the tables change: an index of another version is rebuilt, not migrated
+# Bump when the tables change, or what an entry holds: an index of another version is rebuilt, not migrated (4: a
+# configuration archived before a setting existed reads with its value then, so its fingerprint changed).
+INDEX_VERSION = "4"
 
 _TABLES = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -12,8 +12,6 @@ from llmplay.archive.layout import ENV_ARCHIVE, MANIFEST, SCHEMA_ID
 from llmplay.archive.paths import MAX_MANIFEST_BYTES, read_bytes_inside
 from llmplay.archive.reader import ArchivedRun
 from llmplay.errors import ArchiveError
-from llmplay.runtime.live_runs import lock_held
-from llmplay.runtime.owner import Owner
 
 
 def _unreadable(run_dir: Path, why: str) -> dict[str, Any]:
@@ -78,6 +76,10 @@ def still_running(manifest: dict[str, Any]) -> bool:
     interrupted, and a reader must not rewrite it, so this is judged here, at every listing: by the owner the
     manifest names (host, pid, start time), else by the run's lock in this host's registry; a run on another host,
     or one that records neither, is taken at its word."""
+    # deferred: the runtime package loads an HTTP client, and `history` (which needs only archive_root) answers sooner
+    from llmplay.runtime.live_runs import lock_held
+    from llmplay.runtime.owner import Owner  # deferred: as above
+
     owner = Owner.from_dict(manifest.get("owner"))
     if owner is not None:
         return owner.alive() is not False

@@ -391,7 +391,11 @@ class RunInfo:
     finished_utc: str = ""
     overrides: Mapping[str, Any] = field(default_factory=dict)  # command-line overrides as given (JSON values)
     repeats_override: int | None = None  # overrides' "repeats", when it is a number
+    image_override: str | None = None  # overrides' "image": the run re-tested the playbook on another engine image
+    only_override: tuple[str, ...] = ()  # overrides' "only": the steps run alone
+    capacity_override: bool = False  # overrides' "capacity": `llmplay capacity`, every trial a capacity search
     files: int = 0  # how many files the manifest hashes
+    file_sha256: Mapping[str, str] = field(default_factory=dict)  # relative path -> the hash the manifest records
     manifest_sha256: str = ""
     report_error: str | None = None
 

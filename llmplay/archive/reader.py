@@ -6,10 +6,9 @@ import importlib.util
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import yaml
 
 from llmplay.archive.convert import (
@@ -52,6 +51,9 @@ from llmplay.catalog import REPORT_RECORD_COLUMNS
 from llmplay.errors import ArchiveError
 from llmplay.metrics import per_request_arrays, request_timeline
 
+if TYPE_CHECKING:  # imported where a frame is read: describing a run (history, the index, list) needs no pandas
+    import pandas as pd
+
 
 def have_pyarrow() -> bool:
     """Parquet needs the optional pyarrow; without it the writer falls back to CSV."""
@@ -87,7 +89,6 @@ def requests_from(records: pd.DataFrame | None) -> TrialRequests:
 # ---------------------------------------------------------------------------------------------- the archived run
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     """The manifest of an existing run directory, or an ArchiveError saying why it is not one."""
-    path = run_dir / MANIFEST
     if not run_dir.is_dir():
         raise ArchiveError(f"{run_dir}: no such directory; expected a run directory made by llmplay run")
     try:
@@ -96,6 +97,13 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         if exc.missing:
             raise ArchiveError(f"{run_dir}: no {MANIFEST}; expected a run directory made by llmplay run") from None
         raise ArchiveError(f"{run_dir}: {exc}") from None
+    return manifest_from(run_dir, data)
+
+
+def manifest_from(run_dir: Path, data: bytes) -> dict[str, Any]:
+    """The manifest from its bytes (read once by a caller that also verifies them), or an ArchiveError saying why
+    they are not an llmplay manifest."""
+    path = run_dir / MANIFEST
     try:
         manifest = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -157,6 +165,13 @@ class ArchivedRun:
     def engine_facts(self) -> EngineFacts:
         return engine_facts(self.trials(), self.configs(), self.info.final_config_id)
 
+    def final_trials(self) -> tuple[str, list[TrialRecord]]:
+        """The final configuration's id and the trials its figures rest on: the successful ones not superseded."""
+        final = self.info.final_config_id or "baseline"
+        # A superseded trial's pair was measured again on another cluster node: the run did not use it, nor does this.
+        trials = [t for t in self.trials() if t.config_id == final and t.status == TRIAL_OK and t.superseded is None]
+        return final, trials
+
     def tuning_record(self) -> list[TuningRow]:
         return [tuning_row_from(r) for r in self._manifest.get("tuning_record") or []]
 
@@ -209,6 +224,8 @@ class ArchivedRun:
             raise self._inside_error(exc) from None
 
     def _read_frame(self, relpath: object) -> pd.DataFrame:
+        import pandas as pd  # deferred: see the imports
+
         try:
             fh = open_inside(self.run_dir, relpath, max_bytes=MAX_DATA_BYTES)
         except OutsideError as exc:
@@ -241,6 +258,8 @@ class ArchivedRun:
 
     def load_records(self, trial_id: str) -> pd.DataFrame:
         """The trial's per-request records; an empty frame when the trial produced none (it failed to start)."""
+        import pandas as pd  # deferred: see the imports
+
         relpath = self._file_of(trial_id, "records")
         return pd.DataFrame() if relpath is None else self._read_frame(relpath)
 

@@ -8,12 +8,15 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llmplay.archive.layout import MANIFEST, PLAYBOOK_FILE, RESOLVED_FILE, SCHEMA_ID
+from llmplay.archive.layout import RESOLVED_FILE
 from llmplay.archive.paths import MAX_TEXT_BYTES, OutsideError, inside
 from llmplay.catalog import CAPACITY_METRICS
-from llmplay.errors import ArchiveError, LlmplayError
+from llmplay.errors import LlmplayError
+
+if TYPE_CHECKING:  # an index entry is built from these; reading the index (history) needs none of them
+    from llmplay.archive.model import ConfigRecord, RunInfo, TrialRecord
 
 # Besides the goals' metrics, what every run's headline keeps per trial: cost, and the counts an error rate's
 # interval in points needs.
@@ -115,17 +118,15 @@ class RunEntry:
         return self.verified and self.status == "complete"
 
 
-def _goals_of(run_dir: Path, manifest: Mapping[str, Any], cache: dict[str, Goals | None]) -> Goals | None:
+def _goals_of(run_dir: Path, info: RunInfo, cache: dict[str, Goals | None]) -> Goals | None:
     """The goals of the playbook archived with the run (resolved copy first, as `compare` reads it); None when it
     does not load. Cached by the file's recorded sha256: a rebuild loads each distinct playbook once."""
     from llmplay.playbook.load import load_playbook  # deferred: reading the index needs no playbook loader
 
-    files = _mapping(manifest, "files")
-    playbook = _mapping(manifest, "playbook")
-    for relpath in (RESOLVED_FILE, playbook.get("file") or PLAYBOOK_FILE):
-        digest = files.get(relpath) if isinstance(files, Mapping) else None
-        if not isinstance(digest, str):
+    for relpath in (RESOLVED_FILE, info.playbook.file):
+        if relpath not in info.file_sha256:
             continue
+        digest = info.file_sha256[relpath]
         if digest in cache:
             return cache[digest]
         try:
@@ -149,49 +150,47 @@ def _goals_of(run_dir: Path, manifest: Mapping[str, Any], cache: dict[str, Goals
     return None
 
 
-def _mapping(d: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = d.get(key)
-    return value if isinstance(value, Mapping) else {}
+def _without(record: object, keys: Sequence[str]) -> dict[str, Any]:
+    from llmplay.archive.model import to_plain  # deferred: see the imports
+
+    return {k: v for k, v in to_plain(record).items() if k not in keys}
 
 
-def _without(d: Any, keys: Sequence[str]) -> Any:
-    return {k: v for k, v in d.items() if k not in keys} if isinstance(d, Mapping) else {}
-
-
-def _final_config(manifest: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The final configuration's id and what makes it that configuration: the engine without its image (an upgrade
-    re-tests the same configuration) and the workload without its measurement length."""
-    final = str(manifest.get("final_config_id") or "baseline")
-    configs = [c for c in manifest.get("configs") or [] if isinstance(c, Mapping)]
-    chosen = next((c for c in configs if c.get("config_id") == final), configs[0] if configs else {})
-    return final, {
-        "engine": _without(chosen.get("engine"), _NOT_ENGINE_CONFIGURATION),
-        "workload": _without(chosen.get("workload"), _NOT_CONFIGURATION),
+def _configuration(configs: Sequence[ConfigRecord], final: str) -> dict[str, Any]:
+    """What makes the final configuration that configuration: the engine without its image (an upgrade re-tests the
+    same configuration) and the workload without its measurement length. Built from the typed records, so a run
+    archived before a setting existed reads with the value it then had (archive.convert), not without the setting:
+    an llmplay upgrade that adds one does not change every earlier run's configuration."""
+    chosen = next((c for c in configs if c.config_id == final), configs[0] if configs else None)
+    if chosen is None:
+        return {"engine": {}, "workload": {}}
+    return {
+        "engine": _without(chosen.engine, _NOT_ENGINE_CONFIGURATION),
+        "workload": _without(chosen.workload, _NOT_CONFIGURATION),
     }
 
 
-def _final_trials(manifest: Mapping[str, Any], final: str) -> list[Mapping[str, Any]]:
-    """The trials `compare` takes of the final configuration: successful ones that were not superseded."""
-    return [
-        t
-        for t in manifest.get("trials") or []
-        if isinstance(t, Mapping)
-        and t.get("config_id") == final
-        and t.get("status") == "ok"
-        and t.get("superseded") is None
-    ]
-
-
-def _kind(manifest: Mapping[str, Any], goals: Goals | None) -> str:
-    overrides = _mapping(manifest, "overrides")
-    if overrides.get("capacity"):
+def _kind(info: RunInfo, decided: bool, goals: Goals | None) -> str:
+    if info.capacity_override:
         return CAPACITY
-    if overrides.get("image"):
+    if info.image_override:
         return RETEST
     # `retest` without --image runs the final configuration alone: no verdicts although the playbook has steps
-    if goals is not None and goals.steps and not manifest.get("verdicts") and not overrides.get("only"):
+    if goals is not None and goals.steps and not decided and not info.only_override:
         return RETEST
     return RUN
+
+
+def _figures(trials: Sequence[TrialRecord], metrics: Sequence[str]) -> dict[str, tuple[float, ...]]:
+    """Each metric's value trial by trial, over the trials that archived a summary."""
+    summaries = [t.summary for t in trials if t.summary]
+    figures: dict[str, tuple[float, ...]] = {}
+    for metric in dict.fromkeys(metrics):
+        values = [summary.get(metric) for summary in summaries]
+        # a figure some trial lacks has no trial-level interval (as in compare): kept only when every trial has it
+        if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            figures[metric] = tuple(float(v) for v in values if v is not None)
+    return figures
 
 
 def entry_from_manifest(
@@ -203,65 +202,40 @@ def entry_from_manifest(
 ) -> RunEntry:
     """The index entry of one run from its manifest's bytes (read once by the caller); ArchiveError when they are
     not an llmplay manifest at all."""
-    # Indexing needs pandas (via the reader) and jsonschema; reading the index (history) needs neither.
-    from llmplay.archive.convert import config_from, environment_from, trial_from  # deferred: see above
-    from llmplay.archive.reader import engine_facts  # deferred: see above
+    # Indexing needs the reader's conversion and jsonschema; reading the index (history) needs neither.
+    from llmplay.archive.reader import ArchivedRun, manifest_from  # deferred: see above
     from llmplay.archive.verify import check_read  # deferred: see above
 
     verification = check_read(run_dir, data)
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ArchiveError(f"{run_dir / MANIFEST}: not readable JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA_ID or "run_id" not in manifest:
-        raise ArchiveError(f"{run_dir / MANIFEST}: not an llmplay manifest ({SCHEMA_ID})")
-    env = _mapping(manifest, "environment")
-    playbook = _mapping(manifest, "playbook")
-    goals = _goals_of(run_dir, manifest, {} if goals_cache is None else goals_cache)
-    final, config = _final_config(manifest)
-    trials = _final_trials(manifest, final)
-    describe: Mapping[str, Any] = next(
-        (t["engine_describe"] for t in reversed(trials) if isinstance(t.get("engine_describe"), Mapping)), {}
-    )
-    wanted = [*(goals.headline() if goals else ()), *HEADLINE_EXTRA]
-    figures: dict[str, tuple[float, ...]] = {}
-    for metric in dict.fromkeys(wanted):
-        values = [t.get("summary", {}).get(metric) for t in trials if isinstance(t.get("summary"), Mapping)]
-        # a figure some trial lacks has no trial-level interval (as in compare): kept only when every trial has it
-        if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            figures[metric] = tuple(float(v) for v in values)
-    gates = tuple(
-        GateState(str(g.get("gate", "")), str(g.get("metric", "")), g.get("met"))
-        for g in manifest.get("gates") or []
-        if isinstance(g, Mapping)
-    )
+    run = ArchivedRun(run_dir, manifest_from(run_dir, data))
+    info = run.info
+    goals = _goals_of(run_dir, info, {} if goals_cache is None else goals_cache)
+    final, trials = run.final_trials()
+    config = _configuration(run.configs(), final)
+    engine = run.engine_facts()
     return RunEntry(
-        run_id=str(manifest["run_id"]),
+        run_id=info.run_id,
         path=run_dir.relative_to(root).as_posix(),
-        playbook=str(playbook.get("name") or run_dir.parent.name),
-        playbook_version=str(playbook.get("version") or ""),
-        playbook_sha256=str(playbook.get("sha256") or ""),
-        kind=_kind(manifest, goals),
-        status=str(manifest.get("status") or "?"),
-        started_utc=str(env.get("started_utc") or ""),
-        engine=engine_facts(
-            [trial_from(x) for x in manifest.get("trials", [])],
-            [config_from(c) for c in manifest.get("configs", [])],
-            manifest.get("final_config_id"),
-        ).label,
-        engine_version=str(describe.get("version") or describe.get("engine_version") or ""),
-        image_digest=str(describe.get("image_digest") or describe.get("image_id") or ""),
-        llmplay_version=str(env.get("llmplay_version") or ""),
-        host=str(env.get("host") or ""),
-        hardware=environment_from(env).gpu_label,
+        playbook=info.playbook.name or run_dir.parent.name,
+        playbook_version=info.playbook.version,
+        playbook_sha256=info.playbook.sha256,
+        kind=_kind(info, bool(run.verdicts()), goals),
+        status=info.status,
+        started_utc=info.environment.started_utc,
+        engine=engine.label,
+        engine_version=engine.version or "",
+        image_digest=engine.digest or "",
+        llmplay_version=info.environment.llmplay_version or "",
+        host=info.environment.host or "",
+        hardware=info.environment.gpu_label,
         config_id=final,
         config_fingerprint=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12],
         config=config,
         goals=goals,
-        gates=gates,
+        gates=tuple(GateState(g.gate or "", g.metric or "", g.met) for g in run.gates()),
         verified=verification.ok,
         problems=verification.problems,
-        figures=figures,
+        figures=_figures(trials, [*(goals.headline() if goals else ()), *HEADLINE_EXTRA]),
         manifest_mtime_ns=stat.st_mtime_ns,
         manifest_size=stat.st_size,
     )

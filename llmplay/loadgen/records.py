@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -74,7 +74,13 @@ class LoadResult:
     counted_tokens: bool  # some output_tokens were counted (or estimated) because the server sent no usage
 
     def measured(self) -> tuple[RequestRecord, ...]:
-        return tuple(r for r in self.records if not r.is_warmup)
+        return after_warmup(self.records)
+
+
+def after_warmup(records: Iterable[RequestRecord]) -> tuple[RequestRecord, ...]:
+    """The requests sent after the warm-up: what a trial's figures, its measured window and its schedule lag are
+    over."""
+    return tuple(r for r in records if not r.is_warmup)
 
 
 RECORD_COLUMNS = tuple(f.name for f in fields(RequestRecord))

@@ -13,7 +13,7 @@ import numpy as np
 
 from llmplay.loadgen.arrivals import RequestFeed, closed_loop, open_loop, trace_loop
 from llmplay.loadgen.clock import now_ns
-from llmplay.loadgen.records import LoadResult, RequestRecord
+from llmplay.loadgen.records import LoadResult, RequestRecord, after_warmup
 from llmplay.loadgen.send import LoadSender
 from llmplay.loadgen.tokenizer import FallbackTokenizer, Tokenizer, WordRatioTokenizer
 from llmplay.loadgen.trace import prefetch_requests
@@ -126,7 +126,7 @@ async def run_load(
             interrupted = True
     # Interrupted: no more calls to the engine (its tokenizer may be the reason we stop); keep what finished.
     records = _count_missing_tokens(sender.records, sender.texts, tokenizer, use_exact=not interrupted)
-    measured = [r for r in records if not r.is_warmup]
+    measured = after_warmup(records)
     ends = [e for e in map(_ended_ns, measured) if e is not None]
     end_ns = max(ends) if ends else end_wall
     lag = np.array([(r.sent_ns - r.scheduled_ns) / 1e9 for r in measured]) if mode == "open" else np.array([])

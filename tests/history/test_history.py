@@ -180,6 +180,24 @@ def test_an_archive_of_mixed_llmplay_versions_works(clones, tmp_path):
     assert "llmplay 0.0.9" in format_history(history)
 
 
+def test_a_run_archived_before_a_setting_existed_stays_in_its_series(clones, tmp_path):
+    root = copy_of(clones, tmp_path)
+    runs, _ = runs_with_warnings(root)
+    old = root / runs[2].path
+    manifest = json.loads((old / MANIFEST).read_text())
+    for config in manifest["configs"]:  # an older llmplay knew none of these: its workloads had them at their default
+        for setting in ("think_time", "trace", "session_header"):
+            config["workload"].pop(setting)
+    from llmplay.archive.verify import manifest_sha256
+
+    manifest["manifest_sha256"] = manifest_sha256(manifest)
+    (old / MANIFEST).write_text(json.dumps(manifest))
+    runs, _ = runs_with_warnings(root)
+    assert runs[2].usable and runs[2].config_fingerprint == runs[1].config_fingerprint == runs[3].config_fingerprint
+    history = build_history(PLAYBOOK_NAME, runs, None)
+    assert not any(m.startswith("configuration changed") for row in history.rows for m in row.marks)
+
+
 # ---------------------------------------------------------------------------------------------- accept and check
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
