@@ -31,7 +31,7 @@ from llmplay.engines.llamacpp import CPU_IMAGE, CPU_IMAGE_REPO
 from llmplay.errors import InfrastructureError
 from llmplay.hashing import sha256_file
 from llmplay.runtime import dockerd
-from llmplay.runtime.cache import default_cache_dir
+from llmplay.runtime.cache import cache_lock, default_cache_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 CMAKE_FLAGS = (
@@ -140,25 +140,32 @@ def sdist_path(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VE
     """The release's sdist, downloaded once with pip (source only, no dependencies)."""
     dest = cache / "sdist"
     tarball = dest / f"{sdist_name(version)}.tar.gz"
-    if not tarball.exists():
-        dest.mkdir(parents=True, exist_ok=True)
-        log(f"downloading llama-cpp-python=={version} sdist with pip")
-        _run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                f"llama-cpp-python=={version}",
-                "-d",
-                str(dest),
-            ],
-            cache / "build.log",
-            "pip download",
-        )
+    with cache_lock(cache, "sdist"):
+        if not tarball.exists():
+            download = dest / f".download-{os.getpid()}"
+            shutil.rmtree(download, ignore_errors=True)
+            download.mkdir(parents=True)
+            log(f"downloading llama-cpp-python=={version} sdist with pip")
+            try:
+                _run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "download",
+                        "--no-deps",
+                        "--no-binary",
+                        ":all:",
+                        f"llama-cpp-python=={version}",
+                        "-d",
+                        str(download),
+                    ],
+                    cache / "build.log",
+                    "pip download",
+                )
+                (download / tarball.name).rename(tarball)  # whole or absent: never a half-written tarball
+            finally:
+                shutil.rmtree(download, ignore_errors=True)
     return tarball
 
 
@@ -166,15 +173,28 @@ def _extract(tarball: Path, dest: Path, prefix: str, version: str = LLAMA_CPP_PY
     """Extract members under `<sdist>/<prefix>` into dest; returns dest/<sdist>/<prefix>."""
     root = dest / sdist_name(version) / prefix
     marker = root.parent / f".extracted-{_key(prefix)}"
-    if marker.exists():
-        return root
-    want = f"{sdist_name(version)}/{prefix}"
-    with tarfile.open(tarball) as tf:
-        members = [m for m in tf.getmembers() if m.name == want or m.name.startswith(want + "/")]
-        tf.extractall(dest, members=members, filter="data")
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    with cache_lock(dest, "extract"):
+        if marker.exists():
+            return root
+        want = f"{sdist_name(version)}/{prefix}"
+        with tarfile.open(tarball) as tf:
+            members = [
+                m
+                for m in tf.getmembers()
+                if (m.name == want or m.name.startswith(want + "/")) and not _extracted(dest / m.name, m)
+            ]
+            tf.extractall(dest, members=members, filter="data")
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
     return root
+
+
+def _extracted(path: Path, member: tarfile.TarInfo) -> bool:
+    """Already on disk from an earlier extraction (another prefix's tree holds it): writing it again would truncate a
+    file another process may have mapped, the tokenizer's vocabulary for one (SIGBUS in its reader)."""
+    if member.isdir():
+        return path.is_dir()
+    return member.isfile() and path.is_file() and path.stat().st_size == member.size
 
 
 # --- llama-server -------------------------------------------------------------------------------------
