@@ -3,6 +3,7 @@ the image lacks stopping `llmplay run` with exit code 2 before any trial (no arc
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -13,7 +14,7 @@ from llmplay.errors import PlaybookError
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.source import display_path
 from llmplay.runtime.image_flags import flags_in_help, image_flags
-from llmplay.runtime.labels import LABEL_RUN
+from llmplay.runtime.labels import LABEL_PID, LABEL_RUN
 from llmplay.tuning.preflight import flag_names, nearest_flag, preflight
 from llmplay_testing.cpu_runs import cli, tiny_playbook
 
@@ -55,7 +56,9 @@ def test_help_is_read_once_per_image_and_cached(cpu_engine, docker_client, tmp_p
     again = image_flags(docker_client, cpu_engine.image, engine, cache=tmp_path)
     assert again is not None and again.cached and again.flags == first.flags  # read from the cache, no container
     assert image_flags(docker_client, "llmplay/no-such-image:none", engine, cache=tmp_path) is None
-    assert not docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}=preflight"})
+    # This process's help containers only: tests on the other worker read help too.
+    mine = [f"{LABEL_RUN}=preflight", f"{LABEL_PID}={os.getpid()}"]
+    assert not docker_client.containers.list(all=True, filters={"label": mine})
 
 
 @pytest.mark.docker
