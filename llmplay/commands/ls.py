@@ -29,8 +29,10 @@ def ls_command(archive_dir: str | None, *, verify: bool = False, public_key: Pat
     key = public_key_from(public_key) if verify else None
     table = Table(title=f"runs under {root}")
     columns = ["playbook", "date", "status", "engine", "GPU", "gates met", *(["verified"] if verify else []), "path"]
+    # A status and a date are read at a glance (and matched by scripts): never folded. A long archive path folds
+    # instead of squeezing every other column to nothing; the resume hint below prints it whole.
     for column in columns:
-        table.add_column(column, overflow="fold", no_wrap=column in ("path", "date"))
+        table.add_column(column, overflow="fold", no_wrap=column in ("date", "status"))
     failed = 0
     for r in rows:
         name = f"{r['playbook']} {r['version']}".strip() + (" (overridden)" if r.get("overridden") else "")

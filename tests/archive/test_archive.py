@@ -289,6 +289,14 @@ def test_list_runs_and_ls(tmp_path_factory, tmp_path):
     assert CliRunner().invoke(cli, ["ls", "--archive", str(tmp_path)]).output.startswith("no runs under")
 
 
+def test_ls_keeps_a_status_whole_however_long_the_paths(tmp_path_factory, tmp_path):
+    src = shared_archive(tmp_path_factory)
+    deep = tmp_path / ("archive-of-a-team-with-a-long-name-" * 3) / "reports"
+    shutil.copytree(src.parents[1], deep)
+    output = CliRunner().invoke(cli, ["ls", "--archive", str(deep)]).output
+    assert " complete " in output, output  # a status folded over two lines reads as two words
+
+
 def test_archive_root_precedence(monkeypatch):
     monkeypatch.setenv("LLMPLAY_ARCHIVE", "/srv/runs")
     assert archive_root("mine") == Path("mine")
