@@ -363,6 +363,7 @@ BUSY = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time\\nt=time.time()\\nwhile time.time()-t<3: pass"])
 buf = bytearray(64 * 1024 * 1024)
+print("allocated", flush=True)
 t = time.time()
 while time.time() - t < 3:
     pass
@@ -376,9 +377,10 @@ def _tree_cpu_s(pid: int) -> float:
 
 
 def test_process_source_real_subprocess_tree() -> None:
-    p = subprocess.Popen([sys.executable, "-c", BUSY])
+    p = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)  # let the child start
+        # Sampled once its 64 MiB are written, however long a loaded machine takes to get there.
+        assert p.stdout is not None and p.stdout.readline().strip() == "allocated"
         before = _tree_cpu_s(p.pid)
         with TelemetrySampler([ProcessSource(p.pid)], interval_s=0.1) as s:
             time.sleep(0.8)
@@ -386,7 +388,7 @@ def test_process_source_real_subprocess_tree() -> None:
         summ = s.result().summary()
     finally:
         p.kill()
-        p.wait()
+        p.communicate()
     # What the tree really used while the sampler ran, as the kernel counts it: how much CPU two spinning processes
     # get on a shared 2-core machine is the machine's business, so only the bounds of that window are checked.
     assert 0.0 < summ["proc.cpu_s"] <= after - before + 1e-6

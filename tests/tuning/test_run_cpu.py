@@ -6,6 +6,8 @@ import json
 import signal
 import time
 
+import docker.errors
+import httpx
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -82,6 +84,19 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
     assert llmplay_containers(docker_client, run_id=manifest["run_id"]) == []
 
 
+def _serving(container) -> bool:
+    try:
+        container.reload()
+        ports = [
+            binding for bindings in container.attrs["NetworkSettings"]["Ports"].values() for binding in bindings or []
+        ]
+        return (
+            bool(ports) and httpx.get(f"http://127.0.0.1:{ports[0]['HostPort']}/health", timeout=2).status_code == 200
+        )
+    except (httpx.HTTPError, docker.errors.APIError, KeyError):
+        return False
+
+
 @pytest.fixture(autouse=True)
 def _reap():
     yield
@@ -92,8 +107,11 @@ def _reap():
 def test_signal_mid_trial_leaves_no_container(cpu_engine, docker_client, tmp_path, sig):
     path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="30s")
     proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
-    wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the engine container")
-    time.sleep(2)
+    (container,) = wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the engine container")
+    wait_for(lambda: _serving(container), 120, "the engine answering /health")
+    # Past the 0.5 s warm-up, the tiny model finishes requests in milliseconds: 3 s holds measured ones even on a
+    # loaded machine, where a fixed wait from the container's creation did not (the engine was still loading).
+    time.sleep(3)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
