@@ -134,10 +134,14 @@ async def _converse(
 ) -> None:
     """One user's conversation: each turn after the previous reply and the user's think time. A warm-up that ends
     mid-conversation hands the rest back to the feed; a measured window that ends, ends it."""
+    replied_ns = 0
     for i, planned in enumerate(session):
         if i:
-            if planned.think_s > 0:
-                await asyncio.sleep(planned.think_s)
+            # The pause runs from the reply's recorded end (its last text chunk), not from when the send returned,
+            # and never wakes early: a turn is sent at least think_s after the reply the user read.
+            deadline = replied_ns + int(planned.think_s * 1e9)
+            while (left_ns := deadline - now_ns()) > 0:
+                await asyncio.sleep(left_ns / 1e9)
             now = now_ns()
             if warmup and _warmup_over(planned, now, until_ns):
                 feed.give_back(session[i:])
@@ -145,7 +149,8 @@ async def _converse(
             if not warmup and until_ns is not None and now >= until_ns:
                 return
             scheduled_ns = now
-        await sender.send(planned, scheduled_ns, warmup)
+        record = await sender.send(planned, scheduled_ns, warmup)
+        replied_ns = record.end_ns or now_ns()
 
 
 async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warmup: bool, until_ns: int | None) -> None:
