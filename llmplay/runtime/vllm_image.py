@@ -235,14 +235,14 @@ def build_image(
         tar.unlink(missing_ok=True)
     _step(log, f"imported {tag}", t0)
     t0 = time.perf_counter()
-    image = _compile_bytecode(client, tag, prefix)
+    image = _compile_bytecode(client, repo, tag_name, prefix)
     _step(log, f"compiled its Python to bytecode ({image.id[:19]})", t0)
     return image.id, content
 
 
-def _compile_bytecode(client: Any, tag: str, prefix: Path) -> Any:
+def _compile_bytecode(client: Any, repo: str, tag_name: str, prefix: Path) -> Any:
     """Compile the image's Python (the venv and the standard library) inside it, committed under the same tag."""
-    repo, _, tag_name = tag.rpartition(":")
+    tag = f"{repo}:{tag_name}"
     stdlib = prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     container = client.containers.create(
         tag, entrypoint=[f"{VENV_IN_IMAGE}/bin/python", *COMPILE, VENV_IN_IMAGE, str(stdlib)], network_disabled=True

@@ -6,8 +6,6 @@ import json
 import signal
 import time
 
-import docker.errors
-import httpx
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -17,6 +15,7 @@ from llmplay.archive.verify import verify
 from llmplay.cli import cli as main_cli
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
+from llmplay.runtime.base import wait_healthy
 from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.cpu_runs import cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
 
@@ -84,17 +83,10 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
     assert llmplay_containers(docker_client, run_id=manifest["run_id"]) == []
 
 
-def _serving(container) -> bool:
-    try:
-        container.reload()
-        ports = [
-            binding for bindings in container.attrs["NetworkSettings"]["Ports"].values() for binding in bindings or []
-        ]
-        return (
-            bool(ports) and httpx.get(f"http://127.0.0.1:{ports[0]['HostPort']}/health", timeout=2).status_code == 200
-        )
-    except (httpx.HTTPError, docker.errors.APIError, KeyError):
-        return False
+def _host_port(container) -> str | None:
+    container.reload()
+    bindings = [b for found in container.attrs["NetworkSettings"]["Ports"].values() for b in found or []]
+    return bindings[0]["HostPort"] if bindings else None
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +100,10 @@ def test_signal_mid_trial_leaves_no_container(cpu_engine, docker_client, tmp_pat
     path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="30s")
     proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
     (container,) = wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the engine container")
-    wait_for(lambda: _serving(container), 120, "the engine answering /health")
+    port = wait_for(lambda: _host_port(container), 60, "the engine's published port")
+    wait_healthy(
+        f"http://127.0.0.1:{port}/health", 120, proc.poll, lambda: container.logs().decode(errors="replace"), "engine"
+    )
     # Past the 0.5 s warm-up, the tiny model finishes requests in milliseconds: 3 s holds measured ones even on a
     # loaded machine, where a fixed wait from the container's creation did not (the engine was still loading).
     time.sleep(3)
