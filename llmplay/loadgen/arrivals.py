@@ -159,16 +159,17 @@ async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warm
 
     async def user() -> None:
         while True:
-            now = now_ns()
-            if warmup:
-                if _warmup_over(feed.peek(), now, until_ns):
-                    return
-            elif until_ns is not None and now >= until_ns:
-                return
             session = await feed.next_session()
             if not session:
                 return
-            await _converse(sender, feed, session, now_ns(), warmup=warmup, until_ns=until_ns)
+            # One clock reading decides and becomes the schedule stamp, so every measured request was scheduled inside
+            # the window: drawing a session can wait on the prompt thread for a while on a busy machine.
+            now = now_ns()
+            over = _warmup_over(session[0], now, until_ns) if warmup else until_ns is not None and now >= until_ns
+            if over:
+                feed.give_back(session)
+                return
+            await _converse(sender, feed, session, now, warmup=warmup, until_ns=until_ns)
 
     await asyncio.gather(*(user() for _ in range(users)))
 

@@ -314,7 +314,8 @@ def test_duration_bound_closed_loop_with_warmup_seconds(srv):
     meas = [r for r in res.records if not r.is_warmup]
     assert warm and meas and all(r.ok for r in res.records)
     assert all(r.sent_ns < res.start_ns for r in warm) and all(r.sent_ns >= res.start_ns for r in meas)
-    assert all(r.sent_ns < res.start_ns + 0.4e9 for r in meas)
+    # llmplay decides on the schedule stamp; the write follows it by however long a busy machine takes.
+    assert all(r.scheduled_ns < res.start_ns + 0.4e9 and r.scheduled_ns <= r.sent_ns for r in meas)
     # The window runs from the end of warm-up to the last measured request's end, however late a busy machine ran.
     assert res.warmup_duration_s >= 0.1 and res.end_ns == max(r.end_ns for r in meas)
     assert res.duration_s == (res.end_ns - res.start_ns) / 1e9
