@@ -18,6 +18,7 @@ from llmplay.runtime.cpu_image import build_cpu_engine
 from llmplay.runtime.docker import DockerRuntime
 from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import EngineSpec, frozen_map
+from llmplay_testing.priority import timing_priority
 
 
 def in_ci() -> bool:
@@ -92,6 +93,18 @@ def llama_endpoint(docker_client: Any, llama_server_spec: EngineSpec) -> Iterato
 _ENGINE_FIXTURES = frozenset(
     {"docker_client", "cpu_binary", "cpu_engine", "llama_server_spec", "llama_endpoint", "cluster"}
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _timing_modules_at_a_raised_priority(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module marked `timing` runs at a raised CPU priority, set before its module fixtures start an instrument
+    process (which inherits it): its margins hold whatever engine test the other worker runs meanwhile."""
+    marks = getattr(request.module, "pytestmark", [])
+    if not any(mark.name == "timing" for mark in (marks if isinstance(marks, list) else [marks])):
+        yield
+        return
+    with timing_priority():
+        yield
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

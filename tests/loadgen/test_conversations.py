@@ -26,6 +26,9 @@ from llmplay.metrics import engine_prefix_reuse, per_request_frame, prefix_reuse
 from llmplay.spec import LengthDist, ThinkTime, Workload
 from llmplay_testing.instrument import InstrumentServer
 
+# Timed against the instrument: a raised CPU priority (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 TOK = WordRatioTokenizer()
 CHAT = Workload(
     api="chat",

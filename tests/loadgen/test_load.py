@@ -15,6 +15,9 @@ from llmplay.metrics import per_request_frame, summarize
 from llmplay.spec import LengthDist, Workload
 from llmplay_testing.instrument import InstrumentServer
 
+# Timed against the instrument: a raised CPU priority (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 TOK = WordRatioTokenizer()
 BASE = Workload(
     concurrency=4,

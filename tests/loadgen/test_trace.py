@@ -24,6 +24,9 @@ from llmplay.spec import LengthDist, TraceSpec, Workload
 from llmplay_testing.instrument import InstrumentServer
 from llmplay_testing.text_reuse import prefix_reuse, sent_prefix_reuse
 
+# Timed against the instrument: a raised CPU priority (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake-synthetic.jsonl"
 if not SHARED.exists():  # a worktree sits beside the main checkout; both see /work/shared
     SHARED = Path("/work/shared/traces/mooncake-synthetic.jsonl")

@@ -10,6 +10,9 @@ from llmplay.loadgen.workload import WorkloadError, build_requests, draw_length,
 from llmplay.spec import LengthDist, Workload
 from llmplay_testing.instrument import InstrumentServer
 
+# Timed against the instrument: a raised CPU priority (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 TOK = WordRatioTokenizer()
 
 

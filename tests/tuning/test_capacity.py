@@ -32,6 +32,9 @@ from llmplay.tuning.trial import capacity_search
 from llmplay_testing.instrument import InstrumentServer
 from llmplay_testing.queueing import mmc_attainment, mmc_capacity
 
+# Timed against the instrument: a raised CPU priority (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 ROOT = Path(__file__).resolve().parents[2]
 # The instrument's queue: 4 servers, 100 ms mean service (40 req/s at most); TTFT = wait + 10 ms, so a TTFT SLO of
 # 210 ms is a 200 ms bound on the wait, met by 90% of requests up to the Erlang C boundary (about 31.3 req/s).

@@ -28,6 +28,9 @@ from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.trial import TrialResult, trial_sample
 from llmplay_testing.instrument import InstrumentServer, scenario_url
 
+# Timed against the instrument: a raised CPU priority (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000
 

@@ -6,9 +6,11 @@ import json
 import signal
 import time
 
+import httpx
 import pytest
 import yaml
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmplay.archive.model import KEPT
 from llmplay.archive.verify import verify
@@ -89,6 +91,15 @@ def _host_port(container) -> str | None:
     return bindings[0]["HostPort"] if bindings else None
 
 
+def _engine_finished_requests(port: str, output_tokens: int) -> int:
+    """Requests llama-server has finished: its predicted-token counter grows by a request's tokens when the
+    request's slot is released (cpu-tiny's outputs are a fixed length, with ignore_eos)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    families = text_string_to_metric_families(text)
+    total = next(s.value for f in families for s in f.samples if s.name == "llamacpp:tokens_predicted_total")
+    return int(total // output_tokens)
+
+
 @pytest.fixture(autouse=True)
 def _reap():
     yield
@@ -104,9 +115,18 @@ def test_signal_mid_trial_leaves_no_container(cpu_engine, docker_client, tmp_pat
     wait_healthy(
         f"http://127.0.0.1:{port}/health", 120, proc.poll, lambda: container.logs().decode(errors="replace"), "engine"
     )
-    # Past the 0.5 s warm-up, the tiny model finishes requests in milliseconds: 3 s holds measured ones even on a
-    # loaded machine, where a fixed wait from the container's creation did not (the engine was still loading).
-    time.sleep(3)
+    # Signal once the client has recorded a measured request, counted on the engine: a fixed wait after /health
+    # held none when an engine test on the other worker had the cores.
+    workload = yaml.safe_load(path.read_text())["workload"]
+    users, output_tokens = workload["concurrency"], workload["output"]["fixed"]
+    wait_for(lambda: _engine_finished_requests(port, output_tokens) >= 1, 120, "the first finished request")
+    time.sleep(0.5)  # the 0.5 s warm-up timer started before that request was sent: it has run out now
+    before = _engine_finished_requests(port, output_tokens)
+    # At most `users` requests were in flight then. 2 × users + 1 more finished means some user finished a request
+    # sent after the warm-up and then sent its next one, which it does only once its client recorded the first.
+    wait_for(
+        lambda: _engine_finished_requests(port, output_tokens) >= before + 2 * users + 1, 120, "a measured request"
+    )
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
