@@ -50,4 +50,7 @@ def test_first_lines_give_the_two_fresh_machine_commands():
     lines = [ln for ln in block.strip().splitlines() if ln.strip()]
     assert lines[0].startswith("bash scripts/setup.sh && .venv/bin/llmplay run playbooks/cpu-tiny.yaml")
     assert lines[1].startswith("bash .ci/run")
-    assert "python -m pytest -q" in (ROOT / ".ci" / "run").read_text()
+    # The test command named beside it is the one .ci/run calls after set-up.
+    test_command = re.search(r"\((\.venv/bin/python -m pytest [^)]*)\)", lines[1])
+    assert test_command, lines[1]
+    assert test_command.group(1) in (ROOT / ".ci" / "run").read_text()
