@@ -33,10 +33,11 @@ def _set_nice(nice: int) -> bool:
 @contextmanager
 def timing_priority(nice: int = TIMING_NICE) -> Iterator[bool]:
     """Every thread of this process, and what it starts meanwhile (instrument processes, CLI subprocesses), at
-    `nice`; back to the default after. Yields whether the priority could be raised (root only)."""
+    `nice`; back to the priority it had after. Yields whether the priority could be raised (root only)."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)  # a suite started under `nice` goes back to that, not to 0
     raised = _set_nice(nice)
     try:
         yield raised
     finally:
         if raised:
-            _set_nice(0)
+            _set_nice(before)
