@@ -118,9 +118,12 @@ class RequestFeed:
             await self._refill
 
 
-def _warmup_over(nxt: PlannedRequest | None, now_ns_: int, until_ns: int | None) -> bool:
-    """Warm-up lasts while planned warm-up requests remain or warmup_s has not passed."""
-    return nxt is None or (not nxt.is_warmup and (until_ns is None or now_ns_ >= until_ns))
+def _phase_over(nxt: PlannedRequest | None, at_ns: int, until_ns: int | None, *, warmup: bool) -> bool:
+    """Whether `nxt`, due at `at_ns`, falls after the phase. Warm-up lasts while planned warm-up requests remain or
+    warmup_s has not passed; the measured phase lasts until `until_ns` (duration_s), or while requests remain."""
+    if warmup:
+        return nxt is None or (not nxt.is_warmup and (until_ns is None or at_ns >= until_ns))
+    return until_ns is not None and at_ns >= until_ns
 
 
 async def _converse(
@@ -143,10 +146,9 @@ async def _converse(
             while (left_ns := deadline - now_ns()) > 0:
                 await asyncio.sleep(left_ns / 1e9)
             now = now_ns()
-            if warmup and _warmup_over(planned, now, until_ns):
-                feed.give_back(session[i:])
-                return
-            if not warmup and until_ns is not None and now >= until_ns:
+            if _phase_over(planned, now, until_ns, warmup=warmup):
+                if warmup:
+                    feed.give_back(session[i:])  # the measured phase carries the conversation on
                 return
             scheduled_ns = now
         record = await sender.send(planned, scheduled_ns, warmup)
@@ -165,8 +167,7 @@ async def closed_loop(sender: LoadSender, feed: RequestFeed, users: int, *, warm
             # One clock reading decides and becomes the schedule stamp, so every measured request was scheduled inside
             # the window: drawing a session can wait on the prompt thread for a while on a busy machine.
             now = now_ns()
-            over = _warmup_over(session[0], now, until_ns) if warmup else until_ns is not None and now >= until_ns
-            if over:
+            if _phase_over(session[0], now, until_ns, warmup=warmup):
                 feed.give_back(session)
                 return
             await _converse(sender, feed, session, now, warmup=warmup, until_ns=until_ns)
@@ -194,10 +195,7 @@ async def open_loop(
             offset_s += float(rng.exponential(mean_gap_s)) if wl.arrival == "poisson" else mean_gap_s
         first = False
         at_ns = t0 + int(offset_s * 1e9)
-        if warmup:
-            if _warmup_over(feed.peek(), at_ns, until_ns):
-                break
-        elif until_ns is not None and at_ns >= until_ns:
+        if _phase_over(feed.peek(), at_ns, until_ns, warmup=warmup):
             break
         # Re-check after waking: the loop's timers round to the millisecond and may fire early.
         while (delay_ns := at_ns - now_ns()) > 0:
@@ -233,10 +231,7 @@ async def trace_loop(sender: LoadSender, feed: RequestFeed, *, warmup: bool, unt
         arrival_s = nxt.arrival_s or 0.0
         base_s = arrival_s if base_s is None else base_s
         at_ns = t0 + int((arrival_s - base_s) * 1e9)
-        if warmup:
-            if not nxt.is_warmup and (until_ns is None or at_ns >= until_ns):
-                break
-        elif until_ns is not None and at_ns >= until_ns:
+        if _phase_over(nxt, at_ns, until_ns, warmup=warmup):
             break
         # Re-check after waking: the loop's timers round to the millisecond and may fire early.
         while (delay_ns := at_ns - now_ns()) > 0:
