@@ -99,8 +99,7 @@ _ENGINE_FIXTURES = frozenset(
 def _timing_modules_at_a_raised_priority(request: pytest.FixtureRequest) -> Iterator[None]:
     """A module marked `timing` runs at a raised CPU priority, set before its module fixtures start an instrument
     process (which inherits it): its margins hold whatever engine test the other worker runs meanwhile."""
-    marks = getattr(request.module, "pytestmark", [])
-    if not any(mark.name == "timing" for mark in (marks if isinstance(marks, list) else [marks])):
+    if request.node.get_closest_marker("timing") is None:
         yield
         return
     with timing_priority():

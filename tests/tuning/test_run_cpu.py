@@ -10,14 +10,15 @@ import httpx
 import pytest
 import yaml
 from click.testing import CliRunner
-from prometheus_client.parser import text_string_to_metric_families
 
 from llmplay.archive.model import KEPT
 from llmplay.archive.verify import verify
 from llmplay.cli import cli as main_cli
+from llmplay.engines import get_engine
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.runtime.base import wait_healthy
+from llmplay.telemetry.prom import CANONICAL, parse_metrics
 from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.cpu_runs import cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
 
@@ -95,8 +96,8 @@ def _engine_finished_requests(port: str, output_tokens: int) -> int:
     """Requests llama-server has finished: its predicted-token counter grows by a request's tokens when the
     request's slot is released (cpu-tiny's outputs are a fixed length, with ignore_eos)."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    families = text_string_to_metric_families(text)
-    total = next(s.value for f in families for s in f.samples if s.name == "llamacpp:tokens_predicted_total")
+    readings, _ = parse_metrics(text, get_engine("llamacpp").metric_names)
+    total = next(r.value for r in readings if r.metric == CANONICAL["generation_tokens"])
     return int(total // output_tokens)
 
 
@@ -117,10 +118,10 @@ def test_signal_mid_trial_leaves_no_container(cpu_engine, docker_client, tmp_pat
     )
     # Signal once the client has recorded a measured request, counted on the engine: a fixed wait after /health
     # held none when an engine test on the other worker had the cores.
-    workload = yaml.safe_load(path.read_text())["workload"]
-    users, output_tokens = workload["concurrency"], workload["output"]["fixed"]
+    workload = load_playbook(path).workload
+    users, output_tokens = workload.concurrency, int(workload.output.value)
     wait_for(lambda: _engine_finished_requests(port, output_tokens) >= 1, 120, "the first finished request")
-    time.sleep(0.5)  # the 0.5 s warm-up timer started before that request was sent: it has run out now
+    time.sleep(workload.warmup_s)  # the warm-up timer started before that request was sent: it has run out now
     before = _engine_finished_requests(port, output_tokens)
     # At most `users` requests were in flight then. 2 × users + 1 more finished means some user finished a request
     # sent after the warm-up and then sent its next one, which it does only once its client recorded the first.
