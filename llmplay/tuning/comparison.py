@@ -32,6 +32,27 @@ def pairs(a: Sequence[TrialSample], b: Sequence[TrialSample]) -> tuple[list[Tria
     return [by_a[r] for r in common], [by_b[r] for r in common]
 
 
+def unpinned_pairs(a: Sequence[TrialSample], b: Sequence[TrialSample], metric: str) -> str | None:
+    """The clause naming the A/B pairs a capacity comparison leaves out because a side's search pinned no boundary
+    (indeterminate in its time cap, or outside its bounds); None when every complete pair has the figure on both
+    sides, or the metric is not a capacity figure. Whether a search pins its boundary in time is the machine's noise,
+    so the verdict says which pairs it rests on rather than hiding the ones it could not use."""
+    matched = pairs(a, b) if metric in CAPACITY_METRICS else None
+    if not matched:
+        return None
+    missing = []
+    for x, y in zip(*matched, strict=True):
+        sides = [side for side, s in (("baseline", x), ("candidate", y)) if metric not in s.scalars]
+        if sides:
+            missing.append(f"pair {x.repeat} ({' and '.join(sides)})")
+    if not missing:
+        return None
+    return (
+        f"{len(missing)} of {len(matched[0])} pair(s) left out, their capacity search pinned no boundary in its "
+        f"time cap: {', '.join(missing)}"
+    )
+
+
 def decision_units(a: Sequence[TrialSample], b: Sequence[TrialSample], paired: bool) -> int:
     """The experimental units a comparison rests on: complete pairs, or the smaller side's trials."""
     matched = pairs(a, b) if paired else None

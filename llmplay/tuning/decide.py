@@ -29,7 +29,7 @@ from llmplay.catalog import (
     thin_sample,
 )
 from llmplay.spec import Gate, Goals, Trials
-from llmplay.tuning.comparison import compare_metric, compare_trials, decision_units, describe_delta
+from llmplay.tuning.comparison import compare_metric, compare_trials, decision_units, describe_delta, unpinned_pairs
 from llmplay.tuning.guards import BEYOND, HOLDS, UNSETTLED, guard_outcome, read_guards, regressed_beyond, settle_text
 from llmplay.tuning.intervals import Effect, Noise, sequential_level, units_to_reach
 from llmplay.tuning.samples import (
@@ -194,7 +194,8 @@ def decide_step(
     step = _compare_step(a, b, goals, trials, borrowed)
     obj, obj_effect, guard_deltas = step.objective, step.objective_effect, step.guard_deltas
     unmeasured_guards = [note for d in guard_deltas if (note := _unmeasured(d, "guard "))]
-    thin = "".join(f"; {note}" for note in _thin_notes((obj, *guard_deltas)))
+    left_out = unpinned_pairs(a, b, obj.metric) if step.paired else None
+    thin = "".join(f"; {note}" for note in (*_thin_notes((obj, *guard_deltas)), *([left_out] if left_out else [])))
 
     def decision(verdict: str, reason: str, more: int | None = None) -> Decision:
         return Decision(verdict, reason + thin, obj, guard_deltas, step.record, more, step.noise())

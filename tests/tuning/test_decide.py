@@ -425,3 +425,26 @@ def test_the_stopping_check_and_the_verdict_are_one_computation():
     first, again = decide_step(a, b, goals(), seq), decide_step(a, b, goals(), seq)
     assert (first.verdict, first.reason) == (again.verdict, again.reason)
     assert first.objective.confidence == pytest.approx(sequential_level(0.95, 3, 8, 4))
+
+
+def test_a_capacity_pair_whose_search_pinned_nothing_is_left_out_and_named():
+    """A capacity search that ran out of time unpinned has no value to pair: the verdict rests on the other pairs
+    and names the ones it left out, so a short search on a busy machine reads as such, never as a gain or loss."""
+    rng = np.random.default_rng(7)
+
+    def with_capacity(repeat, users):
+        base = trial(rng, repeat=repeat)
+        scalars = {} if users is None else {"capacity.concurrency": users}
+        return TrialSample(base.duration_s, base.values, base.n_requests, base.n_errors, scalars, 1.0, repeat)
+
+    a = [with_capacity(0, 2.0), with_capacity(1, 2.1), with_capacity(2, 1.9)]
+    b = [with_capacity(0, 6.0), with_capacity(1, None), with_capacity(2, 5.8)]
+    capacity = goals(metric="capacity.concurrency")
+    verdict = decide_step(a, b, capacity, TRIALS)
+    assert verdict.objective is not None and verdict.objective.units == 2
+    assert "1 of 3 pair(s) left out" in verdict.reason and "pair 1 (candidate)" in verdict.reason
+
+    none_pinned = [with_capacity(0, None), with_capacity(1, None)]
+    verdict = decide_step(a[:2], none_pinned, capacity, TRIALS)
+    assert verdict.verdict == INCONCLUSIVE
+    assert "2 of 2 pair(s) left out" in verdict.reason, verdict.reason
