@@ -80,7 +80,7 @@ def history_command(
         worst = max(worst, result.exit_code)
         checked.append((history, result))
     if checked:
-        from llmplay.commands.ci_outputs import check_section, write_guarded
+        from llmplay.commands.ci_outputs import check_section, write_guarded  # deferred: reads archives with pandas
 
         return write_guarded(outputs, lambda: [check_section(root, h, r) for h, r in checked], worst)
     return worst
