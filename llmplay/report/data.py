@@ -98,7 +98,9 @@ def folded_remarks(rows: Sequence[tuple[str, Remarks]]) -> list[str]:
         else:
             where_text = "; ".join(f"{', '.join(labels)} in {where(configs)}" for configs, labels in groups.items())
         notes.append(f"{', '.join(by_label)} not measured: {reason}{scope(where_text)}")
-    notes += [f"{THIN_MARK} {warning}: too few to mean much{scope(where(configs))}" for warning, configs in thin.items()]
+    notes += [
+        f"{THIN_MARK} {warning}: too few to mean much{scope(where(configs))}" for warning, configs in thin.items()
+    ]
     return notes
 
 
