@@ -30,10 +30,10 @@ class Case:
     detail: str = ""  # further lines (a step's changes, what coincided)
 
 
-def trial_range(run: RunFacts, metric: str) -> str:
-    """The spread of a figure over the final configuration's trials, "per-trial 52.1 ms to 61.0 ms over 3
-    trials"; "" with fewer than two."""
-    values = run.per_trial.get(metric, ())
+def trial_range(run: RunFacts, metric: str, *, gate: bool = False) -> str:
+    """The spread of a figure over the final configuration's trials (those its gates were judged on, with `gate`),
+    "per-trial 52.1 ms to 61.0 ms over 3 trials"; "" with fewer than two."""
+    values = (run.gate_per_trial if gate else run.per_trial).get(metric, ())
     if len(values) < 2:
         return ""
     return f"per-trial {fmt_full(metric, min(values))} to {fmt_full(metric, max(values))} over {len(values)} trials"
@@ -48,7 +48,7 @@ def gate_message(gate: GateResult, run: RunFacts) -> str:
     observed = measured(gate.observed)
     if observed is None:
         return f"{gate.gate}: not measured ({gate.note or 'no figure'}) -> not met"
-    spread = trial_range(run, gate.metric)
+    spread = trial_range(run, gate.metric, gate=True)
     margin = measured(gate.margin)
     return (
         f"{gate.gate}: observed {fmt_full(gate.metric, observed)}"

@@ -3,12 +3,12 @@ comparison's judged metrics, as one `Section` per JUnit test suite, summary head
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmplay.archive.layout import REPORT_FILE
-from llmplay.archive.model import ConfigRecord, EngineFacts, GateResult, StepVerdict, TuningRow
+from llmplay.archive.model import TRIAL_OK, ConfigRecord, EngineFacts, GateResult, StepVerdict, TrialRecord, TuningRow
 from llmplay.archive.reader import ArchivedRun
 from llmplay.compare import Comparison
 
@@ -30,7 +30,10 @@ class RunFacts:
     final_config: str
     config: ConfigRecord | None  # the final configuration's engine and command (None: not archived)
     figures: Mapping[str, float]  # the final configuration's pooled figures, as its tuning-record row shows them
-    per_trial: Mapping[str, tuple[float, ...]]  # each figure of the final configuration, trial by trial
+    per_trial: Mapping[str, tuple[float, ...]]  # each of those figures trial by trial, over the row's trials
+    # Each figure trial by trial over the trials the gates were judged on: the final configuration's last
+    # measurement (the last step's candidate when it was kept, else the configuration it was compared with).
+    gate_per_trial: Mapping[str, tuple[float, ...]]
     gates: tuple[GateResult, ...]
     verdicts: tuple[StepVerdict, ...]
     confidence: float  # trials.confidence: the level of every interval of the run
@@ -69,16 +72,27 @@ def _final_row(archive: ArchivedRun, final: str) -> TuningRow | None:
     return next((r for r in rows if r.config_id == final), None)
 
 
+def _per_trial(trials: Sequence[TrialRecord], ids: Sequence[str]) -> dict[str, tuple[float, ...]]:
+    """Each figure of the ok trials among `ids`, trial by trial."""
+    chosen = [t for t in trials if t.trial_id in set(ids) and t.status == TRIAL_OK]
+    metrics = dict.fromkeys(m for t in chosen for m in t.summary)
+    return {m: tuple(float(t.summary[m]) for t in chosen if m in t.summary) for m in metrics}
+
+
+def _gate_trials(verdicts: Sequence[StepVerdict], row: TuningRow | None, final: Sequence[TrialRecord]) -> list[str]:
+    last = verdicts[-1] if verdicts else None
+    if last is not None:
+        return list(last.trials_candidate if last.carried else last.trials_baseline)
+    return list(row.trials) if row is not None else [t.trial_id for t in final]
+
+
 def run_facts(run_dir: Path) -> RunFacts:
     """The archived run at `run_dir`, read through the archive reader (as the report reads it)."""
     archive = ArchivedRun.open(run_dir)
     info = archive.info
-    final, trials = archive.final_trials()
+    final, final_trials = archive.final_trials()
     row = _final_row(archive, final)
-    per_trial: dict[str, list[float]] = {}
-    for trial in trials:
-        for metric, value in trial.summary.items():
-            per_trial.setdefault(metric, []).append(float(value))
+    trials, verdicts = archive.trials(), archive.verdicts()
     report = Path(run_dir) / REPORT_FILE
     return RunFacts(
         run_dir=Path(run_dir),
@@ -94,9 +108,10 @@ def run_facts(run_dir: Path) -> RunFacts:
         final_config=final,
         config=next((c for c in archive.configs() if c.config_id == final), None),
         figures=dict(row.metrics) if row is not None else {},
-        per_trial={m: tuple(v) for m, v in per_trial.items()},
+        per_trial=_per_trial(trials, row.trials if row is not None else [t.trial_id for t in final_trials]),
+        gate_per_trial=_per_trial(trials, _gate_trials(verdicts, row, final_trials)),
         gates=tuple(archive.gates()),
-        verdicts=tuple(archive.verdicts()),
+        verdicts=tuple(verdicts),
         confidence=archive.playbook_as_run().trials.confidence,
         report=report if report.is_file() else None,
     )

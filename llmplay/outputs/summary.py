@@ -53,7 +53,7 @@ def _gates(run: RunFacts) -> list[str]:
         state = gate_state(gate)
         mark = "✅" if gate.met else ("⚠️" if gate.met is None else "❌")
         margin = "" if gate.margin is None else f"{gate.margin:+.0%}"
-        spread = trial_range(run, gate.metric).removeprefix("per-trial ")
+        spread = trial_range(run, gate.metric, gate=True).removeprefix("per-trial ")
         observed = fmt_full(gate.metric, gate.observed)
         rows.append([f"`{gate.gate}`", observed, spread, f"{mark} {state}", margin])
     return [*_table(["gate", ">observed", ">per-trial range", "result", ">margin"], rows), ""]
