@@ -39,6 +39,35 @@ def _trust_options(func: F) -> F:
     )(func)
 
 
+_OUT = click.Path(dir_okay=False, path_type=Path)
+
+
+def _ci_options(func: F) -> F:
+    """--junit, --summary and --metrics: the CI-native outputs, written from the archived runs (llmplay.outputs)."""
+    func = click.option(
+        "--metrics",
+        type=_OUT,
+        help="Write the final configuration's figures as OpenMetrics text (node_exporter textfile collector, "
+        "Pushgateway); replaced atomically.",
+    )(func)
+    func = click.option(
+        "--summary",
+        type=_OUT,
+        help="Append a Markdown summary: verdicts, gates, final configuration, report path ($GITHUB_STEP_SUMMARY).",
+    )(func)
+    return click.option(
+        "--junit",
+        type=_OUT,
+        help="Write JUnit XML: a test case per gate and step verdict (or judged metric); failures as the exit code.",
+    )(func)
+
+
+def _outputs(junit: Path | None, summary: Path | None, metrics: Path | None) -> Any:
+    from llmplay.outputs.files import OutputFiles  # deferred with the command it belongs to
+
+    return OutputFiles(junit, summary, metrics)
+
+
 def _echo_err(message: str) -> None:
     click.echo(message, err=True)
 
@@ -123,6 +152,7 @@ def plan(file: Path, allow_outside_extends: bool) -> None:
     help="Run the trials on this Ray cluster (HOST:PORT of its head, or auto); each node starts engines with the "
     "playbook's docker or process runtime.",
 )
+@_ci_options
 @handles_errors
 def run(
     file: Path | None,
@@ -135,6 +165,9 @@ def run(
     warmup: str | None,
     allow_outside_extends: bool,
     ray_address: str | None,
+    junit: Path | None,
+    summary: Path | None,
+    metrics: Path | None,
 ) -> None:
     """Run a tuning playbook: baseline, then each step, with repeats, verdicts and gates.
 
@@ -156,6 +189,7 @@ def run(
             warmup=warmup,
             allow_outside_extends=allow_outside_extends,
             ray_address=ray_address,
+            outputs=_outputs(junit, summary, metrics),
         )
     )
 
@@ -168,6 +202,7 @@ def run(
 @click.option("--duration")
 @click.option("--html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML.")
 @_trust_options
+@_ci_options
 @handles_errors
 def retest(
     run_dir: Path,
@@ -178,6 +213,9 @@ def retest(
     html: Path | None,
     unverified: bool,
     public_key: Path | None,
+    junit: Path | None,
+    summary: Path | None,
+    metrics: Path | None,
 ) -> None:
     """Re-run an archived run's final configuration and compare; exit 4 on regression."""
     from llmplay.commands.retest import retest_command  # deferred: loaded only when this command runs
@@ -192,6 +230,7 @@ def retest(
             html=html,
             unverified=unverified,
             public_key=public_key,
+            outputs=_outputs(junit, summary, metrics),
         )
     )
 
@@ -267,12 +306,23 @@ def report(run_dir: Path, unverified: bool, public_key: Path | None) -> None:
     "--html", "html", type=click.Path(dir_okay=False, path_type=Path), help="Also write the comparison as HTML."
 )
 @_trust_options
+@_ci_options
 @handles_errors
-def compare(run_a: Path, run_b: Path, html: Path | None, unverified: bool, public_key: Path | None) -> None:
+def compare(
+    run_a: Path,
+    run_b: Path,
+    html: Path | None,
+    unverified: bool,
+    public_key: Path | None,
+    junit: Path | None,
+    summary: Path | None,
+    metrics: Path | None,
+) -> None:
     """Compare the final configurations of two runs; exit 4 when B regressed against A's playbook tolerances."""
     from llmplay.commands.compare import compare_command  # deferred: loaded only when this command runs
 
-    sys.exit(compare_command(run_a, run_b, html=html, unverified=unverified, public_key=public_key))
+    outputs = _outputs(junit, summary, metrics)
+    sys.exit(compare_command(run_a, run_b, html=html, unverified=unverified, public_key=public_key, outputs=outputs))
 
 
 @cli.command()
@@ -323,13 +373,23 @@ def ls(archive_dir: str | None, verify_runs: bool, public_key: Path | None) -> N
 @click.option(
     "--check", is_flag=True, help="Judge the newest run against the accepted reference; exit 4 on regression."
 )
+@_ci_options
 @handles_errors
-def history(playbook: str | None, archive_dir: str | None, accept: str | None, check: bool) -> None:
+def history(
+    playbook: str | None,
+    archive_dir: str | None,
+    accept: str | None,
+    check: bool,
+    junit: Path | None,
+    summary: Path | None,
+    metrics: Path | None,
+) -> None:
     """Every run of a playbook (a file or its name; default all), oldest first: engine, image, host, configuration,
     headline figures with intervals, and the changes the trials show beyond the playbook's tolerances."""
     from llmplay.commands.history import history_command  # deferred: loaded only when this command runs
 
-    sys.exit(history_command(playbook, archive_dir=archive_dir, accept=accept, check=check))
+    outputs = _outputs(junit, summary, metrics)
+    sys.exit(history_command(playbook, archive_dir=archive_dir, accept=accept, check=check, outputs=outputs))
 
 
 @cli.command()

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
+import tempfile
+from html import unescape
 from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
 
 
 class PageStructure(HTMLParser):
@@ -38,3 +45,81 @@ def assert_self_contained(html: str) -> None:
     assert all(u.startswith("#") for u in parsed.urls), [u for u in parsed.urls if not u.startswith("#")]
     assert not re.search(r"url\(\s*['\"]?(https?:)?//", html) and "@import" not in html
     assert "{{" not in html and "{%" not in html and "Undefined" not in html
+
+
+# Measures, in the browser, what a reader at that width sees: the page and each table of the class asked for.
+_LAYOUT_PROBE = """<script>
+(function () {
+  var root = document.documentElement, tables = [];
+  document.querySelectorAll(%(selector)s).forEach(function (t) {
+    var box = t.getBoundingClientRect(), parent = t.parentElement.getBoundingClientRect();
+    tables.push({right: box.right, parent_right: parent.right, scroll: t.scrollWidth, client: t.clientWidth});
+  });
+  var out = document.createElement("pre");
+  out.id = "layout-probe";
+  out.textContent = JSON.stringify({viewport: root.clientWidth, page: root.scrollWidth, tables: tables});
+  document.body.appendChild(out);
+})();
+</script>"""
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def layout_in_chromium(page: Path, width: int, selector: str = "table") -> dict[str, Any]:
+    """How `page` lays out in headless Chromium `width` pixels wide, the network unreachable: the viewport's and the
+    page's width, and for each element matching `selector` its right edge, its container's, and whether its content
+    is wider than its box. A copy of the page carries the measuring script (the report itself has none)."""
+    browser = chromium()
+    assert browser is not None, "chromium is not installed"
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / page.name
+        script = _LAYOUT_PROBE % {"selector": json.dumps(selector)}
+        probe.write_text(page.read_text(encoding="utf-8").replace("</body>", script + "</body>"), encoding="utf-8")
+        done = subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--host-resolver-rules=MAP * ~NOTFOUND",
+                f"--user-data-dir={Path(tmp) / 'profile'}",
+                f"--window-size={width},900",
+                "--dump-dom",
+                probe.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', done.stdout, re.S)
+    assert found is not None, done.stdout[-2000:]
+    return json.loads(unescape(found.group(1)))
+
+
+def screenshot_in_chromium(page: Path, out: Path, width: int, height: int) -> Path:
+    """A PNG of `page` as a `width` x `height` window shows it, for a person to look at."""
+    browser = chromium()
+    assert browser is not None, "chromium is not installed"
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--host-resolver-rules=MAP * ~NOTFOUND",
+                f"--user-data-dir={Path(tmp) / 'profile'}",
+                f"--window-size={width},{height}",
+                f"--screenshot={out}",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+    return out

@@ -274,6 +274,18 @@ def _shape_figures(rng: np.random.Generator, shape: str, cached: bool) -> dict[s
     return out
 
 
+def _capacity_figures(rng: np.random.Generator, summary: dict[str, float]) -> dict[str, float]:
+    """What a capacity search adds to a trial's summary (tuning.capacity): the boundary and its cost."""
+    rate = float(summary.get("throughput.req_s", 1.0)) * float(rng.uniform(1.1, 1.3))
+    tok_s = rate * 32
+    return {
+        "capacity.rate": rate,
+        "capacity.concurrency": float(rng.integers(2, 9)),
+        "capacity.output_tok_s": tok_s,
+        "cost.usd_per_1m_tokens_at_slo": PRICE_USD_PER_HOUR / (tok_s * 3600) * 1e6,
+    }
+
+
 def make_archive(
     root: Path,
     *,
@@ -282,10 +294,12 @@ def make_archive(
     name_suffix: str = "",
     streamed: bool = True,
     shape: str = "",
+    capacity: bool = False,
 ) -> Path:
     """Build a finished archive under root and return its run directory. slowdown > 1 makes every config slower
     (a planted regression for compare); streamed=False sends every request non-streamed (no streamed TTFT);
-    shape "trace" or "chat" archives a trace replay or three-turn conversations with their reuse figures."""
+    shape "trace" or "chat" archives a trace replay or three-turn conversations with their reuse figures;
+    capacity=True gives every trial capacity figures too, as a run of capacity searches has (the widest record)."""
     root = Path(root)
     pb_path = root / f"synthetic{name_suffix}.yaml"
     root.mkdir(parents=True, exist_ok=True)
@@ -349,6 +363,8 @@ def make_archive(
         nvml = counter[0] % 3 != 0
         tele = fake_telemetry(rng, duration, nvml=nvml, busy=0.9 if cid != "baseline" else 0.35)
         summary = _summary(records, duration, tele) | _shape_figures(rng, shape, cid != "baseline")
+        if capacity:
+            summary |= _capacity_figures(rng, summary)
         by_config.setdefault(cid, []).append(summary)
         frame = records_to_dataframe(records)
         samples.setdefault(cid, []).append(

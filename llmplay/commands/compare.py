@@ -9,12 +9,20 @@ import click
 
 from llmplay.archive.signing import public_key_from
 from llmplay.archive.verify import require_verified
+from llmplay.commands.ci_outputs import comparison_sections, write_guarded
 from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
 from llmplay.errors import ArchiveError, ExitCode, LlmplayError
+from llmplay.outputs.files import NO_OUTPUTS, OutputFiles
 
 
 def compare_command(
-    run_a: Path, run_b: Path, *, html: Path | None, unverified: bool = False, public_key: Path | None = None
+    run_a: Path,
+    run_b: Path,
+    *,
+    html: Path | None,
+    unverified: bool = False,
+    public_key: Path | None = None,
+    outputs: OutputFiles = NO_OUTPUTS,
 ) -> int:
     """Print the comparison (and write it as HTML if asked); ExitCode.REGRESSION when B regressed against A.
 
@@ -40,4 +48,5 @@ def compare_command(
     click.echo(format_comparison_table(comparison))
     if html is not None:
         click.echo(f"comparison: {render_comparison_html(comparison, html)}")
-    return ExitCode.REGRESSION if comparison.has_regression else ExitCode.OK
+    code = ExitCode.REGRESSION if comparison.has_regression else ExitCode.OK
+    return write_guarded(outputs, lambda: comparison_sections("compare", comparison, code, html=html), code)

@@ -12,6 +12,7 @@ from llmplay.archive.index import ArchiveIndex, find_run, read_reference, write_
 from llmplay.archive.listing import archive_root
 from llmplay.errors import ArchiveError, ExitCode
 from llmplay.history.timeline import build_history, format_history
+from llmplay.outputs.files import NO_OUTPUTS, OutputFiles
 
 
 def playbook_name(target: str) -> str:
@@ -28,10 +29,17 @@ def playbook_name(target: str) -> str:
 
 
 def history_command(
-    target: str | None, *, archive_dir: str | None, accept: str | None = None, check: bool = False
+    target: str | None,
+    *,
+    archive_dir: str | None,
+    accept: str | None = None,
+    check: bool = False,
+    outputs: OutputFiles = NO_OUTPUTS,
 ) -> int:
     """Print the history (of one playbook, or of every playbook); with `accept`, record that run as its playbook's
     reference first; with `check`, judge the newest run against the reference: ExitCode.REGRESSION or OK."""
+    if outputs.wanted and not check:
+        raise click.UsageError(f"{outputs.named}: written by `history --check` only; add --check")
     root = archive_root(archive_dir)
     index = ArchiveIndex(root)
     if accept is not None:
@@ -55,6 +63,7 @@ def history_command(
         click.echo(f"no runs under {root}")
         return ExitCode.OK
     worst: int = ExitCode.OK
+    checked = []
     for name in names:
         entries = index.runs(name)
         if not entries:
@@ -69,4 +78,9 @@ def history_command(
         result = check_newest(root, history)
         click.echo("\n".join(result.lines))
         worst = max(worst, result.exit_code)
+        checked.append((history, result))
+    if checked:
+        from llmplay.commands.ci_outputs import check_section, write_guarded  # deferred: reads archives with pandas
+
+        return write_guarded(outputs, lambda: [check_section(root, h, r) for h, r in checked], worst)
     return worst

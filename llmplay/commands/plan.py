@@ -135,7 +135,7 @@ def render_plan(plan: Plan) -> str:
         f"{'interleaved A/B' if pb.trials.interleave else 'sequential blocks'}, "
         f"each a fresh engine start{', sequential stopping' if pb.trials.sequential else ''}",
         f"Objective: {goals.objective.direction} {goals.objective.metric} (min effect {goals.objective.min_effect:.0%})",
-        "Guards: " + (", ".join(f"{g.metric} within {g.tolerance:.0%}" for g in goals.guards) or "none"),
+        "Guards: " + (", ".join(f"{g.metric} within {g.tolerance_text}" for g in goals.guards) or "none"),
         "Gates:" if goals.gates else "Gates: none",
     ]
     lines += [f"  {gate.text}" for gate in goals.gates]

@@ -13,11 +13,14 @@ from llmplay.archive.paths import MAX_TEXT_BYTES
 from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.signing import public_key_from
 from llmplay.archive.verify import require_verified
+from llmplay.commands.ci_outputs import comparison_sections, write_guarded
 from llmplay.commands.run import duration_option_s, print_gates, stdout_console
 from llmplay.compare import compare_runs, format_comparison_table, render_comparison_html
 from llmplay.engines import get_engine
 from llmplay.errors import ArchiveError, ExitCode
 from llmplay.history.site import publish_run
+from llmplay.outputs.facts import run_section
+from llmplay.outputs.files import NO_OUTPUTS, OutputFiles
 from llmplay.playbook.load import load_playbook
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.image_flags import image_flags
@@ -91,6 +94,7 @@ def retest_command(
     html: Path | None = None,
     unverified: bool = False,
     public_key: Path | None = None,
+    outputs: OutputFiles = NO_OUTPUTS,
 ) -> int:
     """Re-run the archived final configuration and compare; ExitCode.REGRESSION when the new run regressed.
 
@@ -125,17 +129,22 @@ def retest_command(
     print_gates(console, outcome.gates)
     if outcome.status != "complete":
         console.print(f"re-test did not complete ({outcome.status}); archive {outcome.run_dir}", markup=False)
-        return outcome.exit_code or ExitCode.INFRA
+        code = outcome.exit_code or ExitCode.INFRA
+        return write_guarded(outputs, lambda: [run_section(outcome.run_dir, code, "retest")], code)
     comparison = compare_runs(run_dir, outcome.run_dir)
     console.print(format_comparison_table(comparison), markup=False)
     if html is not None:
         render_comparison_html(comparison, html)
     # Latency can be fine while the engine says something else: changed greedy outputs are a regression too.
-    outputs = changed_outputs(run_dir, str(info.final_config_id), outcome.run_dir, outcome.final_config_id)
-    if outputs is not None:
-        console.print(f"quality: {outputs}", markup=False)
-    if comparison.has_regression or outputs is not None:
+    changed = changed_outputs(run_dir, str(info.final_config_id), outcome.run_dir, outcome.final_config_id)
+    if changed is not None:
+        console.print(f"quality: {changed}", markup=False)
+    if comparison.has_regression or changed is not None:
         console.print(f"REGRESSION against {run_dir}; new run {outcome.run_dir}", markup=False)
-        return ExitCode.REGRESSION
-    console.print(f"no regression against {run_dir}; new run {outcome.run_dir}", markup=False)
-    return ExitCode.OK
+        code = ExitCode.REGRESSION
+    else:
+        console.print(f"no regression against {run_dir}; new run {outcome.run_dir}", markup=False)
+        code = ExitCode.OK
+    return write_guarded(
+        outputs, lambda: comparison_sections("retest", comparison, code, changed_outputs=changed, html=html), code
+    )

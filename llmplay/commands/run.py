@@ -27,6 +27,7 @@ from llmplay.catalog import (
 from llmplay.commands.plan import render_plan
 from llmplay.errors import ExitCode, PlaybookError
 from llmplay.history.site import publish_run
+from llmplay.outputs.files import NO_OUTPUTS, OutputFiles
 from llmplay.plan import build_plan
 from llmplay.playbook.load import load_playbook
 from llmplay.tuning.resume import resumed_overrides, resumed_playbook
@@ -65,8 +66,10 @@ def run_command(
     allow_outside_extends: bool = False,
     image: str | None = None,
     ray_address: str | None = None,
+    outputs: OutputFiles = NO_OUTPUTS,
 ) -> int:
-    """Run the playbook (or, with dry_run, print its plan) and print the outcome; the run's exit code."""
+    """Run the playbook (or, with dry_run, print its plan) and print the outcome; the run's exit code. `outputs`:
+    the CI files to write from the finished archive (a dry run writes none)."""
     console = stdout_console()
     overrides: dict[str, Any] = {
         "repeats": repeats,
@@ -109,7 +112,10 @@ def run_command(
         playbook, options, publish=publish_run, report=lambda line: console.print(line, markup=False)
     )
     print_summary_guarded(console, outcome)
-    return outcome.exit_code
+    from llmplay.commands.ci_outputs import write_guarded  # deferred: the outputs read the archive with pandas
+    from llmplay.outputs.facts import run_section
+
+    return write_guarded(outputs, lambda: [run_section(outcome.run_dir, outcome.exit_code)], outcome.exit_code)
 
 
 def print_summary_guarded(console: Console, outcome: RunOutcome) -> None:

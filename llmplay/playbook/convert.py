@@ -12,6 +12,7 @@ from llmplay import units
 from llmplay.errors import PlaybookError
 from llmplay.playbook.credentials import check_args, check_env, check_knob_value
 from llmplay.playbook.dataset import DatasetProblems, DatasetRow, read_dataset
+from llmplay.playbook.mounts import host_path
 from llmplay.playbook.problems import Problems
 from llmplay.playbook.source import YamlPath, display_path
 from llmplay.playbook.step_forms import parse_step
@@ -232,7 +233,7 @@ def parse_engine(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problem
     health = raw.get("health", {})
     model_dir = raw.get("model_dir")
     if model_dir is not None:
-        model_dir = str((base_dir / os.path.expanduser(model_dir)).resolve())
+        model_dir = str((base_dir / host_path(model_dir)).resolve())
     return EngineSpec(
         kind=raw["kind"],
         model=raw["model"],

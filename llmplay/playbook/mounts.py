@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
+from llmplay.cache_dir import CACHE_REFERENCE, expand_cache, how_to_make
 from llmplay.playbook.problems import Problems
 from llmplay.spec import RuntimeSpec
 
@@ -29,11 +30,24 @@ CREDENTIAL_DIRS = frozenset(
 PATH: tuple[str, ...] = ("engine", "model_dir")
 
 
+def host_path(written: str) -> str:
+    """model_dir as written, with `${cache}` (this machine's llmplay cache) and `~` expanded; still relative to the
+    playbook's directory when written so."""
+    return os.path.expanduser(expand_cache(written))
+
+
 def check_model_dir(
     written: str, base_dir: Path, resolved: str, runtime: RuntimeSpec, on_this_host: bool, problems: Problems
 ) -> None:
     """Problems for `written` (as in the playbook, relative to `base_dir`) whose symlink-resolved form is `resolved`."""
-    lexical = PurePosixPath(os.path.abspath(os.path.join(base_dir, os.path.expanduser(written))))
+    if "${" in expand_cache(written):
+        problems.add(
+            PATH,
+            f"'{written}': only {CACHE_REFERENCE} is expanded here (this machine's llmplay cache, $LLMPLAY_CACHE or "
+            f"~/.cache/llmplay); expected a path, or one starting with {CACHE_REFERENCE}/",
+        )
+        return
+    lexical = PurePosixPath(os.path.abspath(os.path.join(base_dir, host_path(written))))
     real = PurePosixPath(resolved)
     for candidate in dict.fromkeys((lexical, real)):
         why = _dangerous(candidate)
@@ -49,10 +63,13 @@ def check_model_dir(
     if path.exists() and not path.is_dir():
         problems.add(PATH, f"'{written}' is not a directory; expected the directory holding the model's files")
     elif not path.exists() and on_this_host and _engine_runs_here(runtime):
+        made = how_to_make(path)
+        get_it = f"{made}" if made else "copy or download the model's files there"
         problems.add(
             PATH,
             f"'{written}' does not exist on this host (looked for {resolved}); expected the directory holding the "
-            "model's files (Docker would create an empty one, owned by root, and the engine would fail)",
+            f"model's files (Docker would create an empty one, owned by root, and the engine would fail): {get_it}; "
+            "for a playbook meant for another machine, `llmplay validate --any-host` checks everything else",
         )
 
 

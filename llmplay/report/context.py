@@ -16,7 +16,7 @@ from llmplay.catalog import absence_reason, fmt_full, fmt_pct, label_of
 from llmplay.report.data import RunData, arrow
 from llmplay.report.diagnosis import diagnosis, rules_checked
 from llmplay.report.method import goals, method
-from llmplay.report.record import capacity, record_columns, record_rows
+from llmplay.report.record import capacity, record_columns, record_table
 from llmplay.report.shape import workload_shape
 from llmplay.report.steps import steps
 
@@ -120,12 +120,14 @@ def build_context(archive: ArchivedRun, *, unverified: Sequence[str] = ()) -> di
     playbook = archive.playbook_as_run()
     found = archive.diagnosis()
     info = run.info
+    record, record_notes = record_table(run)
     return {
         "header": _header(run),
         "glance": _glance(run),
         "goals": goals(playbook),
         "columns": [label for _, label in record_columns(run)],
-        "record": record_rows(run),
+        "record": record,
+        "record_notes": record_notes,
         "capacity": capacity(run),
         "shape": workload_shape(run),
         "steps": steps(run, playbook.step_descriptions, kept_means(playbook.min_effect, playbook.trials.confidence)),

@@ -4,7 +4,7 @@ read once (several sections chart them), and the cell text every table shares (v
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -66,6 +66,42 @@ class Remarks:
         out = [f"{', '.join(labels)} not measured: {reason}" for reason, labels in self.absent.items()]
         out += [f"{THIN_MARK} {warning}: too few to mean much" for warning in self.thin]
         return out
+
+
+def folded_remarks(rows: Sequence[tuple[str, Remarks]]) -> list[str]:
+    """The remarks of a table's rows once per reason, under the table: which figures are not measured and why, and
+    each thin percentile's warning, naming the rows each applies to ("every configuration" when it is all of them).
+    Repeated under every row, the same reason pushed the table off the first screen."""
+    everyone = [config for config, _ in rows]
+    absent: dict[str, dict[str, list[str]]] = {}  # reason -> label -> the rows it is absent in
+    thin: dict[str, list[str]] = {}  # warning -> the rows it marks
+    for config, remarks in rows:
+        for reason, labels in remarks.absent.items():
+            for label in labels:
+                absent.setdefault(reason, {}).setdefault(label, []).append(config)
+        for warning in remarks.thin:
+            thin.setdefault(warning, []).append(config)
+
+    def where(configs: Sequence[str]) -> str:
+        return "every configuration" if list(configs) == everyone else ", ".join(configs)
+
+    def scope(text: str) -> str:
+        return f" ({text})" if len(everyone) > 1 else ""
+
+    notes = []
+    for reason, by_label in absent.items():
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for label, configs in by_label.items():
+            groups.setdefault(tuple(configs), []).append(label)
+        if len(groups) == 1:
+            where_text = where(next(iter(groups)))
+        else:
+            where_text = "; ".join(f"{', '.join(labels)} in {where(configs)}" for configs, labels in groups.items())
+        notes.append(f"{', '.join(by_label)} not measured: {reason}{scope(where_text)}")
+    notes += [
+        f"{THIN_MARK} {warning}: too few to mean much{scope(where(configs))}" for warning, configs in thin.items()
+    ]
+    return notes
 
 
 def pooled_samples(trials: Iterable[TrialRecord]) -> dict[str, int]:

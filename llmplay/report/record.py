@@ -17,7 +17,7 @@ from llmplay.catalog import (
     label_of,
 )
 from llmplay.report import charts
-from llmplay.report.data import NOT_MEASURED, Remarks, RunData, arrow, pooled_samples, value_of
+from llmplay.report.data import NOT_MEASURED, Remarks, RunData, arrow, folded_remarks, pooled_samples, value_of
 
 # Tuning-record columns a run with capacity searches adds: cost at the SLO beside cost at the playbook's load.
 CAPACITY_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -46,9 +46,8 @@ def _peak_memory(run: RunData, config_id: str, metrics: Mapping[str, float]) -> 
     return fmt_value("memory.peak_frac", frac) if frac is not None else NOT_MEASURED
 
 
-def _row(run: RunData, row: TuningRow, columns: list[tuple[str, str]]) -> dict[str, Any]:
+def _row(run: RunData, row: TuningRow, columns: list[tuple[str, str]], remarks: Remarks) -> dict[str, Any]:
     samples = row.samples or pooled_samples(run.trials[t] for t in row.trials if t in run.trials)
-    remarks = Remarks.new()
     cells = []
     for metric, _ in columns:
         if metric == PEAK_MEMORY_COLUMN:
@@ -78,14 +77,16 @@ def _row(run: RunData, row: TuningRow, columns: list[tuple[str, str]]) -> dict[s
         },
         "rebuilt": row.rebuilt,
         "final": row.config_id == run.final,
-        "remarks": remarks.lines(),
     }
 
 
-def record_rows(run: RunData) -> list[dict[str, Any]]:
+def record_table(run: RunData) -> tuple[list[dict[str, Any]], list[str]]:
+    """The tuning record's rows, and the notes under it: why a figure is not measured, once per reason."""
     columns = record_columns(run)
     rows = run.archive.tuning_record() or run.archive.rebuilt_record()
-    return [_row(run, row, columns) for row in rows]
+    remarks = [(row.config_id, Remarks.new()) for row in rows]
+    shown = [_row(run, row, columns, mine) for row, (_, mine) in zip(rows, remarks, strict=True)]
+    return shown, folded_remarks(remarks)
 
 
 def _search_row(run: RunData, config: str, search: CapacitySearch) -> dict[str, Any]:

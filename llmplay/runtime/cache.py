@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import fcntl
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from llmplay.cache_dir import cache_root
+
 
 def default_cache_dir() -> Path:
-    """$LLMPLAY_CACHE, or ~/.cache/llmplay; read at each call so a test or a shell can point it elsewhere."""
-    return Path(os.environ.get("LLMPLAY_CACHE", "~/.cache/llmplay")).expanduser()
+    """$LLMPLAY_CACHE, or ~/.cache/llmplay (cache_dir.cache_root: playbooks name it as ${cache})."""
+    return cache_root()
 
 
 @contextmanager

