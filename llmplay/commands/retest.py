@@ -18,6 +18,7 @@ from llmplay.compare import compare_runs, format_comparison_table, render_compar
 from llmplay.engines import get_engine
 from llmplay.errors import ArchiveError, ExitCode
 from llmplay.history.site import publish_run
+from llmplay.playbook.convert import check_image_option
 from llmplay.playbook.load import load_playbook
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.image_flags import image_flags
@@ -95,6 +96,8 @@ def retest_command(
     """Re-run the archived final configuration and compare; ExitCode.REGRESSION when the new run regressed.
 
     The archived run must verify first (nothing of it is read before), unless `unverified`, which says so."""
+    if image is not None:
+        check_image_option(image)
     verification = require_verified(run_dir, allow_unverified=unverified, public_key=public_key_from(public_key))
     console = stdout_console()
     if not verification.ok:

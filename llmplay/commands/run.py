@@ -28,6 +28,7 @@ from llmplay.commands.plan import render_plan
 from llmplay.errors import ExitCode, PlaybookError
 from llmplay.history.site import publish_run
 from llmplay.plan import build_plan
+from llmplay.playbook.convert import phase_too_long
 from llmplay.playbook.load import load_playbook
 from llmplay.tuning.resume import resumed_overrides, resumed_playbook
 from llmplay.tuning.run import RunOptions, RunOutcome, apply_overrides, run_playbook
@@ -49,6 +50,8 @@ def duration_option_s(name: str, value: str | None) -> float | None:
         raise PlaybookError(f"--{name}: {exc}") from None
     if name == "duration" and seconds <= 0:  # the rule workload.duration obeys: a window of 0 s measures nothing
         raise PlaybookError(f"--duration: found {value!r}; expected a length above zero, like 10s")
+    if why := phase_too_long(name, repr(value), seconds):  # and the limit workload.duration and warmup obey
+        raise PlaybookError(f"--{name}: {why}")
     return seconds
 
 
@@ -87,7 +90,12 @@ def run_command(
     else:
         # A dry run starts nothing, and a --ray run mounts the nodes' model_dir: neither needs this host's.
         on_this_host = not dry_run and ray_address is None
-        playbook = load_playbook(file, allow_outside_extends=allow_outside_extends, on_this_host=on_this_host)
+        playbook = load_playbook(
+            file,
+            allow_outside_extends=allow_outside_extends,
+            on_this_host=on_this_host,
+            archive_root=archive_root(archive_dir),
+        )
     # Built (and so checked) before --dry-run returns: a dry run refuses a bad --duration, --warmup or --only
     # exactly as the run would, and prints the plan the run would follow.
     options = RunOptions(

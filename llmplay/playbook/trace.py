@@ -20,8 +20,9 @@ from typing import Any
 
 from llmplay import units
 from llmplay.errors import PlaybookError
+from llmplay.files import display_path, open_regular
 from llmplay.playbook.problems import Problems, short_repr
-from llmplay.playbook.source import YamlPath, display_path, one_line, open_regular
+from llmplay.playbook.source import YamlPath, one_line
 from llmplay.spec import TraceFacts, TraceSpec, Workload
 
 FORMATS = ("mooncake", "azure", "burstgpt")

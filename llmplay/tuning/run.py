@@ -26,6 +26,7 @@ from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
 from llmplay.errors import ExitCode, LlmplayError, PlaybookError
 from llmplay.plan import docker_run_argv, format_argv
+from llmplay.playbook.convert import check_image_option
 from llmplay.playbook.source import located_error
 from llmplay.redaction import redact_text, referenced_values, resolve_env, secret_values
 from llmplay.runtime import RuntimeFactory, live_runs, make_runtime, stop_all
@@ -119,6 +120,7 @@ def apply_overrides(playbook: Playbook, options: RunOptions) -> Playbook:
     if options.repeats is not None:
         trials = replace(trials, repeats=options.repeats, max_repeats=max(options.repeats, trials.max_repeats))
     if options.image is not None:
+        check_image_option(options.image)
         engine = replace(engine, image=options.image)
     runtime = playbook.runtime
     if options.ray_address is not None:

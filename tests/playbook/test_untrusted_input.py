@@ -19,9 +19,10 @@ from click.testing import CliRunner
 
 from llmplay.cli import cli
 from llmplay.errors import PlaybookError
+from llmplay.files import read_bounded
 from llmplay.playbook.dataset import read_dataset
 from llmplay.playbook.load import load_playbook
-from llmplay.playbook.source import MAX_FILE_BYTES, read_bounded
+from llmplay.playbook.source import MAX_FILE_BYTES
 
 BASE: dict[str, Any] = {
     "apiVersion": "llmplay/v1",
