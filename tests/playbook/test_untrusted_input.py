@@ -205,7 +205,7 @@ STEP = "steps"
             "steps[0].set.args.threads",
             "expected an integer >= 1",
         ),
-        ({STEP: [{"name": "img", "set": {"image": ""}}]}, "steps[0].set.image", "a non-empty string"),
+        ({STEP: [{"name": "img", "set": {"image": ""}}]}, "steps[0].set.image", "a Docker image reference"),
         ({STEP: [{"name": "env", "set": {"env.X": [1]}}]}, "steps[0].set.env.X", "expected a string"),
         (
             {STEP: [{"name": "rate", "set": {"workload.rate": 4}}]},
