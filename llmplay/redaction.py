@@ -125,26 +125,42 @@ def _entropy_bits(text: str) -> float:
     return -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
 
 
-def resolve_args(args: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+def resolve_args(
+    args: Sequence[str], environ: Mapping[str, str] | None = None, where: str = "engine.extra_args"
+) -> tuple[str, ...]:
     """Command-line arguments with `${env:NAME}` replaced from the caller's environment, as env values are."""
-    resolved = resolve_env({str(i): arg for i, arg in enumerate(args)}, environ)
+    resolved = resolve_env({str(i): arg for i, arg in enumerate(args)}, environ, where)
     return tuple(resolved[str(i)] for i in range(len(args)))
 
 
-def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Replace `${env:NAME}` with the caller's environment; a missing variable is the user's error."""
+def resolve_env(
+    env: Mapping[str, str], environ: Mapping[str, str] | None = None, where: str = "engine.env"
+) -> dict[str, str]:
+    """Replace `${env:NAME}` with the caller's environment; a missing variable is the user's error, named at
+    `where` (the YAML path the values came from)."""
     source = os.environ if environ is None else environ
 
     def sub(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in source:
-            raise PlaybookError(
-                f"engine.env references ${{env:{name}}} but {name} is not set in llmplay's "
-                f"environment; expected `export {name}=...` before running"
-            )
+            raise PlaybookError(f"{where}: {unset_reference(name)}")
         return source[name]
 
     return {k: ENV_REF.sub(sub, str(v)) for k, v in env.items()}
+
+
+def unset_reference(name: str) -> str:
+    """The message for a `${env:NAME}` whose variable is not set."""
+    return (
+        f"references ${{env:{name}}} but {name} is not set in llmplay's environment; "
+        f"expected `export {name}=...` before running"
+    )
+
+
+def unset_names(value: object, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The names of the `${env:NAME}` references in `value` whose variables are not set."""
+    source = os.environ if environ is None else environ
+    return [name for name in ENV_REF.findall(str(value)) if name not in source]
 
 
 def secret_values(env: Mapping[str, str]) -> list[str]:

@@ -259,7 +259,9 @@ def gate_line(gate: GateResult) -> str:
     """One gate: what was observed, met / FAILED / not met (not measured), and how thin its sample was."""
     observed = measured(gate.observed)
     if observed is None:
-        return f"gate {gate.gate}: observed {figure(gate.metric, {})} -> not met (not measured)"
+        # The gate's own note when the run gave one (why this run did not measure it), else the metric's reason.
+        seen = f"not measured ({gate.note})" if gate.note else figure(gate.metric, {})
+        return f"gate {gate.gate}: observed {seen} -> not met (not measured)"
     margin = measured(gate.margin)
     state = ("met" if gate.met else "FAILED") + (f" (margin {margin:+.0%})" if margin is not None else "")
     note = f" — {gate.note}" if gate.note else ""

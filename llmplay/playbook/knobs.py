@@ -91,9 +91,11 @@ def _check_steps_change_something(playbook: Playbook, problems: Problems) -> Non
 
 
 def knob_sites(playbook: Playbook, sources: SourceMap) -> dict[str, str]:
-    """`FILE:LINE` of the engine block, its args, extra_args and image, and of every step and its `set:` keys."""
+    """`FILE:LINE` of the engine block, its args, env, extra_args and image, and of every step and its `set:` keys."""
     paths: list[YamlPath] = [("engine",), ("engine", "image"), ("engine", "args"), ("engine", "extra_args")]
     paths += [("engine", "args", knob) for knob in playbook.engine.args]
+    paths += [("engine", "env", name) for name in playbook.engine.env]
+    paths += [("engine", "extra_args", i) for i in range(len(playbook.engine.extra_args))]
     for i, step in enumerate(playbook.steps):
         paths.append(("steps", i))
         paths += [_step_path(i, change, sources) for change in step.changes]
