@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shlex
 import socket
 import threading
 from pathlib import Path
@@ -259,3 +260,14 @@ def test_a_port_in_use_is_named_in_the_trial_error(tmp_path):
     trials = yaml.safe_load((run_dir / "manifest.json").read_text())["trials"]
     assert trials and f"port {port} on 127.0.0.1 is already in use" in trials[0]["error"], trials
     assert f"port {port}" in out
+
+
+def test_the_printed_docker_line_quotes_every_playbook_value(tmp_path):
+    """The plan's `docker run` line is pasted into shells: a GPU id or an extra arg is one quoted word there."""
+    hostile = '"; touch pwned; "'
+    path = playbook(tmp_path, engine={"gpus": ["0", hostile], "extra_args": [hostile]})
+    code, out = invoke("plan", str(path))
+    assert code == 0, out
+    (line,) = [line.split("$ ", 1)[1] for line in out.splitlines() if line.strip().startswith("$ docker run")]
+    words = shlex.split(line)
+    assert words[words.index("--gpus") + 1] == f'"device=0,{hostile}"' and words[-1] == hostile
