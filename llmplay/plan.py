@@ -73,8 +73,9 @@ def docker_run_argv(spec: EngineSpec, engine: Engine) -> list[str]:
 
 
 def format_argv(argv: list[str]) -> str:
-    """One shell line; arguments already quoted for display (`"device=0,1"`) stay as they are."""
-    return " ".join(a if a.startswith('"') else shlex.quote(a) for a in argv)
+    """One shell line, every argument quoted for the shell: a value from the playbook (a GPU id, an extra arg) is
+    text a reader may paste, never shell syntax (`--gpus '"device=0,1"'` is Docker's own documented form)."""
+    return shlex.join(argv)
 
 
 # ---------------------------------------------------------------------------------------------- sample size

@@ -32,15 +32,21 @@ _CREDENTIAL_PARTS = {
 # Values that are switches, not secrets, even under such a name (NCCL_PAT_ENABLE=1, AUTH_DISABLED=true).
 _SWITCH = re.compile(r"(true|false|yes|no|on|off|0|1|-1|)", re.I)
 # Credential formats their issuers publish so that leaks can be found: Hugging Face, OpenAI and Anthropic, GitHub,
-# GitLab, Slack, AWS access key ids, Google API keys, PEM private keys, JSON Web Tokens.
+# GitLab, Slack, AWS access key ids, Google API keys, PEM private keys, JSON Web Tokens. A prefix counts with any
+# length from eight characters after it: the full-length forms as issued, and shorter ones that carry a digit
+# (sk-live-LITERAL-888888 is a key by its shape whatever its length; `hf_transfer` is a word).
+_TOKEN_PREFIX = r"(?:sk-|hf_|gh[pousr]_|github_pat_|glpat-|xox[abposr]-)"
 KNOWN_TOKEN = re.compile(
     r"(?<![A-Za-z0-9])(?:"
     r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|"
     r"glpat-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}|"
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----|eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"
     r")"
+    rf"|(?<![A-Za-z0-9_-]){_TOKEN_PREFIX}(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{{8,}}"
+    r"|(?<![A-Za-z0-9_-])(?:AKIA|ASIA)(?=[0-9A-Z]*[0-9])[0-9A-Z]{8,}"
 )
 _RANDOM_RUN = re.compile(r"[A-Za-z0-9+]{20,}")
+_CONFIG_KEYS = frozenset({"env", "extra_args"})  # where a configuration keeps free-form text
 _HEX = re.compile(r"[0-9a-fA-F]+")
 URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<cred>[^/@\s:]+(?::[^/@\s]*)?)@", re.I)
 REDACTED = "***"
@@ -64,15 +70,23 @@ def is_switch(value: str) -> bool:
 
 
 def credential_kind(value: str) -> str | None:
-    """What in `value` looks like a credential ("a token in a known format", "a random-looking string"), or None.
-
-    The random-looking test is a backstop for formats not listed: a run of 20+ letters and digits that is not hex
-    (digests, commit ids), mixes letter cases or digits, and changes character class at least every other character
-    (random text does about 6 times in 10; model names like DeepSeekR1DistillQwen32B under half)."""
+    """What in `value` looks like a credential ("a token in a known format", "a random-looking string"), or None."""
     if KNOWN_TOKEN.search(value):
         return "a token in a known credential format"
     if _URL_PASSWORD.search(value):
         return "a URL with a password"
+    if random_runs(value):
+        return "a random-looking string (like a key or token)"
+    return None
+
+
+def random_runs(value: str) -> list[str]:
+    """The runs of `value` that look random, like a key or token in a format not listed.
+
+    A run of 20+ letters and digits that is not hex (digests, commit ids), mixes letter cases or digits, and changes
+    character class at least every other character (random text does about 6 times in 10; model names like
+    DeepSeekR1DistillQwen32B under half)."""
+    found = []
     for run in _RANDOM_RUN.findall(value):
         if _HEX.fullmatch(run):
             continue
@@ -82,8 +96,26 @@ def credential_kind(value: str) -> str | None:
             continue
         changes = sum(a != b for a, b in itertools.pairwise(kinds)) / (len(run) - 1)
         if _entropy_bits(run) >= 3.5 and changes >= (0.5 if classes >= 3 else 0.3):
-            return "a random-looking string (like a key or token)"
-    return None
+            found.append(run)
+    return found
+
+
+def shaped_secrets(obj: Any) -> list[str]:
+    """Values under an `env` or `extra_args` key anywhere in `obj` that look like a credential by their shape (a
+    random-looking run), whatever the name they sit under: a configuration's free text holds no such thing unless
+    it is one. They are then blanked wherever they appear (a docker line repeats them), like known secrets."""
+    found: list[str] = []
+    stack: list[tuple[Any, bool]] = [(obj, False)]
+    while stack:
+        node, in_config = stack.pop()
+        if isinstance(node, str):
+            if in_config:
+                found.extend(random_runs(node))
+        elif isinstance(node, Mapping):
+            stack.extend((v, in_config or k in _CONFIG_KEYS) for k, v in node.items())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, in_config) for v in node)
+    return found
 
 
 def _entropy_bits(text: str) -> float:
@@ -93,26 +125,42 @@ def _entropy_bits(text: str) -> float:
     return -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
 
 
-def resolve_args(args: Sequence[str], environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+def resolve_args(
+    args: Sequence[str], environ: Mapping[str, str] | None = None, where: str = "engine.extra_args"
+) -> tuple[str, ...]:
     """Command-line arguments with `${env:NAME}` replaced from the caller's environment, as env values are."""
-    resolved = resolve_env({str(i): arg for i, arg in enumerate(args)}, environ)
+    resolved = resolve_env({str(i): arg for i, arg in enumerate(args)}, environ, where)
     return tuple(resolved[str(i)] for i in range(len(args)))
 
 
-def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Replace `${env:NAME}` with the caller's environment; a missing variable is the user's error."""
+def resolve_env(
+    env: Mapping[str, str], environ: Mapping[str, str] | None = None, where: str = "engine.env"
+) -> dict[str, str]:
+    """Replace `${env:NAME}` with the caller's environment; a missing variable is the user's error, named at
+    `where` (the YAML path the values came from)."""
     source = os.environ if environ is None else environ
 
     def sub(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in source:
-            raise PlaybookError(
-                f"engine.env references ${{env:{name}}} but {name} is not set in llmplay's "
-                f"environment; expected `export {name}=...` before running"
-            )
+            raise PlaybookError(f"{where}: {unset_reference(name)}")
         return source[name]
 
     return {k: ENV_REF.sub(sub, str(v)) for k, v in env.items()}
+
+
+def unset_reference(name: str) -> str:
+    """The message for a `${env:NAME}` whose variable is not set."""
+    return (
+        f"references ${{env:{name}}} but {name} is not set in llmplay's environment; "
+        f"expected `export {name}=...` before running"
+    )
+
+
+def unset_names(value: object, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The names of the `${env:NAME}` references in `value` whose variables are not set."""
+    source = os.environ if environ is None else environ
+    return [name for name in ENV_REF.findall(str(value)) if name not in source]
 
 
 def secret_values(env: Mapping[str, str]) -> list[str]:
@@ -153,11 +201,21 @@ def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
     return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
 
 
-def redact(obj: Any, secrets: Sequence[str] = ()) -> Any:
-    """Deep copy with secret-named keys and secret values blanked; keeps `${env:X}` references (they are not secret)."""
+def redact(obj: Any, secrets: Sequence[str] = (), found: list[str] | None = None, where: str = "") -> Any:
+    """Deep copy with secret-named keys and secret values blanked; keeps `${env:X}` references (they are not secret).
+
+    Blanked too, by shape: tokens in a known format anywhere, and random-looking values under `env` or
+    `extra_args` whatever their name. `found` (when given) gets the path of every value changed, from `where`
+    (`configs[baseline].engine.env.MODEL_NOTE`): a reader learns which values were redacted, never their text."""
+    secrets = [*secrets, *shaped_secrets(obj)]
+    return _redact(obj, secrets, [] if found is None else found, where)
+
+
+def _redact(obj: Any, secrets: Sequence[str], found: list[str], where: str) -> Any:
     if isinstance(obj, Mapping):
         out = {}
         for key, value in obj.items():
+            path = f"{where}.{key}" if where else str(key)
             if (
                 isinstance(key, str)
                 and SECRET_NAME.search(key)
@@ -165,21 +223,31 @@ def redact(obj: Any, secrets: Sequence[str] = ()) -> Any:
                 and not ENV_REF.fullmatch(value)
             ):
                 out[key] = REDACTED
+                if value != REDACTED:
+                    found.append(path)
             else:
-                out[key] = redact(value, secrets)
+                out[key] = _redact(value, secrets, found, path)
         return out
     if isinstance(obj, (list, tuple)):
-        return [redact(v, secrets) for v in obj]
+        return [_redact(v, secrets, found, f"{where}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, str):
-        return redact_text(obj, secrets)
+        text = redact_text(obj, secrets)
+        if text != obj:
+            found.append(where or "(value)")
+        return text
     return obj
 
 
-def redact_yaml_text(text: str, secrets: Sequence[str] = ()) -> str:
+def redact_yaml_text(text: str, secrets: Sequence[str] = (), found: list[int] | None = None) -> str:
     """YAML text as archived: known secret values, URL credentials and literal values of secret-named keys blanked;
-    `${env:X}` references, numbers, booleans, nested blocks and comments are kept, so the text still loads."""
+    `${env:X}` references, numbers, booleans, nested blocks and comments are kept, so the text still loads.
+    `found` (when given) gets the 1-based number of every line changed."""
     lines = []
-    for line in redact_text(text, secrets).splitlines(keepends=True):
+    original = text.splitlines(keepends=True)
+    redacted = redact_text(text, secrets).splitlines(keepends=True)
+    aligned = len(original) == len(redacted)  # a secret with a line break in it shifts every line after it
+    for lineno, line in enumerate(redacted, start=1):
+        before = original[lineno - 1] if aligned else None
         end = "\n" if line.endswith("\n") else ""
         match = _YAML_KEY_LINE.match(line.rstrip("\n"))
         if match and SECRET_NAME.search(match.group("key")):
@@ -191,5 +259,7 @@ def redact_yaml_text(text: str, secrets: Sequence[str] = ()) -> str:
                 and not _PLAIN_SCALAR.fullmatch(value)
             ):
                 line = f"{match.group('head')}{REDACTED}{end}"
+        if found is not None and (line != before if before is not None else REDACTED in line):
+            found.append(lineno)
         lines.append(line)
     return "".join(lines)

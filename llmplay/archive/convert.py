@@ -342,6 +342,7 @@ def run_info_from(m: Mapping[str, Any]) -> RunInfo:
         file_sha256={str(k): v for k, v in files.items() if isinstance(v, str)},
         manifest_sha256=str(m.get("manifest_sha256", "")),
         report_error=_text(m.get("report_error")),
+        redacted=tuple(str(p) for p in _items(m.get("redacted"))),
     )
 
 

@@ -359,6 +359,7 @@ class RunInfo:
     file_sha256: Mapping[str, str] = field(default_factory=dict)  # relative path -> the hash the manifest records
     manifest_sha256: str = ""
     report_error: str | None = None
+    redacted: tuple[str, ...] = ()  # where values were blanked as secrets (paths and files, never the values)
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from llmplay.archive.layout import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, MANIFEST, SIGNATURE_FILE
 from llmplay.errors import ArchiveError
+from llmplay.files import read_bounded
 
 SIGNATURE_SCHEMA = "llmplay/manifest-signature.v1"
 ALGORITHM = "ed25519"
+MAX_KEY_BYTES = 64 << 10  # an Ed25519 PEM key is about 120 bytes; any real PEM file is far below this
 
 
 def fingerprint(public_key: Ed25519PublicKey) -> str:
@@ -34,12 +36,8 @@ def fingerprint(public_key: Ed25519PublicKey) -> str:
 
 
 def _read_key_file(path: Path, what: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ArchiveError(
-            f"{path}: cannot read the {what} ({exc.strerror}); expected a PEM file from llmplay keygen"
-        ) from None
+    # A key path comes from a flag or the environment: /dev/zero, a FIFO or a huge file is refused, never read.
+    return read_bounded(Path(path), MAX_KEY_BYTES, f"the {what}: a PEM file from llmplay keygen", ArchiveError)
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:
@@ -81,7 +79,11 @@ def signing_key_from_env() -> Ed25519PrivateKey | None:
 
 
 def keygen(private_path: Path) -> tuple[Path, Path, str]:
-    """A new key pair: `private_path` (PEM, mode 0600, never overwritten) and `private_path`.pub (PEM)."""
+    """A new key pair: `private_path` (PEM, mode 0600, never overwritten) and `private_path`.pub (PEM).
+
+    Each file is written whole to a temporary name and then linked to its own (a hard link fails when the name
+    exists, so nothing is overwritten): a full disk or a crash leaves no empty or partial key that would block the
+    next keygen, and a pair is written both or neither."""
     private_path = Path(private_path)
     public_path = private_path.with_name(private_path.name + ".pub")
     for path in (private_path, public_path):
@@ -94,19 +96,41 @@ def keygen(private_path: Path) -> tuple[Path, Path, str]:
     public_pem = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
+    written: list[Path] = []
     try:
         private_path.parent.mkdir(parents=True, exist_ok=True)
-        # O_EXCL with the mode given at creation: the key is never readable by others, not even for a moment
-        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(private_pem)
-        os.chmod(private_path, 0o600)  # a umask can only remove bits, but say it outright
-        fd = os.open(public_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(public_pem)
+        for path, data, mode in ((private_path, private_pem, 0o600), (public_path, public_pem, 0o644)):
+            _write_new(path, data, mode)
+            written.append(path)
     except OSError as exc:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if isinstance(exc, FileExistsError):
+            raise ArchiveError(
+                f"{exc.filename or private_path} already exists; expected a new file name (keys are never overwritten)"
+            ) from None
         raise ArchiveError(f"{exc.filename or private_path}: cannot write the key ({exc.strerror})") from None
     return private_path, public_path, fingerprint(key.public_key())
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """`data` at `path`, which must not exist, all at once: written and synced under a temporary name first."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # O_EXCL with the mode given at creation: the key is never readable by others, not even for a moment
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(temp, mode)  # a umask can only remove bits, but say it outright
+        os.link(temp, path)
+    except OSError as exc:
+        if exc.filename is None or exc.filename == str(temp):
+            exc.filename = str(path)
+        raise
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def signature_document(manifest_bytes: bytes, key: Ed25519PrivateKey) -> bytes:
@@ -161,5 +185,12 @@ def signature_problem(manifest_bytes: bytes, signature: Signature, public_key: E
 
 def public_key_from(path: Path | None) -> Ed25519PublicKey | None:
     """The public key a check uses: `path` (--public-key), else $LLMPLAY_PUBLIC_KEY, else None (integrity only)."""
-    chosen = path or os.environ.get(ENV_PUBLIC_KEY)
-    return load_public_key(Path(chosen)) if chosen else None
+    if path:
+        return load_public_key(Path(path))
+    chosen = os.environ.get(ENV_PUBLIC_KEY)
+    if not chosen:
+        return None
+    try:
+        return load_public_key(Path(chosen))
+    except ArchiveError as exc:
+        raise ArchiveError(f"${ENV_PUBLIC_KEY}: {exc}") from None

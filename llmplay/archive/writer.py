@@ -16,7 +16,7 @@ import math
 import os
 import secrets as _secrets
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -146,7 +146,8 @@ class RunArchive(ArchivedRun):
                 f"cannot create the run archive {run_dir}: {exc.strerror}; "
                 f"expected a writable --archive directory or ${ENV_ARCHIVE}"
             ) from None
-        env = redact(_finite(to_plain(dict(environment))), list(secrets))
+        redacted: list[str] = []
+        env = redact(_finite(to_plain(dict(environment))), list(secrets), redacted, "environment")
         env.setdefault("started_utc", iso)
         manifest: dict[str, Any] = {
             "schema": SCHEMA_ID,
@@ -160,7 +161,7 @@ class RunArchive(ArchivedRun):
                 "api_version": getattr(playbook, "api_version", ""),
             },
             "environment": env,
-            "overrides": redact(_finite(to_plain(dict(overrides))), list(secrets)),
+            "overrides": redact(_finite(to_plain(dict(overrides))), list(secrets), redacted, "overrides"),
             "status": "running",
             "exit_code": None,
             "configs": [],
@@ -174,13 +175,16 @@ class RunArchive(ArchivedRun):
             "files": {},
         }
         archive = cls(run_dir, manifest, secrets, signing_key)
-        archive._write_text(PLAYBOOK_FILE, redact_yaml_text(playbook.text, archive._secrets))
+        archive._note(redacted)
+        lines: list[int] = []
+        archive._write_text(PLAYBOOK_FILE, redact_yaml_text(playbook.text, archive._secrets, lines))
+        archive._note(f"{PLAYBOOK_FILE} line {n}" for n in lines)
         resolved = getattr(playbook, "resolved", None)
         if resolved:
-            archive._write_text(
-                RESOLVED_FILE,
-                yaml.safe_dump(redact(to_plain(resolved), archive._secrets), sort_keys=False, allow_unicode=True),
-            )
+            found: list[str] = []
+            plain = redact(to_plain(resolved), archive._secrets, found)
+            archive._write_text(RESOLVED_FILE, yaml.safe_dump(plain, sort_keys=False, allow_unicode=True))
+            archive._note(f"{RESOLVED_FILE}: {path}" for path in found)
         archive._save()
         return archive
 
@@ -207,8 +211,24 @@ class RunArchive(ArchivedRun):
         atomic_write_text(self.run_dir / relpath, text)
         self._manifest["files"][relpath] = sha256_file(self.run_dir / relpath)
 
-    def _redact(self, obj: Any) -> Any:
-        return redact(_finite(to_plain(obj)), self._secrets)
+    def _redact(self, obj: Any, where: str) -> Any:
+        found: list[str] = []
+        out = redact(_finite(to_plain(obj)), self._secrets, found, where)
+        self._note(found)
+        return out
+
+    def _redact_text(self, text: str, where: str) -> str:
+        out = redact_text(text, self._secrets)
+        if out != text:
+            self._note([where])
+        return out
+
+    def _note(self, paths: Iterable[str]) -> None:
+        """Where values were redacted (paths and file names, never the values): the report lists them."""
+        known = self._manifest.get("redacted", [])
+        added = [p for p in dict.fromkeys(paths) if p not in known]
+        if added:
+            self._manifest["redacted"] = [*known, *added]
 
     def _save(self) -> None:
         manifest = _finite(self._manifest)
@@ -228,7 +248,7 @@ class RunArchive(ArchivedRun):
             index_finished_run(self.run_dir)  # never fails the run: the index is rebuilt from manifests on demand
 
     def write_config(self, config: ConfigRecord) -> None:
-        _upsert(self._manifest["configs"], "config_id", self._redact(config))
+        _upsert(self._manifest["configs"], "config_id", self._redact(config, f"configs[{config.config_id}]"))
         self._save()
 
     def _write_frame(self, relbase: str, frame: pd.DataFrame) -> str:
@@ -240,7 +260,8 @@ class RunArchive(ArchivedRun):
             ]
         for column in frame.columns:  # pandas 3 stores text as "str", older versions as object
             if pd.api.types.is_object_dtype(frame[column]) or pd.api.types.is_string_dtype(frame[column]):
-                frame[column] = [redact_text(v, self._secrets) if isinstance(v, str) else v for v in frame[column]]
+                where = f"{relbase} column {column}"
+                frame[column] = [self._redact_text(v, where) if isinstance(v, str) else v for v in frame[column]]
         if have_pyarrow():
             relpath = relbase + ".parquet"
             _atomic_write(self.run_dir / relpath, lambda tmp: frame.to_parquet(tmp, index=False))
@@ -264,7 +285,8 @@ class RunArchive(ArchivedRun):
         if capacity is not None:
             files["capacity"] = f"{base}/capacity.json"
             self._write_text(
-                files["capacity"], json.dumps(self._redact(dict(capacity)), indent=1, ensure_ascii=False) + "\n"
+                files["capacity"],
+                json.dumps(self._redact(dict(capacity), files["capacity"]), indent=1, ensure_ascii=False) + "\n",
             )
         if records is not None:
             files["records"] = self._write_frame(f"{base}/requests", records)
@@ -272,25 +294,26 @@ class RunArchive(ArchivedRun):
             files["telemetry"] = self._write_frame(f"{base}/telemetry", telemetry)
         if engine_log:
             files["log"] = f"{base}/engine.log"
-            self._write_text(files["log"], redact_text(engine_log, self._secrets))
-        _upsert(self._manifest["trials"], "trial_id", self._redact(replace(trial, files=files)))
+            self._write_text(files["log"], self._redact_text(engine_log, files["log"]))
+        record = self._redact(replace(trial, files=files), f"trials[{trial.trial_id}]")
+        _upsert(self._manifest["trials"], "trial_id", record)
         self._save()
 
     def mark_superseded(self, trial_id: str, reason: str) -> None:
         """A trial kept for the audit whose figures are no longer used (its pair was measured again elsewhere)."""
         for trial in self._manifest["trials"]:
             if trial.get("trial_id") == trial_id:
-                trial["superseded"] = redact_text(reason, self._secrets)
+                trial["superseded"] = self._redact_text(reason, f"trials[{trial_id}].superseded")
         self._save()
 
     def write_probes(self, trial_id: str, probes: Sequence[Mapping[str, Any]]) -> None:
         """A trial's goals.quality answers (prompt, text, tokens, log-probabilities), redacted, for later compares."""
         relpath = f"trials/{safe_name(trial_id)}/probes.json"
-        self._write_text(relpath, json.dumps(self._redact(list(probes)), indent=1, ensure_ascii=False) + "\n")
+        self._write_text(relpath, json.dumps(self._redact(list(probes), relpath), indent=1, ensure_ascii=False) + "\n")
         self._save()
 
     def write_verdict(self, verdict: StepVerdict) -> None:
-        _upsert(self._manifest["verdicts"], "step", self._redact(verdict))
+        _upsert(self._manifest["verdicts"], "step", self._redact(verdict, f"verdicts[{verdict.step}]"))
         self._save()
 
     def finish(
@@ -312,10 +335,10 @@ class RunArchive(ArchivedRun):
             status=status,
             exit_code=int(exit_code),
             final_config_id=final_config_id,
-            gates=self._redact(list(gates)),
-            findings=self._redact(list(findings)),
-            diagnosis=self._redact(diagnosis),
-            tuning_record=self._redact(list(tuning_record)),
+            gates=self._redact(list(gates), "gates"),
+            findings=self._redact(list(findings), "findings"),
+            diagnosis=self._redact(diagnosis, "diagnosis"),
+            tuning_record=self._redact(list(tuning_record), "tuning_record"),
             finished_utc=_utc_stamp()[1],
         )
         self._save()

@@ -27,7 +27,9 @@ def capacity_command(
     file: Path, *, archive_dir: str | None, repeats: int | None, allow_outside_extends: bool = False
 ) -> int:
     """Search the baseline's capacity (one search per repeat, each on one engine start), archive it, print it."""
-    playbook = load_playbook(file, allow_outside_extends=allow_outside_extends, on_this_host=True)
+    playbook = load_playbook(
+        file, allow_outside_extends=allow_outside_extends, on_this_host=True, archive_root=archive_root(archive_dir)
+    )
     if playbook.goals.capacity is None:
         raise located_error(
             str(file),

@@ -21,6 +21,7 @@ from llmplay.errors import ArchiveError, ExitCode
 from llmplay.history.site import publish_run
 from llmplay.outputs.facts import run_section
 from llmplay.outputs.files import NO_OUTPUTS, OutputFiles
+from llmplay.playbook.convert import check_image_option
 from llmplay.playbook.load import load_playbook
 from llmplay.runtime.docker import connect as connect_docker
 from llmplay.runtime.image_flags import image_flags
@@ -99,6 +100,8 @@ def retest_command(
     """Re-run the archived final configuration and compare; ExitCode.REGRESSION when the new run regressed.
 
     The archived run must verify first (nothing of it is read before), unless `unverified`, which says so."""
+    if image is not None:
+        check_image_option(image)
     verification = require_verified(run_dir, allow_unverified=unverified, public_key=public_key_from(public_key))
     console = stdout_console()
     if not verification.ok:

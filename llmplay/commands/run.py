@@ -29,6 +29,7 @@ from llmplay.errors import ExitCode, PlaybookError
 from llmplay.history.site import publish_run
 from llmplay.outputs.files import NO_OUTPUTS, OutputFiles
 from llmplay.plan import build_plan
+from llmplay.playbook.convert import phase_too_long
 from llmplay.playbook.load import load_playbook
 from llmplay.tuning.resume import resumed_overrides, resumed_playbook
 from llmplay.tuning.run import RunOptions, RunOutcome, apply_overrides, run_playbook
@@ -50,6 +51,8 @@ def duration_option_s(name: str, value: str | None) -> float | None:
         raise PlaybookError(f"--{name}: {exc}") from None
     if name == "duration" and seconds <= 0:  # the rule workload.duration obeys: a window of 0 s measures nothing
         raise PlaybookError(f"--duration: found {value!r}; expected a length above zero, like 10s")
+    if why := phase_too_long(name, repr(value), seconds):  # and the limit workload.duration and warmup obey
+        raise PlaybookError(f"--{name}: {why}")
     return seconds
 
 
@@ -90,7 +93,12 @@ def run_command(
     else:
         # A dry run starts nothing, and a --ray run mounts the nodes' model_dir: neither needs this host's.
         on_this_host = not dry_run and ray_address is None
-        playbook = load_playbook(file, allow_outside_extends=allow_outside_extends, on_this_host=on_this_host)
+        playbook = load_playbook(
+            file,
+            allow_outside_extends=allow_outside_extends,
+            on_this_host=on_this_host,
+            archive_root=archive_root(archive_dir),
+        )
     # Built (and so checked) before --dry-run returns: a dry run refuses a bad --duration, --warmup or --only
     # exactly as the run would, and prints the plan the run would follow.
     options = RunOptions(
@@ -257,7 +265,9 @@ def gate_line(gate: GateResult) -> str:
     """One gate: what was observed, met / FAILED / not met (not measured), and how thin its sample was."""
     observed = measured(gate.observed)
     if observed is None:
-        return f"gate {gate.gate}: observed {figure(gate.metric, {})} -> not met (not measured)"
+        # The gate's own note when the run gave one (why this run did not measure it), else the metric's reason.
+        seen = f"not measured ({gate.note})" if gate.note else figure(gate.metric, {})
+        return f"gate {gate.gate}: observed {seen} -> not met (not measured)"
     margin = measured(gate.margin)
     state = ("met" if gate.met else "FAILED") + (f" (margin {margin:+.0%})" if margin is not None else "")
     note = f" — {gate.note}" if gate.note else ""

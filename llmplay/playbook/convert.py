@@ -10,11 +10,13 @@ from typing import Any
 
 from llmplay import units
 from llmplay.errors import PlaybookError
+from llmplay.files import display_path
 from llmplay.playbook.credentials import check_args, check_env, check_knob_value
 from llmplay.playbook.dataset import DatasetProblems, DatasetRow, read_dataset
 from llmplay.playbook.mounts import host_path
 from llmplay.playbook.problems import Problems
-from llmplay.playbook.source import YamlPath, display_path
+from llmplay.playbook.schema import option_problem
+from llmplay.playbook.source import YamlPath
 from llmplay.playbook.step_forms import parse_step
 from llmplay.playbook.trace import EXPECTED, apply_trace
 from llmplay.spec import (
@@ -91,6 +93,31 @@ def parse_think_time(raw: Any, path: YamlPath, problems: Problems) -> ThinkTime:
     )
 
 
+# The longest phase a playbook (or --duration/--warmup) may ask for: past these a value is a slip (1000h for 1000s)
+# that would hold an engine for weeks before anyone noticed. A longer measurement is more repeats, not a longer trial.
+MAX_PHASE_S = {"duration": 24 * 3600.0, "warmup": 3600.0, "cooldown": 3600.0}
+_PHASE_NAME = {
+    "duration": "a trial's measured window (llmplay's limit: measure longer with more repeats)",
+    "warmup": "a warm-up (llmplay's limit: an engine is warm within minutes)",
+    "cooldown": "a cool-down between trials (llmplay's limit)",
+}
+
+
+def phase_too_long(key: str, written: object, seconds: float) -> str | None:
+    """Why `seconds` (written as `written`) is too long for the phase `key`; None when it is not."""
+    limit = MAX_PHASE_S[key]
+    if seconds <= limit:
+        return None
+    shown = f"{limit / 3600:g}h"
+    return f"found {written} ({seconds:g} s); expected at most {shown} for {_PHASE_NAME[key]}"
+
+
+def check_image_option(image: str) -> None:
+    """`--image` (or a recorded override of it) held to the rule engine.image obeys: never read as a docker option."""
+    if why := option_problem(image, "#/$defs/engine/properties/image"):
+        raise PlaybookError(f"--image: {why}")
+
+
 def parse_duration(
     section: Mapping[str, Any], key: str, path: YamlPath, problems: Problems, default: float | None
 ) -> float | None:
@@ -102,6 +129,15 @@ def parse_duration(
     except units.UnitError as exc:
         problems.add((*path, key), str(exc))
         return default
+
+
+def parse_phase(section: Mapping[str, Any], key: str, path: YamlPath, problems: Problems) -> float | None:
+    """A warm-up, measured window or cool-down (`key`) in seconds, within MAX_PHASE_S; None when absent or wrong."""
+    seconds = parse_duration(section, key, path, problems, None)
+    if seconds is not None and (why := phase_too_long(key, section[key], seconds)):
+        problems.add((*path, key), why)
+        return None
+    return seconds
 
 
 class PromptFiles:
@@ -205,9 +241,9 @@ def parse_workload(
         ignore_eos=raw.get("ignore_eos", True),
         temperature=raw.get("temperature", 0.0),
         seed=raw.get("seed", 0),
-        warmup_s=parse_duration(raw, "warmup", path, problems, 0.0) or 0.0,
+        warmup_s=parse_phase(raw, "warmup", path, problems) or 0.0,
         warmup_requests=raw.get("warmup_requests", 0),
-        duration_s=parse_duration(raw, "duration", path, problems, None),
+        duration_s=parse_phase(raw, "duration", path, problems),
         num_requests=raw.get("num_requests"),
         request_timeout_s=parse_duration(raw, "request_timeout", path, problems, 120.0) or 120.0,
     )
@@ -277,7 +313,7 @@ def parse_trials(raw: Mapping[str, Any], problems: Problems) -> Trials:
         confidence=raw.get("confidence", d.confidence),
         pool_noise=raw.get("pool_noise", d.pool_noise),
         on_failure=raw.get("on_failure", d.on_failure),
-        cooldown_s=parse_duration(raw, "cooldown", ("trials",), problems, 0.0) or 0.0,
+        cooldown_s=parse_phase(raw, "cooldown", ("trials",), problems) or 0.0,
     )
     if t.max_repeats < t.repeats:
         problems.add(

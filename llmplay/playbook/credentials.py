@@ -11,9 +11,19 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmplay.files import display_path
 from llmplay.playbook.problems import Problems
-from llmplay.playbook.source import YamlPath, display_path
-from llmplay.redaction import ENV_REF, KNOWN_TOKEN, credential_kind, is_credential_name, is_switch
+from llmplay.playbook.source import YamlPath
+from llmplay.redaction import (
+    ENV_REF,
+    KNOWN_TOKEN,
+    credential_kind,
+    is_credential_name,
+    is_switch,
+    unset_names,
+    unset_reference,
+)
+from llmplay.spec import Playbook
 
 
 def _reference_hint(name: str) -> str:
@@ -84,3 +94,30 @@ def check_text(text: str, file: str, problems: Problems) -> None:
                 f"{display_path(file)}:{lineno}: found a token in a known credential format in the text; "
                 f"expected none in a playbook, not even in a comment (use {_reference_hint('secret')})"
             )
+
+
+def unset_references(playbook: Playbook, environ: Mapping[str, str] | None = None) -> list[str]:
+    """`FILE:LINE: YAML.PATH: references ${env:X} but X is not set ...` for every reference the engine's env and
+    extra_args take (the base's and each step's) whose variable is not set: a run checks these before it makes an
+    archive, so a missing variable leaves neither an archive nor an engine start behind."""
+    values: list[tuple[str, object]] = [(f"engine.env.{k}", v) for k, v in playbook.engine.env.items()]
+    values += [(f"engine.extra_args[{i}]", arg) for i, arg in enumerate(playbook.engine.extra_args)]
+    for i, step in enumerate(playbook.steps):
+        values += [
+            (f"steps[{i}].set.{c.target}", c.value)
+            for c in step.changes
+            if c.target.startswith("env.") or c.target == "extra_args"
+        ]
+    lines = []
+    for path, value in values:
+        site = _site(playbook, path)
+        lines += [f"{site}: {path}: {unset_reference(name)}" for name in dict.fromkeys(unset_names(value, environ))]
+    return lines
+
+
+def _site(playbook: Playbook, path: str) -> str:
+    """`FILE:LINE` where `path` (or the nearest block around it) was written."""
+    for cut in (path, path.split("[")[0], path.rsplit(".", 1)[0], "engine"):
+        if cut in playbook.sites:
+            return playbook.sites[cut]
+    return display_path(playbook.path)

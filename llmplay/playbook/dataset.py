@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from llmplay.errors import PlaybookError
+from llmplay.files import display_path, read_bounded
 from llmplay.playbook.problems import short_repr
-from llmplay.playbook.source import display_path, one_line, read_bounded
+from llmplay.playbook.source import one_line
 
 # ShareGPT's cleaned split, the largest dataset serving benchmarks use, is about 650 MB as one JSON array.
 MAX_DATASET_BYTES = 1 << 30

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import stat
 from pathlib import Path
 from typing import Any
 
-from llmplay.playbook.source import SourceMap, display_path, located_error, read_yaml
+from llmplay.files import display_path, file_kind
+from llmplay.playbook.source import SourceMap, located_error, read_yaml
 
 MAX_EXTENDS_DEPTH = 16
 
@@ -53,9 +55,18 @@ def resolve_extends(
         raise located_error(str(path), where.line, f"extends: cycle {cycle}; expected a chain that ends in a base")
     if len(chain) >= MAX_EXTENDS_DEPTH:
         raise located_error(str(path), where.line, f"extends: chain longer than {MAX_EXTENDS_DEPTH}")
-    if not target.is_file():
+    try:
+        mode = target.stat().st_mode
+    except OSError:
         raise located_error(
             str(path), where.line, f"extends: '{parent}' does not exist (looked for {display_path(str(target))})"
+        ) from None
+    if not stat.S_ISREG(mode):  # a FIFO would block the read, a device never end it
+        raise located_error(
+            str(path),
+            where.line,
+            f"extends: '{parent}' is not a regular file ({file_kind(mode)}: {display_path(str(target))}); "
+            "expected a base playbook YAML file",
         )
     base, base_sources = resolve_extends(target, root_dir, allow_outside, (*chain, target))
     base.pop("extends", None)

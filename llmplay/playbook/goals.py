@@ -13,9 +13,10 @@ import numpy as np
 
 from llmplay import units
 from llmplay.catalog import CAPACITY_METRICS, METRICS, RATE_METRICS, metric_info
+from llmplay.files import display_path
 from llmplay.playbook.convert import PromptFiles, parse_duration, prompt_file, prompt_rows
 from llmplay.playbook.problems import Problems, did_you_mean
-from llmplay.playbook.source import YamlPath, display_path
+from llmplay.playbook.source import YamlPath
 from llmplay.spec import CapacitySpec, Gate, Goals, Guard, Objective, QualitySpec, frozen_map
 
 

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from llmplay.engines import get_engine
 from llmplay.engines.base import BadKnobValue, Engine
 from llmplay.errors import PlaybookError
+from llmplay.files import display_path
 from llmplay.playbook.problems import Problems, did_you_mean, short_repr
-from llmplay.playbook.source import SourceMap, YamlPath, display_path, format_path
+from llmplay.playbook.source import SourceMap, YamlPath, format_path
 from llmplay.playbook.step_forms import form_of
 from llmplay.spec import Change, Config, Playbook, Scalar, apply_step, show_value
 
@@ -90,9 +91,11 @@ def _check_steps_change_something(playbook: Playbook, problems: Problems) -> Non
 
 
 def knob_sites(playbook: Playbook, sources: SourceMap) -> dict[str, str]:
-    """`FILE:LINE` of the engine block, its args, extra_args and image, and of every step and its `set:` keys."""
+    """`FILE:LINE` of the engine block, its args, env, extra_args and image, and of every step and its `set:` keys."""
     paths: list[YamlPath] = [("engine",), ("engine", "image"), ("engine", "args"), ("engine", "extra_args")]
     paths += [("engine", "args", knob) for knob in playbook.engine.args]
+    paths += [("engine", "env", name) for name in playbook.engine.env]
+    paths += [("engine", "extra_args", i) for i in range(len(playbook.engine.extra_args))]
     for i, step in enumerate(playbook.steps):
         paths.append(("steps", i))
         paths += [_step_path(i, change, sources) for change in step.changes]

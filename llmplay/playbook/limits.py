@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmplay.engines.base import Engine
+from llmplay.files import display_path
 from llmplay.playbook.dataset import DatasetRow
 from llmplay.playbook.problems import Problems
-from llmplay.playbook.source import YamlPath, display_path
+from llmplay.playbook.source import YamlPath
 from llmplay.spec import Config, LengthDist, Playbook, Workload, apply_step
 
 

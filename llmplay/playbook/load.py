@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llmplay.engines import get_engine
+from llmplay.files import display_path, read_bounded
 from llmplay.playbook.convert import (
     PromptFiles,
     parse_cost,
@@ -31,7 +32,7 @@ from llmplay.playbook.limits import check_configurations
 from llmplay.playbook.mounts import check_model_dir
 from llmplay.playbook.problems import Problems
 from llmplay.playbook.schema import schema_problems
-from llmplay.playbook.source import API_VERSION, MAX_FILE_BYTES, display_path, located_error, read_bounded, read_yaml
+from llmplay.playbook.source import API_VERSION, MAX_FILE_BYTES, located_error, read_yaml
 from llmplay.playbook.step_forms import step_properties
 from llmplay.spec import Goals, Metadata, Playbook, Workload, frozen_map
 
@@ -54,12 +55,14 @@ def load_playbook(
     allow_outside_extends: bool = False,
     archived: bool = False,
     on_this_host: bool = False,
+    archive_root: Path | None = None,
 ) -> Playbook:
     """The one loader: CLI, runner, retest and tests all come through here.
 
     `on_this_host`: the playbook is to run here (run, capacity, retest, and `validate` unless --any-host), so what
     it needs from this host (engine.model_dir) must be here; `plan` and `validate --any-host` answer for any host,
-    as for a playbook written for a GPU machine checked on a laptop."""
+    as for a playbook written for a GPU machine checked on a laptop. `archive_root`: where the run's archive goes
+    (--archive), which engine.model_dir may not be or hold; default $LLMPLAY_ARCHIVE or ./reports."""
     file = Path(path).absolute()
     root_dir = file.parent.resolve()
     doc, sources = resolve_extends(file, root_dir, allow_outside_extends, (file.resolve(),))
@@ -95,7 +98,9 @@ def load_playbook(
     )
     if playbook.engine.model_dir is not None:
         written = doc["engine"]["model_dir"]
-        check_model_dir(written, base_dir, playbook.engine.model_dir, playbook.runtime, on_this_host, problems)
+        check_model_dir(
+            written, base_dir, playbook.engine.model_dir, playbook.runtime, on_this_host, problems, archive_root
+        )
     problems.raise_if_any()
     check_knobs(playbook, sources)
     rows = files.rows.get(Path(workload.dataset), ()) if workload.dataset else ()

@@ -4,7 +4,8 @@ playbook chooses, so it must hold a model, never the host's system or credential
 Refused, before and after resolving symlinks: `/`; system trees (/etc, /usr, /var, /proc, /sys, /dev, /boot, /run,
 /bin, /sbin, /lib*); home directories themselves (/home, /root, a user's home, $HOME and its parents); any path
 through a credential directory (.ssh, .aws, .docker, .config, .gnupg, .kube, ...); a directory that holds one (it
-is somebody's home). An existing model_dir must be a directory; a missing one is refused where the engine will run
+is somebody's home); a directory that is or holds the folder of $LLMPLAY_SIGNING_KEY, ~/.ssh, or the archive root
+(the private key, the user's keys, or the runs a check judges by would be handed to that image). An existing model_dir must be a directory; a missing one is refused where the engine will run
 on this host (Docker would otherwise create it, empty and owned by root, and the run would fail only after an
 engine start).
 """
@@ -28,6 +29,28 @@ CREDENTIAL_DIRS = frozenset(
     {".ssh", ".aws", ".docker", ".config", ".gnupg", ".kube", ".azure", ".gcloud", ".password-store", ".vault-token"}
 )
 PATH: tuple[str, ...] = ("engine", "model_dir")
+# The names llmplay.archive.layout gives these variables (this stage may not import the archive; a test ties them).
+ENV_SIGNING_KEY = "LLMPLAY_SIGNING_KEY"
+ENV_ARCHIVE = "LLMPLAY_ARCHIVE"
+
+
+def protected_dirs(archive_root: Path | None = None) -> dict[PurePosixPath, str]:
+    """Folders no mount may be or hold, each with what it is: the signing key's folder, ~/.ssh, the archive root
+    (`archive_root`, else $LLMPLAY_ARCHIVE, else ./reports, as the commands choose it)."""
+    found: dict[PurePosixPath, str] = {}
+    key = os.environ.get(ENV_SIGNING_KEY)
+    if key:
+        found[_real(os.path.dirname(os.path.abspath(os.path.expanduser(key))))] = (
+            f"the folder of ${ENV_SIGNING_KEY} (the private signing key)"
+        )
+    found[_real(os.path.expanduser("~/.ssh"))] = "~/.ssh"
+    root = archive_root if archive_root is not None else Path(os.environ.get(ENV_ARCHIVE) or "reports")
+    found[_real(os.path.abspath(os.path.expanduser(root)))] = "the archive root"
+    return found
+
+
+def _real(path: str) -> PurePosixPath:
+    return PurePosixPath(os.path.realpath(path))
 
 
 def host_path(written: str) -> str:
@@ -37,7 +60,13 @@ def host_path(written: str) -> str:
 
 
 def check_model_dir(
-    written: str, base_dir: Path, resolved: str, runtime: RuntimeSpec, on_this_host: bool, problems: Problems
+    written: str,
+    base_dir: Path,
+    resolved: str,
+    runtime: RuntimeSpec,
+    on_this_host: bool,
+    problems: Problems,
+    archive_root: Path | None = None,
 ) -> None:
     """Problems for `written` (as in the playbook, relative to `base_dir`) whose symlink-resolved form is `resolved`."""
     if "${" in expand_cache(written):
@@ -49,8 +78,9 @@ def check_model_dir(
         return
     lexical = PurePosixPath(os.path.abspath(os.path.join(base_dir, host_path(written))))
     real = PurePosixPath(resolved)
+    protected = protected_dirs(archive_root)
     for candidate in dict.fromkeys((lexical, real)):
-        why = _dangerous(candidate)
+        why = _dangerous(candidate) or _holds_protected(candidate, protected)
         if why:
             via = "" if candidate == lexical else f" (it resolves to {candidate})"
             problems.add(
@@ -91,6 +121,15 @@ def _dangerous(path: PurePosixPath) -> str | None:
         held = []
     if held:
         return f"a directory holding {held[0]} (somebody's home)"
+    return None
+
+
+def _holds_protected(path: PurePosixPath, protected: dict[PurePosixPath, str]) -> str | None:
+    for folder, what in protected.items():
+        if path == folder:
+            return f"{what} ({folder})"
+        if path in folder.parents:
+            return f"a directory above {what} ({folder})"
     return None
 
 

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmplay.errors import PlaybookError
-from llmplay.playbook.source import SourceMap, YamlPath, display_path, format_path, one_line
+from llmplay.files import display_path
+from llmplay.playbook.source import SourceMap, YamlPath, format_path, one_line
 
 
 class Problems:

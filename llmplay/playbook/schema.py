@@ -88,6 +88,15 @@ def value_problems(value: Any, pointer: str, path: YamlPath, problems: Problems)
         _add_problem(err, problems, root, path)
 
 
+def option_problem(value: Any, pointer: str) -> str | None:
+    """Why a command-line value breaks the rule the playbook key at `pointer` obeys (`--image` against
+    `#/$defs/engine/properties/image`), or None: a flag is held to the same rule as the key it overrides."""
+    root = playbook_schema()
+    validator = _StrictValidator({"$defs": root["$defs"], "$ref": pointer})
+    error = next(iter(validator.iter_errors(value)), None)
+    return None if error is None else f"found {short_repr(value)}; expected {_expected_from_error(error, root)}"
+
+
 def _non_finite_problems(value: Any, path: YamlPath, problems: Problems) -> bool:
     """A problem for every `.nan` or `.inf` anywhere in `value`; True when there was one."""
     found = False

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +10,7 @@ from typing import Any
 import yaml
 
 from llmplay.errors import PlaybookError
+from llmplay.files import display_path, read_bounded
 
 API_VERSION = "llmplay/v1"
 MAX_FILE_BYTES = 1 << 20
@@ -66,15 +65,6 @@ class SourceMap:
             if hit:
                 return hit
         return Located("?", 0)
-
-
-def display_path(path: str) -> str:
-    """The path relative to the working directory when that is shorter to read; as given otherwise."""
-    try:
-        rel = os.path.relpath(path)
-        return rel if not rel.startswith("../..") else path
-    except ValueError:
-        return path
 
 
 def located_error(file: str, line: int, message: str) -> PlaybookError:
@@ -143,73 +133,6 @@ def _line_map(node: yaml.Node, file: str) -> SourceMap:
                 entries[(*path, i)] = Located(file, v.start_mark.line + 1)
                 stack.append((v, (*path, i)))
     return SourceMap(entries)
-
-
-def read_bounded(path: Path, limit: int, expected: str) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes; anything else is a one-line PlaybookError.
-
-    A playbook or dataset is untrusted: /dev/zero (or a link to it) would be read without end, and a FIFO would
-    block the open itself. So the type is checked after resolving links and before opening, the open cannot
-    block (O_NONBLOCK), the opened descriptor is checked again (the path may have been swapped in between),
-    and no more than limit + 1 bytes are ever read (a /proc file says 0 bytes and holds more).
-    """
-    shown = display_path(str(path))
-    fd = open_regular(path, expected)
-    try:
-        opened = os.fstat(fd)
-        if opened.st_size > limit:
-            raise PlaybookError(f"{shown}: file is {opened.st_size} bytes; expected at most {limit}")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise PlaybookError(f"{shown}: cannot read ({exc.strerror}); expected {expected}") from None
-    finally:
-        os.close(fd)
-    if size > limit:
-        raise PlaybookError(f"{shown}: file is more than {limit} bytes; expected at most {limit}")
-    return b"".join(chunks)
-
-
-def open_regular(path: Path, expected: str) -> int:
-    """A read-only descriptor on a regular file (after links), opened without blocking and checked again once open,
-    so neither a FIFO nor a device swapped in between is ever read; anything else is a one-line PlaybookError."""
-    shown = display_path(str(path))
-    try:
-        before = os.stat(path)
-        if not stat.S_ISREG(before.st_mode):
-            raise PlaybookError(f"{shown}: not a regular file ({_file_kind(before.st_mode)}); expected {expected}")
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise PlaybookError(f"{shown}: no such file; expected {expected}") from None
-    except OSError as exc:
-        raise PlaybookError(f"{shown}: cannot read ({exc.strerror}); expected {expected}") from None
-    try:
-        opened = os.fstat(fd)
-    except OSError as exc:
-        os.close(fd)
-        raise PlaybookError(f"{shown}: cannot read ({exc.strerror}); expected {expected}") from None
-    if not stat.S_ISREG(opened.st_mode):
-        os.close(fd)
-        raise PlaybookError(f"{shown}: not a regular file ({_file_kind(opened.st_mode)}); expected {expected}")
-    return fd
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "a special file"
 
 
 def read_yaml(path: Path) -> tuple[Any, SourceMap]:

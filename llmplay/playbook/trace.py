@@ -20,8 +20,9 @@ from typing import Any
 
 from llmplay import units
 from llmplay.errors import PlaybookError
+from llmplay.files import display_path, open_regular
 from llmplay.playbook.problems import Problems, short_repr
-from llmplay.playbook.source import YamlPath, display_path, one_line, open_regular
+from llmplay.playbook.source import YamlPath, one_line
 from llmplay.spec import TraceFacts, TraceSpec, Workload
 
 FORMATS = ("mooncake", "azure", "burstgpt")
@@ -159,7 +160,8 @@ def _csv_rows(path: Path, fmt: str, problems: list[str]) -> Iterator[TraceRow]:
     shown = display_path(str(path))
     stamp_col, in_col, out_col = CSV_COLUMNS[fmt]
     lines = _lines(path, EXPECTED[fmt])
-    text = (raw.decode("utf-8", "replace") for _, raw in lines)
+    # Spreadsheet exports open with a UTF-8 byte order mark, which would otherwise stick to the first column's name.
+    text = (raw.decode("utf-8-sig" if lineno == 1 else "utf-8", "replace") for lineno, raw in lines)
     reader = csv.reader(text)
     try:
         header = next(reader, None)

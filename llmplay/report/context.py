@@ -141,6 +141,7 @@ def build_context(archive: ArchivedRun, *, unverified: Sequence[str] = ()) -> di
             "manifest_sha256": info.manifest_sha256,
             "report_error": info.report_error,
             "signed": archive.signed(),
+            "redacted": list(info.redacted),
         },
         "unverified": list(unverified),
         "playbook_text": archive.read_text(info.playbook.file) or "",

@@ -112,6 +112,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def require_free_port(host: str, port: int, what: str) -> None:
+    """A fixed port (engine.port, or network_mode: host) must be free before an engine starts there: a server already
+    on it would answer the health check and be measured instead, or the engine would exit unable to bind."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port a stopped engine left in TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            # An engine start that failed (the trial fails and says why), as when the engine itself cannot bind.
+            raise EngineStartError(port_in_use(port, host, what, exc.strerror or str(exc))) from None
+
+
+def port_in_use(port: int, host: str, what: str, detail: str = "") -> str:
+    """The message for an engine whose port is taken: the port named, and how to free it."""
+    why = f" ({detail})" if detail else ""
+    return (
+        f"port {port} on {host} is already in use{why}; expected it free for {what}: stop what listens there "
+        f"(`ss -ltnp 'sport = :{port}'`), or set engine.port to another"
+    )
+
+
+BIND_FAILED = re.compile(
+    r"address already in use|already allocated|could ?n[o']t bind|bind\(\) failed|EADDRINUSE", re.I
+)
+
+
 def tail_lines(text: str, n: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-n:])
 
@@ -134,8 +160,11 @@ def wait_healthy(
             code = exit_code()
             if code is not None:
                 tail = tail_lines(logs())
+                port = httpx.URL(url).port
+                hint = f" (its port {port} is in use: stop what listens there)" if BIND_FAILED.search(tail) else ""
                 raise EngineStartError(
-                    f"{what} exited with code {code} before becoming healthy; last {LOG_TAIL_LINES} log lines:\n{tail}",
+                    f"{what} exited with code {code} before becoming healthy{hint}; last {LOG_TAIL_LINES} log "
+                    f"lines:\n{tail}",
                     code,
                     tail,
                 )

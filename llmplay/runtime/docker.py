@@ -18,9 +18,19 @@ import docker.types
 
 from llmplay.engines.base import IMAGE_VERSION_LABELS, Engine
 from llmplay.engines.llamacpp import CPU_IMAGE, CPU_IMAGE_REPO
-from llmplay.errors import InfrastructureError
+from llmplay.errors import EngineStartError, InfrastructureError
 from llmplay.runtime import dockerd
-from llmplay.runtime.base import Endpoint, Runtime, free_port, probe_version, tail_lines, wait_healthy
+from llmplay.runtime.base import (
+    BIND_FAILED,
+    Endpoint,
+    Runtime,
+    free_port,
+    port_in_use,
+    probe_version,
+    require_free_port,
+    tail_lines,
+    wait_healthy,
+)
 from llmplay.runtime.labels import (
     LABEL_ENGINE,
     LABEL_HOST,
@@ -99,9 +109,13 @@ def image_version_labels(image: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in labels.items() if k.startswith(("llmplay.", "org.opencontainers.image."))}
 
 
-def _start_failure(exc: docker.errors.APIError, spec: EngineSpec, image_ref: str) -> InfrastructureError:
+def _start_failure(
+    exc: docker.errors.APIError, spec: EngineSpec, image_ref: str, host_port: int, bind_host: str
+) -> InfrastructureError:
     """What a refused `docker run` means, and how to fix it where the cause is known."""
     message = exc.explanation or str(exc)
+    if BIND_FAILED.search(message):  # another program took the port between choosing it and the start
+        return EngineStartError(port_in_use(host_port, bind_host, image_ref, f"Docker: {message}"))
     if gpu_count(spec.gpus) and _is_gpu_error(exc):
         return InfrastructureError(
             f"GPUs requested but Docker cannot provide them: {message}; install "
@@ -164,6 +178,8 @@ class DockerRuntime(Runtime):
             raise InfrastructureError(f"Docker could not inspect image {image_ref}: {exc.explanation or exc}") from None
 
         container_port = spec.port or engine.default_port
+        if spec.network_mode == "host":
+            require_free_port(self.bind_host, container_port, f"the {engine.kind} container (network_mode: host)")
         host_port = container_port if spec.network_mode == "host" else free_port(self.bind_host)
         command = engine.command(spec, container_port)
         all_labels = {str(k): str(v) for k, v in (labels or {}).items()}
@@ -192,7 +208,7 @@ class DockerRuntime(Runtime):
         try:
             self.container = client.containers.run(image_ref, **kwargs)
         except docker.errors.APIError as exc:
-            raise _start_failure(exc, spec, image_ref) from None
+            raise _start_failure(exc, spec, image_ref, host_port, self.bind_host) from None
         self._info["container_id"] = self.container.id
         base_url = f"http://127.0.0.1:{host_port}"
         self._info["health_s"] = wait_healthy(

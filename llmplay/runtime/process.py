@@ -21,7 +21,15 @@ import psutil
 
 from llmplay.engines.base import Engine
 from llmplay.errors import InfrastructureError
-from llmplay.runtime.base import Endpoint, Runtime, free_port, probe_version, tail_lines, wait_healthy
+from llmplay.runtime.base import (
+    Endpoint,
+    Runtime,
+    free_port,
+    probe_version,
+    require_free_port,
+    tail_lines,
+    wait_healthy,
+)
 from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import EngineSpec
 
@@ -63,6 +71,8 @@ class ProcessRuntime(Runtime):
         if self.proc is not None:
             raise RuntimeError("this ProcessRuntime already runs an engine; use one runtime per start")
         spec = host_model(spec, engine)
+        if spec.port:
+            require_free_port(self.bind_host, spec.port, f"the {engine.kind} process (engine.port)")
         port = spec.port or free_port(self.bind_host)
         argv = _bind_loopback(engine.process_argv(spec, port), self.bind_host)
         if not argv:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from llmplay.engines.base import Engine
 from llmplay.errors import PlaybookError
-from llmplay.playbook.source import display_path
+from llmplay.files import display_path
 from llmplay.runtime.image_flags import ImageFlags
 from llmplay.spec import Config, Playbook, apply_step
 

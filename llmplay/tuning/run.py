@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llmplay.archive.model import (
+    TRIAL_OK,
     ConfigRecord,
     Diagnosis,
     Finding,
@@ -27,6 +28,8 @@ from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
 from llmplay.errors import ExitCode, LlmplayError, PlaybookError
 from llmplay.plan import docker_run_argv, format_argv
+from llmplay.playbook.convert import check_image_option
+from llmplay.playbook.credentials import unset_references
 from llmplay.playbook.source import located_error
 from llmplay.redaction import redact_text, referenced_values, resolve_env, secret_values
 from llmplay.runtime import RuntimeFactory, live_runs, make_runtime, stop_all
@@ -119,6 +122,7 @@ def apply_overrides(playbook: Playbook, options: RunOptions) -> Playbook:
     if options.repeats is not None:
         trials = replace(trials, repeats=options.repeats, max_repeats=max(options.repeats, trials.max_repeats))
     if options.image is not None:
+        check_image_option(options.image)
         engine = replace(engine, image=options.image)
     runtime = playbook.runtime
     if options.ray_address is not None:
@@ -257,6 +261,8 @@ class TuningRun:
 
     # ---------------------------------------------------------------- the run
     def _execute(self) -> RunOutcome:
+        if unset := unset_references(self.playbook):  # before the archive: a run that cannot start leaves none
+            raise PlaybookError("\n".join(unset))
         self._preflight()
         book = self._open_book()
         archive = book.archive
@@ -326,6 +332,9 @@ class TuningRun:
             if kv_share is not None:
                 final_summary["memory.kv_share"] = kv_share
             gates = evaluate_gates(self.playbook.goals.gates, final_summary)
+            if not final.samples and ending.status == "interrupted":
+                completed = sum(t.status == TRIAL_OK for t in archive.trials())
+                gates = _unmeasured_because_stopped(gates, completed)
         except Exception as exc:  # a bug in the conclusion: the trials are archived, --resume concludes again
             ending.crash = ending.crash or exc
             if ending.status == "complete":
@@ -373,6 +382,16 @@ class TuningRun:
                 f"warning: the diagnosis could not be made ({error}); the measurements and verdicts are archived"
             )
             return [], {"notes": [f"diagnosis not made because of a bug ({error})"]}
+
+
+def _unmeasured_because_stopped(gates: list[GateResult], completed: int) -> list[GateResult]:
+    """A run stopped before its final configuration had figures: its gates are not measured because of the stop,
+    not because no request was sent (completed trials may well be archived, their step still undecided)."""
+    why = (
+        f"not judged: the run stopped before its figures were pooled; {completed} completed trial(s) are "
+        "archived, continue with --resume"
+    )
+    return [replace(g, note=why) if g.observed is None else g for g in gates]
 
 
 def _try_resolve(env: Mapping[str, str]) -> dict[str, str]:

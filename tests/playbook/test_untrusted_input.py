@@ -19,9 +19,10 @@ from click.testing import CliRunner
 
 from llmplay.cli import cli
 from llmplay.errors import PlaybookError
+from llmplay.files import read_bounded
 from llmplay.playbook.dataset import read_dataset
 from llmplay.playbook.load import load_playbook
-from llmplay.playbook.source import MAX_FILE_BYTES, read_bounded
+from llmplay.playbook.source import MAX_FILE_BYTES
 
 BASE: dict[str, Any] = {
     "apiVersion": "llmplay/v1",
@@ -204,7 +205,7 @@ STEP = "steps"
             "steps[0].set.args.threads",
             "expected an integer >= 1",
         ),
-        ({STEP: [{"name": "img", "set": {"image": ""}}]}, "steps[0].set.image", "a non-empty string"),
+        ({STEP: [{"name": "img", "set": {"image": ""}}]}, "steps[0].set.image", "a Docker image reference"),
         ({STEP: [{"name": "env", "set": {"env.X": [1]}}]}, "steps[0].set.env.X", "expected a string"),
         (
             {STEP: [{"name": "rate", "set": {"workload.rate": 4}}]},

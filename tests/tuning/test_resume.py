@@ -146,3 +146,18 @@ def test_yaml_differences_name_paths_in_document_order():
     new = {"workload": {"concurrency": 8, "seed": 1}, "steps": [{"set": {"parallel": 2}}], "cost": {}}
     assert yaml_differences(old, new) == ["workload.concurrency", "steps[0].set.parallel", "engine", "cost"]
     assert yaml_differences(old, old) == []
+
+
+def test_a_stopped_run_says_why_its_gates_were_not_judged_not_that_nothing_was_sent(tmp_path, seam, capsys):
+    """A signal (SIGINT or SIGTERM: SignalGuard raises KeyboardInterrupt for both) after two trials completed, before
+    the step was decided: the gates are not measured because the run stopped, and the console says so (issue #36)."""
+    path = write_playbook(tmp_path / "resume.yaml", concurrency=4)
+    assert cli_run(path, tmp_path / "r", duration="3s") == 130
+    out = capsys.readouterr().out
+    assert out.count("trial t00") == 2, out
+    gates = [line for line in out.splitlines() if line.startswith("gate ")]
+    assert gates and all("no request was sent" not in line for line in gates), out
+    assert all("not judged: the run stopped before its figures were pooled; 2 completed trial(s)" in g for g in gates)
+    (run_dir,) = (tmp_path / "r" / "resume").iterdir()
+    notes = {g["note"] for g in manifest(run_dir)["gates"]}
+    assert len(notes) == 1 and "continue with --resume" in notes.pop()
