@@ -119,10 +119,14 @@ def engine_finished_requests(port: str, output_tokens: int) -> int:
     return int(total // output_tokens)
 
 
-def wait_for_a_measured_request(container: Any, playbook_path: Path, timeout_s: float = 180) -> None:
-    """Returns once the llmplay client behind `container`'s engine has recorded a request of the measured window,
-    told by the engine's own counters: a fixed wait after /health held none when an engine test on the other
-    worker had the cores. The playbook (a tiny_playbook) gives the users, the output length and the warm-up."""
+def wait_for_the_measured_window(
+    container: Any, playbook_path: Path, *, recorded: bool = False, timeout_s: float = 180
+) -> None:
+    """Returns once the trial `container`'s engine serves is in its measured window, told by the engine's own
+    counters (a fixed wait after the container or /health appeared landed in the engine's start when an engine test
+    on the other worker had the cores): it has finished a request and the warm-up has run out since. `recorded`:
+    also once the llmplay client has recorded a request of that window. The playbook (a tiny_playbook) gives the
+    users, the output length and the warm-up."""
     from llmplay.playbook.load import load_playbook  # deferred: the loader pulls in the whole schema
 
     workload = load_playbook(playbook_path).workload
@@ -130,6 +134,8 @@ def wait_for_a_measured_request(container: Any, playbook_path: Path, timeout_s: 
     port = wait_for(lambda: host_port(container), timeout_s, "the engine's published port")
     wait_for(lambda: engine_finished_requests(port, output_tokens) >= 1, timeout_s, "the first finished request")
     time.sleep(workload.warmup_s or 0.0)  # the warm-up timer started before that request was sent: it has run out
+    if not recorded:
+        return
     before = engine_finished_requests(port, output_tokens)
     # At most `users` requests were in flight then. 2 x users + 1 more finished means some user finished a request
     # sent after the warm-up and then sent its next one, which it does only once its client recorded the first.

@@ -22,7 +22,7 @@ from llmplay_testing.cpu_runs import (
     run_dir_of,
     tiny_playbook,
     wait_for,
-    wait_for_a_measured_request,
+    wait_for_the_measured_window,
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -111,7 +111,7 @@ def test_signal_mid_trial_leaves_no_container(cpu_engine, docker_client, tmp_pat
     (container,) = wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 120, "the engine container")
     # Signal once the client has recorded a measured request, counted on the engine: a fixed wait after /health
     # held none when an engine test on the other worker had the cores.
-    wait_for_a_measured_request(container, path)
+    wait_for_the_measured_window(container, path, recorded=True)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
@@ -179,7 +179,7 @@ def test_engine_killed_mid_trial_is_a_failed_trial_and_the_run_goes_on(cpu_engin
     wait_for(lambda: run_dir_of(archive), 60, "the archive")
     # Inside the measured window, told by the engine's counters: a fixed 4 s after the archive appeared killed the
     # engine before it was healthy when the machine was busy, which is a start failure, not this test's case.
-    wait_for_a_measured_request(container, path)
+    wait_for_the_measured_window(container, path)
     container.kill()
     out, _ = proc.communicate(timeout=300)
     manifest = json.loads((run_dir_of(archive) / "manifest.json").read_text())
@@ -193,13 +193,14 @@ def test_engine_killed_mid_trial_is_a_failed_trial_and_the_run_goes_on(cpu_engin
 
 
 def test_sigint_then_resume_measures_the_interrupted_trial_again(cpu_engine, docker_client, tmp_path):
-    path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="3s", repeats=2)
+    # 5 s trials: the interrupt lands in the first one's measured window, however slowly the engine started.
+    path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="5s", repeats=2)
     archive = tmp_path / "reports"
     proc = cli("run", str(path), "--archive", str(archive))
     (container,) = wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 120, "the engine container")
-    # Mid-trial, told by the engine's counters (a fixed 1.5 s after the container appeared could land in its start
-    # or, on a quiet machine, in its measured window: two different cases, decided by the machine's speed).
-    wait_for_a_measured_request(container, path)
+    # Mid-trial, told by the engine's counters (a fixed 1.5 s after the container appeared landed in the engine's
+    # start or in its measured window: two different cases, decided by the machine's speed).
+    wait_for_the_measured_window(container, path)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
