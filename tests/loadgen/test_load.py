@@ -301,7 +301,10 @@ def test_duration_bound_closed_loop_with_warmup_seconds(srv):
     # The window runs from the end of warm-up to the last measured request's end, however late a busy machine ran.
     assert res.warmup_duration_s >= 0.1 and res.end_ns == max(r.end_ns for r in meas)
     assert res.duration_s == (res.end_ns - res.start_ns) / 1e9
-    assert 3 <= len(meas) <= 80  # every user measured; at most 3 users x 0.4 s / the server's 15 ms per request
+    # At most what the server allows: 3 users, each starting requests of at least 15 ms for 0.4 s (27 each). Whether
+    # every user's warm-up request ended inside the 0.4 s window, so that each user was measured, is the machine's
+    # speed; that the requests measured were scheduled inside it is llmplay's (above).
+    assert 1 <= len(meas) <= 3 * 27
     assert sorted(r.index for r in res.records) == list(range(len(res.records)))
 
 
