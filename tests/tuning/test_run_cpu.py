@@ -149,7 +149,7 @@ def test_kill9_then_resume_completes_and_verifies(cpu_engine, docker_client, tmp
     run_id = run_dir_of(archive).name
     swept = CliRunner().invoke(main_cli, ["gc"]).output
     assert not [line for line in swept.splitlines() if line.startswith("removed ") and f"(run {run_id}" in line], swept
-    wait_for(two_trials_archived, 120, "two archived trials")
+    wait_for(two_trials_archived, 300, "two archived trials")
     out = CliRunner().invoke(main_cli, ["ls", "--archive", str(archive)]).output
     assert " running " in out and "shown interrupted" not in out, out
     proc.kill()
