@@ -100,8 +100,14 @@ def wait_for(predicate, timeout_s: float, what: str):
 
 
 def host_port(container: Any) -> str | None:
-    """The host port a llmplay engine container publishes its API on, once Docker has bound it."""
-    container.reload()
+    """The host port a llmplay engine container publishes its API on, once Docker has bound it (None before, or once
+    the container is gone)."""
+    import docker.errors  # deferred: the docker SDK loads only for container tests
+
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return None
     bindings = [b for found in container.attrs["NetworkSettings"]["Ports"].values() for b in found or []]
     return bindings[0]["HostPort"] if bindings else None
 

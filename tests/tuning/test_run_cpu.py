@@ -120,11 +120,8 @@ def test_signal_mid_trial_leaves_no_container(cpu_engine, docker_client, tmp_pat
     run_dir = run_dir_of(tmp_path / "reports")
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
-    # what the cut-short trial had measured is kept, marked interrupted so --resume measures it again. The signal
-    # lands in the first trial's 30 s unless the machine was slower than that to show a measured request: then in a
-    # later one, after trials that finished (how far a busy machine gets in 30 s is not llmplay's to assert).
-    *finished, trial = manifest["trials"]
-    assert all(t["status"] == "ok" for t in finished), finished
+    # what the cut-short trial had measured is kept, marked interrupted so --resume measures it again
+    (trial,) = manifest["trials"]
     assert trial["status"] == "interrupted" and "finished request(s) kept" in trial["error"]
     assert trial["summary"]["requests.completed"] > 0 and trial["files"]["records"]
     assert verify(run_dir) == []
