@@ -14,7 +14,7 @@ import httpx
 import yaml
 
 from llmplay.engines import get_engine
-from llmplay.runtime.labels import LABEL_PID, LABEL_RUN
+from llmplay.runtime.labels import LABEL_PID, LABEL_RUN, LABEL_TRIAL
 from llmplay.telemetry.prom import CANONICAL, parse_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +63,12 @@ def tiny_playbook(
 def containers_of(docker_client, *, pid: int | None = None, run_id: str | None = None) -> list:
     label = f"{LABEL_PID}={pid}" if pid is not None else f"{LABEL_RUN}={run_id}"
     return docker_client.containers.list(all=True, filters={"label": label})
+
+
+def engine_containers(docker_client, *, pid: int) -> list:
+    """The trial engines one llmplay process started: its containers with a trial label. The preflight's `--help`
+    containers carry the process's labels too (the first time an image is checked), and serve nothing."""
+    return [c for c in containers_of(docker_client, pid=pid) if LABEL_TRIAL in c.labels]
 
 
 def cli(*args: str, env_extra: dict | None = None) -> subprocess.Popen:

@@ -35,6 +35,7 @@ from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.cpu_runs import (
     cli,
     containers_of,
+    engine_containers,
     reap_cli_processes,
     run_dir_of,
     tiny_playbook,
@@ -248,7 +249,7 @@ def test_engine_frozen_mid_trial_is_recorded_requests_never_dropped_container_re
     archive = tmp_path / "reports"
     proc = cli("run", str(path), "--archive", str(archive))
     try:
-        container = wait_for(lambda: containers_of(docker_client, pid=proc.pid), 120, "the engine container")[0]
+        container = wait_for(lambda: engine_containers(docker_client, pid=proc.pid), 120, "the engine container")[0]
         if moment == "serving":
             # Frozen once the client has recorded a request of the measured window, told by the engine's counters
             # (a fixed 0.5 s after its first answer could freeze it before any measured request was recorded).
@@ -499,6 +500,8 @@ def test_an_exception_inside_a_trial_leaves_no_container_and_a_failed_archive(cp
 
     def swap_while_frozen() -> None:
         for event in events:
+            if LABEL_TRIAL not in (event.get("Actor") or {}).get("Attributes", {}):
+                continue  # the preflight's `--help` container, the first time the image is checked
             container = docker_client.containers.get(event["id"])
             container.pause()
             try:

@@ -18,6 +18,7 @@ from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.cpu_runs import (
     cli,
     containers_of,
+    engine_containers,
     reap_cli_processes,
     run_dir_of,
     tiny_playbook,
@@ -108,7 +109,7 @@ def _reap():
 def test_signal_mid_trial_leaves_no_container(cpu_engine, docker_client, tmp_path, sig):
     path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="30s")
     proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
-    (container,) = wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 120, "the engine container")
+    (container,) = wait_for(lambda: engine_containers(docker_client, pid=proc.pid), 120, "the engine container")
     # Signal once the client has recorded a measured request, counted on the engine: a fixed wait after /health
     # held none when an engine test on the other worker had the cores.
     wait_for_the_measured_window(container, path, recorded=True)
@@ -141,7 +142,7 @@ def test_kill9_then_resume_completes_and_verifies(cpu_engine, docker_client, tmp
         except (json.JSONDecodeError, KeyError):
             return False  # never expected: writes are atomic; the assertion below would catch a torn file
 
-    wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the first engine container")
+    wait_for(lambda: engine_containers(docker_client, pid=proc.pid), 120, "the first engine container")
     # `llmplay gc` (every llmplay container on this host) while the run is going removes nothing of it.
     run_id = run_dir_of(archive).name
     swept = CliRunner().invoke(main_cli, ["gc"]).output
@@ -172,7 +173,7 @@ def test_engine_killed_mid_trial_is_a_failed_trial_and_the_run_goes_on(cpu_engin
     path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="8s", repeats=1)
     archive = tmp_path / "reports"
     proc = cli("run", str(path), "--archive", str(archive))
-    container = wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 120, "the engine container")[0]
+    container = wait_for(lambda: engine_containers(docker_client, pid=proc.pid), 120, "the engine container")[0]
     wait_for(lambda: run_dir_of(archive), 60, "the archive")
     # Inside the measured window, told by the engine's counters: a fixed 4 s after the archive appeared killed the
     # engine before it was healthy when the machine was busy, which is a start failure, not this test's case.
@@ -194,7 +195,7 @@ def test_sigint_then_resume_measures_the_interrupted_trial_again(cpu_engine, doc
     path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="5s", repeats=2)
     archive = tmp_path / "reports"
     proc = cli("run", str(path), "--archive", str(archive))
-    (container,) = wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 120, "the engine container")
+    (container,) = wait_for(lambda: engine_containers(docker_client, pid=proc.pid), 120, "the engine container")
     # Mid-trial, told by the engine's counters (a fixed 1.5 s after the container appeared landed in the engine's
     # start or in its measured window: two different cases, decided by the machine's speed).
     wait_for_the_measured_window(container, path)
