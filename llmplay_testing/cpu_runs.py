@@ -121,12 +121,14 @@ def host_port(container: Any) -> str | None:
 def engine_finished_requests(port: str, output_tokens: int) -> int:
     """Requests llama-server has finished, counted on the engine: its predicted-token counter grows by a request's
     tokens when the request's slot is released (cpu-tiny's outputs are a fixed length, with ignore_eos). 0 while
-    it does not answer (starting, or gone)."""
+    it does not answer them (loading, or gone)."""
     try:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
     except httpx.HTTPError:
         return 0
-    readings, _ = parse_metrics(text, get_engine("llamacpp").metric_names)
+    if response.status_code != 200:
+        return 0  # 503 while the model loads
+    readings, _ = parse_metrics(response.text, get_engine("llamacpp").metric_names)
     total = next((r.value for r in readings if r.metric == CANONICAL["generation_tokens"]), 0.0)
     return int(total // output_tokens)
 
