@@ -94,7 +94,8 @@ def test_rebuild_reads_each_manifest_once_and_lists_what_it_cannot_read(clones, 
     real = index_module.read_bytes_inside
 
     def counting(run_dir, relpath, **kwargs):
-        reads.append(str(run_dir))
+        if relpath == MANIFEST:  # the signature beside it is read too (its digest is part of the row)
+            reads.append(str(run_dir))
         return real(run_dir, relpath, **kwargs)
 
     monkeypatch.setattr(index_module, "read_bytes_inside", counting)
