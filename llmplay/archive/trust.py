@@ -17,6 +17,7 @@ included, under the very key it signs with. The rules, in order:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,31 +36,31 @@ class ResumeTrust:
     warning: str | None  # printed first when --unverified continues an archive that failed
 
 
-def _signing_problem(run_dir: Path, verification: Verification, own: Ed25519PublicKey) -> str | None:
-    """Why the resumer's own key may not sign this archive on: it is unsigned, or signed by another key."""
-    if not (run_dir / SIGNATURE_FILE).exists():
-        return (
-            f"{SIGNATURE_FILE}: missing; ${ENV_SIGNING_KEY} would sign earlier trials that no key signed (unset it "
-            "to resume unsigned)"
-        )
-    own_check = check(run_dir, own) if verification.ok else verification
-    if not own_check.ok:
-        return (
-            f"{own_check.problems[0]}; ${ENV_SIGNING_KEY} ({fingerprint(own)}) signs a resumed run only when it signed "
-            "its earlier trials"
-        )
-    return None
-
-
 def resume_trust(run_dir: Path, *, allow_unverified: bool, public_key: Ed25519PublicKey | None) -> ResumeTrust:
     """The archive's verification and the signing decision for resuming it; ArchiveError (one line naming the run
     and what failed) when it may not be resumed and the caller did not pass --unverified."""
     signing_key = signing_key_from_env()  # a set but unusable key is an error here, before anything is read
     own = signing_key.public_key() if signing_key is not None else None
-    verification = check(run_dir, public_key if public_key is not None else own)
-    problem = verification.one_line() if not verification.ok else None
-    if problem is None and own is not None:
-        problem = _signing_problem(run_dir, verification, own)
+    if own is not None and not os.path.lexists(run_dir / SIGNATURE_FILE):
+        verification = check(run_dir, public_key)
+        problem = verification.one_line() if not verification.ok else None
+        problem = problem or (
+            f"{SIGNATURE_FILE}: missing; ${ENV_SIGNING_KEY} would sign earlier trials that no key signed (unset it "
+            "to resume unsigned)"
+        )
+    else:
+        verification = check(run_dir, public_key if public_key is not None else own)
+        problem = verification.one_line() if not verification.ok else None
+        if (
+            problem is None
+            and own is not None
+            and public_key is not None
+            and fingerprint(own) != fingerprint(public_key)
+        ):
+            problem = (
+                f"{SIGNATURE_FILE}: signed by {fingerprint(public_key)}; ${ENV_SIGNING_KEY} ({fingerprint(own)}) signs "
+                "a resumed run only when it signed its earlier trials"
+            )
     if problem is None:
         return ResumeTrust(verification, sign=own is not None, warning=None)
     if not allow_unverified:
