@@ -73,7 +73,13 @@ def history_command(
     if check and not target:  # every playbook someone accepted a reference for
         names = [n for n in names if read_reference(root, n) is not None]
         if not names:
-            raise ArchiveError(f"no playbook under {root} has an accepted reference; `llmplay history --accept RUN`")
+            unreadable = index.unreadable()  # a run that cannot even be indexed may be the one to judge
+            why = (
+                f"; {len(unreadable)} run(s) not read: {unreadable[0].path} ({unreadable[0].why})" if unreadable else ""
+            )
+            raise ArchiveError(
+                f"no playbook under {root} has an accepted reference; `llmplay history --accept RUN`{why}"
+            )
     if not names:
         click.echo(f"no runs under {root}")
         return ExitCode.OK
