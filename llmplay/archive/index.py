@@ -17,8 +17,10 @@ recompute its digest, as they can an unsigned manifest's hash. Commands that act
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -38,7 +40,7 @@ from llmplay.archive.index_rows import (
     trial_values,
 )
 from llmplay.archive.layout import LINKED, MANIFEST, SIGNATURE_FILE, run_directories
-from llmplay.archive.paths import MAX_MANIFEST_BYTES, OutsideError, read_bytes_inside
+from llmplay.archive.paths import MAX_MANIFEST_BYTES, MISSING, OutsideError, read_bytes_inside
 from llmplay.archive.run_entry import Goals, RunEntry, entry_from_manifest, files_fingerprint
 from llmplay.errors import ArchiveError
 
@@ -103,14 +105,34 @@ class _Seen:
         return hashlib.sha256(self.signature).hexdigest() if self.signature else ""
 
 
+def _read_run_file(run_dir: Path, name: str, max_bytes: int) -> bytes:
+    """A file directly in a run directory that `run_directories` found (so no symlink itself): opened without
+    following a link, a regular file, bounded. Anything else goes through the containment rule for its message."""
+    path = os.path.join(run_dir, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise OutsideError(name, MISSING) from None
+    except OSError:  # a symlink (ELOOP), no permission: the rule says which, and reads a link that stays inside
+        return read_bytes_inside(run_dir, name, max_bytes=max_bytes)
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return read_bytes_inside(run_dir, name, max_bytes=max_bytes)
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OutsideError(name, f"over the {max_bytes} bytes a reader accepts")
+    return data
+
+
 def _look(rel: str, run_dir: Path) -> _Seen:
     try:
-        data: bytes | None = read_bytes_inside(run_dir, MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+        data: bytes | None = _read_run_file(run_dir, MANIFEST, MAX_MANIFEST_BYTES)
         why = ""
     except OutsideError as exc:
         data, why = None, str(exc)
     try:
-        signature = read_bytes_inside(run_dir, SIGNATURE_FILE, max_bytes=MAX_SIGNATURE_BYTES)
+        signature = _read_run_file(run_dir, SIGNATURE_FILE, MAX_SIGNATURE_BYTES)
     except OutsideError:
         signature = b""  # missing or unreadable: verification names it
     return _Seen(rel, run_dir, data, why, signature)
@@ -286,8 +308,10 @@ class ArchiveIndex:
         if row_digest(row, figures) != row["row_digest"]:
             return "damaged"
         try:
-            files = JsonCache().get("files", row["files_json"])
-        except DamagedRow:
+            files = json.loads(row["files_json"])
+        except (ValueError, TypeError, RecursionError):
+            return "damaged"
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
             return "damaged"
         if files_fingerprint(seen.run_dir, files) != row["files_digest"]:
             return "changed"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -102,9 +101,9 @@ class DamagedRow(ValueError):
 
 def row_digest(values: Mapping[str, Any] | sqlite3.Row, figures: Sequence[tuple[str, str]]) -> str:
     """sha256 of a row's stored values (all but row_digest) and its figures as stored, in a fixed order."""
-    body = [[c, values[c]] for c in RUN_COLUMNS if c != "row_digest"]
-    text = json.dumps([body, sorted([m, t] for m, t in figures)], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    body = [f"{c}={values[c]!r}" for c in RUN_COLUMNS if c != "row_digest"]
+    body += [f"{m}={t!r}" for m, t in sorted(figures)]
+    return hashlib.sha256("\x1e".join(body).encode()).hexdigest()
 
 
 def insert(conn: sqlite3.Connection, entry: RunEntry) -> None:
@@ -139,7 +138,8 @@ def trial_values(text: object) -> tuple[float, ...] | None:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
         raise DamagedRow(f"trial_values {text[:40]!r} are not numbers") from None
-    return values if all(math.isfinite(v) and abs(v) <= ABSURD for v in values) else None
+    # a comparison is false for NaN, and infinities lie beyond the bound
+    return values if all(-ABSURD <= v <= ABSURD for v in values) else None
 
 
 class JsonCache:

@@ -8,7 +8,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmplay.archive.layout import RESOLVED_FILE
@@ -218,13 +218,13 @@ def files_fingerprint(run_dir: Path, relpaths: Sequence[str]) -> str:
     rewrites a file), so a file replaced after indexing is noticed without hashing it. Paths that would leave the
     run directory are not looked at (verification already names them)."""
     digest = hashlib.sha256()
+    base = os.fspath(run_dir)
     for relpath in relpaths:
-        pure = PurePosixPath(relpath)
-        if pure.is_absolute() or ".." in pure.parts or "\x00" in relpath:
+        if relpath.startswith(("/", "\\")) or ".." in relpath.replace("\\", "/").split("/") or "\x00" in relpath:
             digest.update(f"{relpath}:refused\n".encode())
             continue
         try:
-            st = os.lstat(run_dir / pure)
+            st = os.lstat(os.path.join(base, relpath))
             digest.update(f"{relpath}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}\n".encode())
         except (OSError, ValueError):
             digest.update(f"{relpath}:absent\n".encode())
