@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fresh-machine set-up: a venv with llmplay, Docker (started by hand when no daemon answers),
-# and the embedded CPU engine image (llama.cpp built from source, tiny random-weight model).
+# and the embedded CPU engine image (llama.cpp's server prebuilt from the xllamacpp wheel, tiny random-weight model;
+# nothing is compiled unless that wheel does not run on this CPU).
 # Heavy builds are cached under ${LLMPLAY_CACHE:-~/.cache/llmplay}; a second run takes seconds.
 # `--vllm-cpu` (or LLMPLAY_VLLM_CPU=1) also builds the vLLM CPU images, LLMPLAY_VLLM_CPU_VERSIONS of them
 # (default "0.32.0 0.28.0": the playbook's release and an older one for the upgrade re-test).
