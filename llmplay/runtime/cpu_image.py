@@ -132,7 +132,9 @@ def sdist_path(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VE
             download = dest / f".download-{os.getpid()}"
             shutil.rmtree(download, ignore_errors=True)
             download.mkdir(parents=True)
-            log(f"downloading llama-cpp-python=={version} sdist with pip")
+            log(
+                f"downloading llama-cpp-python=={version} sdist with pip (77 MB: llama.cpp source, the tiny model's tokenizer)"
+            )
             try:
                 run_logged(
                     [
@@ -141,8 +143,10 @@ def sdist_path(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VE
                         "pip",
                         "download",
                         "--no-deps",
+                        # The release itself as source, its build tools as wheels: with `:all:`, pip built each of
+                        # them from source to read the sdist's metadata (over 15 minutes on a cold machine, not 17 s).
                         "--no-binary",
-                        ":all:",
+                        "llama-cpp-python",
                         f"llama-cpp-python=={version}",
                         "-d",
                         str(download),
