@@ -466,13 +466,13 @@ def engine() -> None:
     "version",
     default=None,
     metavar="VERSION",
-    help="Build llama.cpp from this llama-cpp-python release as llmplay/llamacpp-cpu:VERSION "
-    "(default: the pinned one, tagged :local).",
+    help="Build llama.cpp from source, from this llama-cpp-python release, as llmplay/llamacpp-cpu:VERSION "
+    "(default: llama.cpp's server prebuilt, from the xllamacpp wheel, tagged :local).",
 )
 @click.option("--force", is_flag=True, help="Rebuild even when the cache is current.")
 @handles_errors
 def build_cpu(version: str | None, force: bool) -> None:
-    """Build the embedded CPU engine image (llama.cpp + tiny model), cached under ~/.cache/llmplay."""
+    """Build the embedded CPU engine image (llama.cpp's server + tiny model), cached under ~/.cache/llmplay."""
     from llmplay.commands.engine import build_cpu_command  # deferred: loaded only when this command runs
 
     sys.exit(build_cpu_command(version=version, force=force))
