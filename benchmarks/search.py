@@ -39,7 +39,7 @@ import numpy as np
 
 from llmplay.archive.model import KEPT
 from llmplay.spec import Goals, Objective
-from llmplay.tuning.decide import TrialSample
+from llmplay.stats.decide import TrialSample
 from llmplay.tuning.search import SearchDesign, ValueSearch
 
 GOALS = Goals(objective=Objective("maximize", "throughput.output_tok_s", 0.02))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from llmplay.diagnose.steps import CATALOGUE
 from llmplay.engines import ENGINES, get_engine
 from llmplay.engines.knobs import Remedy, Risk, knobs_for
-from llmplay.tuning.diagnose.steps import CATALOGUE
 
 # What the diagnosis can name: every catalogue step that carries a remedy.
 NAMED_BY_DIAGNOSIS = sorted({s.remedy for s in CATALOGUE if s.remedy is not None})

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from llmplay.archive.convert import finding_from
 from llmplay.archive.model import Candidate, to_plain
+from llmplay.diagnose.rule import RunFacts, SchedulerFacts
+from llmplay.diagnose.rules import memory, scheduler
 from llmplay.engines.knobs import Direction, Remedy
-from llmplay.tuning.diagnose.rule import RunFacts, SchedulerFacts
-from llmplay.tuning.diagnose.rules import memory, scheduler
 
 
 def test_a_finding_names_its_remedies_cheapest_first_with_its_id_and_evidence() -> None:

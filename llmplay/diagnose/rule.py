@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmplay.archive.model import Finding
-from llmplay.tuning.diagnose.memory import MemoryBreakdown
-from llmplay.tuning.diagnose.roofline import Roofline
-from llmplay.tuning.diagnose.steps import Suggestion
+from llmplay.diagnose.memory import MemoryBreakdown
+from llmplay.diagnose.roofline import Roofline
+from llmplay.diagnose.steps import Suggestion
 
 
 @dataclass(frozen=True)
