@@ -69,6 +69,7 @@ class KnobSpec:
     default_note: str = ""
     # A precondition that, when the incumbent already meets it, makes the remedy pointless: its value is set.
     already_when: Scalar = None
+    also: tuple[str, ...] = ()  # other knob names of this adapter that set the same flag (llama.cpp's max_num_seqs)
 
     @property
     def numeric(self) -> bool:

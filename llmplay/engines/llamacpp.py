@@ -98,9 +98,17 @@ KNOB_MAP = (
         -1,
         Risk.MEMORY,
         default_note="-1: auto, 4 slots with a unified KV cache",
+        also=("max_num_seqs",),
     ),
     KnobSpec(
-        Remedy.CONCURRENCY_CAP, "parallel", "int", (1, 2, 4), -1, direction=Direction.LOWER, default_note="-1: auto"
+        Remedy.CONCURRENCY_CAP,
+        "parallel",
+        "int",
+        (1, 2, 4),
+        -1,
+        direction=Direction.LOWER,
+        default_note="-1: auto",
+        also=("max_num_seqs",),
     ),
     # --ctx-size is the KV cache over all slots: the memory a CPU engine gives it.
     KnobSpec(
