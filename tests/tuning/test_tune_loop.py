@@ -1,0 +1,106 @@
+"""The tuning loop end to end on a simulated engine (the run's `measure_trial` seam): the real run machinery,
+statistics, diagnosis, ranking and archive; only the engine's response is known in advance."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmplay.playbook.load import load_playbook
+from llmplay.spec import Scalar
+from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
+from llmplay.tuning.tune import trail
+from llmplay.tuning.tune.loop import TuneLoop
+from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def one_slot_chat(args: Mapping[str, Scalar], users: int) -> Response:
+    """llama.cpp-like: users beyond the slots queue (TTFT grows with the queue); slots cost a little throughput;
+    the shared system prompt is served from the prompt cache."""
+    slots = slots_of(args)
+    queue = max(0.0, users / slots - 1)
+    return Response(
+        ttft_s=0.1 * (1 + 1.5 * queue),
+        output_tok_s=100.0 * (1 - 0.03 * (min(slots, users) - 1)),
+        waiting_frac=0.9 if slots < users else 0.0,
+        waiting_mean=float(max(users - slots, 0)),
+        reuse_expected=0.4,
+        reuse_achieved=0.39 if args.get("prefix_caching") is not False else 0.0,
+    )
+
+
+def tune_playbook(tmp_path: Path, gates: list[str] | None = None, **tune: object) -> Path:
+    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny-tune.yaml").read_text())
+    doc["goals"]["gates"] = gates or doc["goals"]["gates"]
+    doc["runtime"] = "process"
+    doc["trials"] = {"repeats": 3, "max_repeats": 5, "sequential": True}
+    doc["tune"] = {**doc["tune"], **tune}
+    path = tmp_path / "cpu-tiny-tune.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def tune(
+    tmp_path: Path, engine: SimulatedEngine, lines: list[str], gates: list[str] | None = None, **tune_section: object
+) -> TuneLoop:
+    playbook = load_playbook(tune_playbook(tmp_path, gates, **tune_section))
+
+    def run(pb, root: Path) -> RunOutcome:
+        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _line: None, measure_trial=engine)
+
+    return TuneLoop(playbook, tmp_path / "tune", run, lines.append)
+
+
+def test_one_slot_for_four_users_keeps_more_slots_skips_prefix_caching_and_stops_with_its_reason(tmp_path):
+    lines: list[str] = []
+    outcome = tune(tmp_path, SimulatedEngine(one_slot_chat, seed=1), lines).execute()
+    rounds = outcome.trail.rounds
+    assert [r.number for r in rounds] == [0, 1]
+    first = rounds[1]
+    assert first.step == "tune-max-batch-parallel" and first.verdict == "kept", first.reason
+    assert first.kept_args["parallel"] == 4
+    skipped = {c.remedy.value: c.reason for c in first.ranked if c.skipped}
+    assert skipped["prefix_caching"].startswith("prefix reuse already achieved: 39.0% of prompt tokens")
+    assert outcome.trail.stop == "nothing left to try: no finding on the incumbent calls for a step"
+    # tuned.yaml: the original playbook plus the kept step, loadable by the one loader; what was skipped is listed.
+    text = outcome.tuned.read_text()
+    assert "  # chosen by max_batch: queue.persistent: waiting queue > 0 in 90.0% of samples" in text
+    assert "sched.concurrency_over_batch: concurrency 4 > max batch 1: 3 requests wait in the engine queue" in text
+    assert "  # verdict: P95 TTFT -" in text
+    assert "why: 'prefix reuse already achieved: 39.0% of prompt tokens" in text
+    tuned = load_playbook(outcome.tuned)
+    assert [(s.name, [(c.target, c.value) for c in s.changes]) for s in tuned.steps] == [
+        ("tune-max-batch-parallel", [("args.parallel", 4)])
+    ]
+    assert tuned.engine.args["parallel"] == 1  # the baseline stays the baseline: the step re-measures the gain
+    assert any("tune: stopped: nothing left to try" in line for line in lines)
+    assert trail.load(outcome.tune_dir) == outcome.trail
+
+
+def test_an_unreachable_ttft_gate_stops_after_the_unloaded_probe(tmp_path):
+    engine = SimulatedEngine(one_slot_chat, seed=2)
+    outcome = tune(tmp_path, engine, [], gates=["ttft.p95 < 50ms"]).execute()
+    assert outcome.trail.infeasible and outcome.trail.rounds == ()
+    assert outcome.trail.stop.startswith(
+        "goal unreachable (one request alone): ttft.p95 < 50ms: the limit 50 ms is below the 98 ms one request alone"
+    )
+    assert "one request alone takes on this engine (median of 12 requests sent one at a time)" in outcome.trail.stop
+    assert engine.trials == 1  # far less than half of any budget: one short probe
+    assert outcome.tuned is None
+
+
+@pytest.mark.parametrize("steps", [1])
+def test_the_step_budget_stops_the_loop(tmp_path, steps):
+    def two_problems(args: Mapping[str, Scalar], users: int) -> Response:
+        base = one_slot_chat(args, users)
+        achieved = 0.05 if args.get("cache_reuse") in (None, 0) else 0.35
+        return Response(**{**base.__dict__, "reuse_achieved": achieved})
+
+    outcome = tune(tmp_path, SimulatedEngine(two_problems, seed=3), [], budget={"steps": steps}).execute()
+    assert len([r for r in outcome.trail.rounds if r.step]) == 1
+    assert outcome.trail.stop == "budget spent: 1 of 1 steps"
