@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -63,9 +64,11 @@ def _describe_expected(schema: dict[str, Any], root: dict[str, Any]) -> str:
     return "a value matching the schema"
 
 
-def schema_problems(doc: dict[str, Any], problems: Problems) -> None:
-    """Every schema violation in `doc` as a problem: unknown keys with a suggestion, found vs expected otherwise."""
+def schema_problems(doc: dict[str, Any], problems: Problems, step_properties: Mapping[str, Any] | None = None) -> None:
+    """Every schema violation in `doc` as a problem: unknown keys with a suggestion, found vs expected otherwise.
+    `step_properties`: the step keys registered step kinds add (playbook.step_forms), checked like the shipped ones."""
     root = playbook_schema()
+    root["$defs"]["step"]["properties"].update(step_properties or {})
     if _non_finite_problems(doc, (), problems):
         return  # JSON Schema has no word for NaN: `.nan` passes every bound, so nothing below may see one
     validator = _StrictValidator(root)
