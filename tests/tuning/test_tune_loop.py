@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from llmplay.cli import cli
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Scalar
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
@@ -104,3 +106,37 @@ def test_the_step_budget_stops_the_loop(tmp_path, steps):
     outcome = tune(tmp_path, SimulatedEngine(two_problems, seed=3), [], budget={"steps": steps}).execute()
     assert len([r for r in outcome.trail.rounds if r.step]) == 1
     assert outcome.trail.stop == "budget spent: 1 of 1 steps"
+
+
+def test_dry_run_prints_the_first_ranking_from_an_archived_baseline_without_an_engine(tmp_path):
+    path = tune_playbook(tmp_path)
+    options = RunOptions(archive_root=tmp_path / "runs")
+    baseline = run_playbook(
+        load_playbook(path), options, report=lambda _l: None, measure_trial=SimulatedEngine(one_slot_chat, seed=4)
+    )
+    result = CliRunner().invoke(cli, ["tune", str(path), "--dry-run", "--baseline", str(baseline.run_dir)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"tune --dry-run: round 1 ranking from {baseline.run_dir} (final configuration ")
+    assert lines[1].startswith("  #1 of 1: parallel → 2, 4 (value search); bears on ttft.p95")
+    assert any(line.startswith("  skipped prefix_caching: prefix reuse already achieved") for line in lines)
+
+
+def test_an_interrupted_session_resumes_with_the_same_ranking(tmp_path):
+    engine = SimulatedEngine(one_slot_chat, seed=5)
+    playbook = load_playbook(tune_playbook(tmp_path))
+    calls: list[str] = []
+
+    def run(pb, root: Path) -> RunOutcome:
+        calls.append(pb.steps[0].name if pb.steps else "no steps")
+        if len(calls) == 3:  # the probe, round 0, then Ctrl-C in round 1
+            raise KeyboardInterrupt
+        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _l: None, measure_trial=engine)
+
+    with pytest.raises(KeyboardInterrupt):
+        TuneLoop(playbook, tmp_path / "tune", run, lambda _l: None).execute()
+    state = trail.load(tmp_path / "tune")
+    assert [r.number for r in state.rounds] == [0] and state.alone_run
+    outcome = TuneLoop(playbook, tmp_path / "tune", run, lambda _l: None, state).execute()
+    assert calls == ["no steps", "no steps", "tune-max-batch-parallel", "tune-max-batch-parallel"]
+    assert outcome.trail.rounds[1].verdict == "kept" and outcome.trail.stop
