@@ -19,8 +19,9 @@ class Remedy(StrEnum):
     CONTINUOUS_BATCHING = "continuous_batching"  # §7.1
     PREFIX_CACHING = "prefix_caching"  # §7.2
     MAX_BATCH = "max_batch"  # max-batch matched to the load
-    CONCURRENCY_CAP = "concurrency_cap"  # fewer sequences than the point where the KV cache runs out
+    # Before a concurrency cap: memory left unreserved costs nothing, a cap costs the load its concurrency.
     KV_MEMORY = "kv_memory"  # more memory for the KV cache
+    CONCURRENCY_CAP = "concurrency_cap"  # fewer sequences than the point where the KV cache runs out
     CHUNKED_PREFILL = "chunked_prefill"  # the per-iteration prefill budget
     CONTEXT_LENGTH = "context_length"  # max-seq-len matched to the load
     CUDA_GRAPHS = "cuda_graphs"  # kernels: CUDA graphs, FlashAttention, fusion

@@ -111,8 +111,10 @@ def test_the_binding_gate_ranks_its_remedies_first() -> None:
         get_engine("vllm"),
     )
     first = next_step(ranked)
-    # Preemptions are critical and the failed error gate binds: cap the sequences before anything else.
-    assert first is not None and first.remedy is Remedy.CONCURRENCY_CAP and first.values == (16, 32, 64)
+    # Preemptions are critical and the failed error gate binds: more memory for the KV cache first (it costs the load
+    # nothing), then a cap on the sequences.
+    assert first is not None and first.remedy is Remedy.KV_MEMORY and first.values == (0.92, 0.95)
+    assert by_remedy(ranked)[Remedy.CONCURRENCY_CAP].rank == 2
     assert by_remedy(ranked)[Remedy.CONTINUOUS_BATCHING].reason == "continuous_batching is always on in vllm"
 
 
