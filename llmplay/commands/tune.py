@@ -30,6 +30,7 @@ def tune_command(
 ) -> int:
     """Run the tuning loop (or, with dry_run and baseline, print its first ranking); the exit code."""
     console = stdout_console()
+    root = archive_root(archive_dir)
 
     def say(line: str) -> None:
         console.print(line, markup=False)
@@ -44,7 +45,7 @@ def tune_command(
         playbook = load_playbook(file, allow_outside_extends=allow_outside_extends, on_this_host=not dry_run)
         state = None
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        tune_dir = archive_root(archive_dir) / playbook.metadata.name / f"tune-{stamp}"
+        tune_dir = root / playbook.metadata.name / f"tune-{stamp}"
     if playbook.tune is None:
         raise PlaybookError(f"{file}: tune: not found; expected e.g. tune: {{budget: {{engine_time: 30m}}}}")
     if dry_run:
@@ -60,7 +61,7 @@ def tune_command(
         options = RunOptions(archive_root=root, progress=sys.stderr.isatty())
         return run_playbook(pb, options, publish=publish_run, report=say)
 
-    outcome = TuneLoop(playbook, tune_dir, run, say, state).execute()
+    outcome = TuneLoop(playbook, tune_dir, run, say, state, archive_root=root).execute()
     say(
         f"tune: {len([r for r in outcome.trail.rounds if r.step])} steps chosen, {outcome.trail.engine_s / 60:.1f} engine minutes"
     )

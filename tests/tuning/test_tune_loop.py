@@ -4,6 +4,7 @@ statistics, diagnosis, ranking and archive; only the engine's response is known 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,35 @@ def test_an_interrupted_session_resumes_with_the_same_ranking(tmp_path):
     outcome = TuneLoop(playbook, tmp_path / "tune", run, lambda _l: None, state).execute()
     assert calls == ["no steps", "no steps", "tune-max-batch-parallel", "tune-max-batch-parallel"]
     assert outcome.trail.rounds[1].verdict == "kept" and outcome.trail.stop
+
+
+def no_effect(args: Mapping[str, Scalar], users: int) -> Response:
+    """The diagnosis calls for slots (users queue), but slots change nothing here."""
+    return replace(one_slot_chat(args, users), ttft_s=0.3 if users > 1 else 0.1)
+
+
+def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying_so(tmp_path):
+    path = tune_playbook(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["steps"] = [{"name": "parallel-4", "set": {"parallel": 4}}]
+    earlier = tmp_path / "earlier.yaml"
+    earlier.write_text(yaml.safe_dump(doc, sort_keys=False))
+    root = tmp_path / "archive"
+    for seed in (6, 7):
+        run_playbook(
+            load_playbook(earlier),
+            RunOptions(archive_root=root),
+            report=lambda _l: None,
+            measure_trial=SimulatedEngine(no_effect, seed=seed),
+        )
+    engine = SimulatedEngine(no_effect, seed=8)
+
+    def run(pb, archive: Path) -> RunOutcome:
+        return run_playbook(pb, RunOptions(archive_root=archive), report=lambda _l: None, measure_trial=engine)
+
+    loop = TuneLoop(load_playbook(path), tmp_path / "tune", run, lambda _l: None, archive_root=root)
+    outcome = loop.execute()
+    assert [r.step for r in outcome.trail.rounds] == [None]
+    skipped = {c.remedy.value: c.reason for c in outcome.trail.final_ranking}
+    assert skipped["max_batch"].startswith("parallel rejected 2 times before on this engine and image (run ")
+    assert skipped["max_batch"].endswith("tune.retry_rejected tries it again")

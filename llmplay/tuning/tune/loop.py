@@ -13,15 +13,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llmplay.archive.model import Finding, RooflineFacts
+from llmplay.archive.model import Finding, RooflineFacts, StepVerdict
 from llmplay.archive.reader import ArchivedRun
 from llmplay.engines import get_engine
 from llmplay.outcomes import GateResult
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Playbook, Scalar, TuneSpec
 from llmplay.tuning.run import RunOutcome
+from llmplay.tuning.search import DROPPED_VS_LEADER
 from llmplay.tuning.tune import documents, trail
 from llmplay.tuning.tune.bounds import roofline_bound, unloaded_bound
+from llmplay.tuning.tune.history import tried_before
 from llmplay.tuning.tune.rank import Ranked, RankInput, Tried, TunePolicy, next_step, rank
 from llmplay.tuning.tune.trail import Round, Trail
 
@@ -75,10 +77,22 @@ def _final_args(run_dir: Path) -> dict[str, Scalar]:
 class TuneLoop:
     """One tuning session in `tune_dir`; `run` measures a playbook, `say` prints a line."""
 
-    def __init__(self, playbook: Playbook, tune_dir: Path, run: RunFn, say: Say, state: Trail | None = None):
+    def __init__(
+        self,
+        playbook: Playbook,
+        tune_dir: Path,
+        run: RunFn,
+        say: Say,
+        state: Trail | None = None,
+        archive_root: Path | None = None,
+    ):
+        """`archive_root`: where each round's run is archived (the tuning directory itself when None) and whose
+        earlier runs of this playbook count as history."""
         self.playbook, self.tune_dir, self.run, self.say = playbook, tune_dir, run, say
         self.trail = state or Trail(playbook=playbook.path)
         self.spec = playbook.tune or TuneSpec()
+        self.archive = archive_root or tune_dir
+        self.history = tried_before(self.archive, playbook) if archive_root is not None else ()
 
     def execute(self) -> TuneOutcome:
         self.tune_dir.mkdir(parents=True, exist_ok=True)
@@ -126,8 +140,7 @@ class TuneLoop:
 
     def _next_round(self) -> None:
         last = self.trail.rounds[-1]
-        gates = ArchivedRun.open(Path(last.run_dir)).gates()
-        ranked = rank_incumbent(self.playbook, last.findings, last.kept_args, last.summary, gates, self.trail.tried())
+        ranked = self._ranking(last)
         number = len(self.trail.rounds)
         self._print_ranking(number, ranked)
         chosen = next_step(ranked)
@@ -145,6 +158,7 @@ class TuneLoop:
         outcome, spent = self._measure(load_playbook(path, allow_outside_extends=True))
         verdict = outcome.verdicts[0] if outcome.verdicts else None
         kept = verdict is not None and verdict.carried
+        behind = () if kept or verdict is None else _dropped_behind_leader(verdict, chosen.values)
         done = Round(
             number,
             str(outcome.run_dir),
@@ -159,10 +173,28 @@ class TuneLoop:
             engine_s=spent,
             summary=_figures(outcome.final_summary) if kept or outcome.final_summary else last.summary,
             gates_met=_all_met(outcome.gates),
+            retry_values=behind,
         )
         self.trail = self.trail.with_round(done)
         self.say(f"tune: round {number}: {name} {done.verdict}: {done.reason}")
         trail.save(self.trail, self.tune_dir)
+
+    def _ranking(self, last: Round) -> tuple[Ranked, ...]:
+        """The incumbent's ranking; after a value search whose leader was rejected (a guard, say) while it had dropped
+        other values only for trailing that leader, those values first, as their own search."""
+        if last.retry_values:
+            chosen = next(c for c in last.ranked if c.rank == 1)
+            values = ", ".join(map(repr, last.retry_values))
+            why = (
+                f"#1 of 1: {chosen.knob} → {values}; round {last.number}'s search dropped these values only for "
+                "trailing its leader, which it then rejected: they race again without it"
+            )
+            return (replace(chosen, values=last.retry_values, reason=why),)
+        gates = ArchivedRun.open(Path(last.run_dir)).gates()
+        mine = {r.run_dir for r in self.trail.rounds}
+        history = tuple(t for t in self.history if t.where.removeprefix("run ") not in {Path(d).name for d in mine})
+        tried = (*self.trail.tried(), *history)
+        return rank_incumbent(self.playbook, last.findings, last.kept_args, last.summary, gates, tried)
 
     def _stop_reason(self, chosen: Ranked | None, ranked: Sequence[Ranked], last: Round) -> str:
         steps_taken = sum(1 for r in self.trail.rounds if r.step)
@@ -191,7 +223,7 @@ class TuneLoop:
     # -- helpers
     def _measure(self, playbook: Playbook) -> tuple[RunOutcome, float]:
         """The run's outcome and its engine time: the wall time its trials archived (engine starts included)."""
-        outcome = self.run(playbook, self.tune_dir)
+        outcome = self.run(playbook, self.archive)
         return outcome, sum(t.wall_s for t in ArchivedRun.open(outcome.run_dir).trials())
 
     def _roofline(self) -> RooflineFacts | None:
@@ -246,6 +278,14 @@ def _fixed(done: Round) -> dict[str, Any]:
         knob = target.removeprefix("args.")
         step["set"] = {knob: done.kept_args.get(knob)}
     return step
+
+
+def _dropped_behind_leader(verdict: StepVerdict, tried: Sequence[Scalar]) -> tuple[Scalar, ...]:
+    """A rejected search's values dropped only for trailing a leader (never judged against the incumbent)."""
+    if verdict.search is None:
+        return ()
+    behind = tuple(v.value for v in verdict.search.values if v.status == DROPPED_VS_LEADER)
+    return behind if behind and tuple(behind) != tuple(tried) else ()
 
 
 def _figures(summary: Mapping[str, Any]) -> dict[str, float]:

@@ -37,6 +37,8 @@ class Round:
     engine_s: float = 0.0
     summary: Mapping[str, float] = field(default_factory=dict)  # the new incumbent's pooled figures
     gates_met: bool | None = None
+    # A rejected search's values dropped only for trailing its leader: the next round races them without it.
+    retry_values: tuple[Scalar, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ def _round(r: Mapping[str, Any]) -> Round:
         engine_s=float(r.get("engine_s") or 0.0),
         summary={str(k): float(v) for k, v in dict(r.get("summary") or {}).items()},
         gates_met=r.get("gates_met"),
+        retry_values=tuple(r.get("retry_values") or ()),
     )
 
 
