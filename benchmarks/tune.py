@@ -272,7 +272,9 @@ def main() -> None:
                 setattr(total, name, getattr(total, name) + getattr(tally, name))
             print(f"{s.name}: done ({time.perf_counter() - started:.0f} s)", flush=True)
     print()
-    print("| scenario | tunes | best | TPE best (same budget) | engine (trials) | OFAT grid (trials) | /grid | kept | false keep | stops |")
+    print(
+        "| scenario | tunes | best | TPE best (same budget) | engine (trials) | OFAT grid (trials) | /grid | kept | false keep | stops |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, t, g in rows:
         mean = t.trials / t.tunes
