@@ -11,6 +11,7 @@ from llmplay.engines import get_engine
 from llmplay.engines.knobs import Remedy
 from llmplay.outcomes import GateResult
 from llmplay.spec import Objective
+from llmplay.tuning.tune.documents import step_document
 from llmplay.tuning.tune.rank import RankInput, Tried, TunePolicy, binding_metric, next_step, rank
 
 REUSED = {"prefix_reuse.expected": 0.4, "prefix_reuse.achieved": 0.39}
@@ -124,3 +125,11 @@ def test_vllm_with_prefix_caching_off_on_a_shared_prefix_turns_it_on() -> None:
     assert off is not None
     first = next_step(rank(RankInput([off], {"prefix_caching": False}, {}, (), TTFT), get_engine("vllm")))
     assert first is not None and first.knob == "prefix_caching" and first.values == (True,)
+
+
+def test_a_quantized_gguf_named_in_tune_values_is_a_model_step_under_a_quality_guard() -> None:
+    policy = TunePolicy(quality_guarded=True, values={"model": ("/models/tiny-q8_0.gguf", "/models/tiny-q4_0.gguf")})
+    quant = by_remedy(rank(one_slot(), get_engine("llamacpp"), policy=policy))[Remedy.WEIGHT_QUANTIZATION]
+    assert not quant.skipped and quant.knob == "model"
+    step = step_document(quant, "q")
+    assert step["set"] == {"model": "/models/tiny-q8_0.gguf"}  # a choice: one fixed change, the first file

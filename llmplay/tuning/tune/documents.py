@@ -52,8 +52,10 @@ def _plain(value: Any) -> Any:
 def step_document(ranked: Ranked, name: str) -> dict[str, Any]:
     """The chosen candidate as a playbook step: a value search for several numeric values, else a fixed change."""
     description = f"llmplay tune: {ranked.remedy.value} ({ranked.direction.value}), for {', '.join(ranked.findings)}"
-    if len(ranked.values) > 1:
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in ranked.values)
+    if len(ranked.values) > 1 and numeric:
         return {"name": name, "description": description, "search": {f"args.{ranked.knob}": list(ranked.values)}}
+    # A switch, or the first of a choice's values (a GGUF file, a KV dtype): one fixed change.
     return {"name": name, "description": description, "set": {ranked.knob: ranked.values[0]}}
 
 
