@@ -189,11 +189,11 @@ class Tally:
     stops: dict[str, int] = field(default_factory=dict)
 
 
-def tune_once(s: Scenario, seed: int, root: Path, tally: Tally) -> int:
+def tune_once(s: Scenario, seed: int, root: Path, tally: Tally, noise: float = 0.03) -> int:
     path = root / f"{s.name}-{seed}.yaml"
     path.write_text(yaml.safe_dump(playbook_doc(s, seed), sort_keys=False))
     playbook = load_playbook(path)
-    engine = SimulatedEngine(s.surface, seed=seed, trial_s=1.0)
+    engine = SimulatedEngine(s.surface, seed=seed, trial_s=1.0, noise=noise)
 
     def run(pb: Any, archive: Path) -> RunOutcome:
         return run_playbook(pb, RunOptions(archive_root=archive), report=lambda _l: None, measure_trial=engine)
@@ -214,7 +214,7 @@ def tune_once(s: Scenario, seed: int, root: Path, tally: Tally) -> int:
     return engine.trials
 
 
-def tpe_once(s: Scenario, seed: int, budget_trials: int) -> bool:
+def tpe_once(s: Scenario, seed: int, budget_trials: int, noise: float = 0.03) -> bool:
     """Optuna TPE over the same knobs (each knob unset or one of its values), `budget_trials` measured trials."""
     import optuna  # a benchmark extra
 
@@ -222,7 +222,7 @@ def tpe_once(s: Scenario, seed: int, budget_trials: int) -> bool:
     space: dict[str, list[Scalar]] = {}
     for knob, value in grid(s):
         space.setdefault(knob, [s.args.get(knob)]).append(value)
-    engine = SimulatedEngine(s.surface, seed=seed + 10_000, trial_s=1.0)
+    engine = SimulatedEngine(s.surface, seed=seed + 10_000, trial_s=1.0, noise=noise)
     from llmplay.spec import Config, EngineSpec, Workload, frozen_map
 
     def measure(args: Mapping[str, Scalar]) -> tuple[float, float]:
@@ -254,6 +254,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--noise", type=float, default=0.03, help="per-round log drift sd (per trial: half of it)")
     ns = parser.parse_args()
     rows = []
     total = Tally()
@@ -264,8 +265,8 @@ def main() -> None:
                 continue
             tally = Tally()
             for seed in range(ns.reps):
-                used = tune_once(s, seed, Path(tmp), tally)
-                tally.tpe_best += tpe_once(s, seed, used)
+                used = tune_once(s, seed, Path(tmp), tally, ns.noise)
+                tally.tpe_best += tpe_once(s, seed, used, ns.noise)
             grid_trials = len(grid(s)) * 2 * REPEATS
             rows.append((s.name, tally, grid_trials))
             for name in ("best", "tpe_best", "trials", "kept", "false_kept", "tunes"):

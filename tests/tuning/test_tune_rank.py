@@ -75,8 +75,13 @@ def test_risky_remedies_wait_for_the_policy_that_allows_them() -> None:
 
 def test_what_was_tried_is_not_tried_again_and_twice_rejected_history_says_so() -> None:
     engine = get_engine("llamacpp")
-    kept = by_remedy(rank(one_slot(), engine, tried=[Tried(Remedy.MAX_BATCH, "parallel", "kept", "round 1")]))
-    assert kept[Remedy.MAX_BATCH].skipped and "parallel tried already (round 1: kept)" in kept[Remedy.MAX_BATCH].reason
+    once = [Tried(Remedy.MAX_BATCH, "parallel", "rejected", "round 1")]
+    rejected = by_remedy(rank(one_slot(), engine, tried=once))[Remedy.MAX_BATCH]
+    assert rejected.skipped and "parallel tried already (round 1: rejected)" in rejected.reason
+    # Kept at 2 while users still queue: the next round goes on upwards from the kept value.
+    kept = [Tried(Remedy.MAX_BATCH, "parallel", "kept", "round 1")]
+    onward = by_remedy(rank(one_slot(args={"parallel": 2}), engine, tried=kept))[Remedy.MAX_BATCH]
+    assert onward.rank == 1 and onward.values == (4,)
     history = [Tried(Remedy.MAX_BATCH, "parallel", "rejected", f"run r{i}", this_session=False) for i in (1, 2)]
     twice = by_remedy(rank(one_slot(), engine, tried=history))[Remedy.MAX_BATCH]
     assert twice.skipped and "rejected 2 times before on this engine and image (run r1, run r2)" in twice.reason

@@ -164,8 +164,10 @@ def _refusal(
         return f"{spec.knob} may change outputs: tried only with a quality guard (goals.quality)"
     if spec.risk is Risk.HARDWARE and not names & policy.allow:
         return f"{spec.knob} needs more hardware than the baseline's: name it in tune.allow to try it"
+    # A kept step whose finding persists goes on in the same direction (its values start past the kept one); any
+    # other verdict ends the knob for this session.
     here = [t for t in tried if t.this_session and t.knob == spec.knob and t.remedy is remedy]
-    if here:
+    if here and here[-1].verdict != KEPT:
         return f"{spec.knob} tried already ({here[-1].where}: {here[-1].verdict})"
     rejected = [t for t in tried if not t.this_session and t.knob == spec.knob and t.verdict == REJECTED]
     if len(rejected) >= 2 and not policy.retry_rejected:
