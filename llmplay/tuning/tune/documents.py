@@ -80,8 +80,10 @@ def round_document(
 def alone_document(playbook: Playbook) -> dict[str, Any]:
     """The unloaded probe: the baseline engine, one user sending ALONE_REQUESTS requests one at a time, one trial."""
     doc = _base(playbook)
-    workload = {k: v for k, v in doc["workload"].items() if k not in ("rate", "sweep", "burst", "duration", "arrival")}
-    workload.update(concurrency=1, num_requests=ALONE_REQUESTS, turns=1)
+    dropped = ("rate", "sweep", "burst", "duration", "arrival", "warmup")
+    workload = {k: v for k, v in doc["workload"].items() if k not in dropped}
+    # A warm-up counted in requests: a warm-up in seconds could outlast a dozen short requests and leave none.
+    workload.update(concurrency=1, num_requests=ALONE_REQUESTS, warmup_requests=2, turns=1)
     doc["workload"] = workload
     doc["steps"] = []
     doc["trials"] = {"repeats": 1, "max_repeats": 1, "sequential": False}
