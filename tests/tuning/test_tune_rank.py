@@ -75,6 +75,10 @@ def test_risky_remedies_wait_for_the_policy_that_allows_them() -> None:
 
 def test_what_was_tried_is_not_tried_again_and_twice_rejected_history_says_so() -> None:
     engine = get_engine("llamacpp")
+    unsettled = [Tried(Remedy.MAX_BATCH, "parallel", "inconclusive", "round 1")]
+    assert by_remedy(rank(one_slot(), engine, tried=unsettled))[Remedy.MAX_BATCH].rank == 1  # once more
+    twice = by_remedy(rank(one_slot(), engine, tried=unsettled * 2))[Remedy.MAX_BATCH]
+    assert twice.skipped and "parallel tried already (round 1: inconclusive)" in twice.reason
     once = [Tried(Remedy.MAX_BATCH, "parallel", "rejected", "round 1")]
     rejected = by_remedy(rank(one_slot(), engine, tried=once))[Remedy.MAX_BATCH]
     assert rejected.skipped and "parallel tried already (round 1: rejected)" in rejected.reason

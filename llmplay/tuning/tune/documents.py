@@ -77,6 +77,13 @@ def round_document(
     return doc
 
 
+def more_trials(playbook: Playbook) -> dict[str, Any]:
+    """The playbook's trials with twice the most repeats: for a step an earlier round left inconclusive."""
+    trials = dict(_base(playbook).get("trials") or {})
+    trials["max_repeats"] = 2 * playbook.trials.max_repeats
+    return trials
+
+
 def alone_document(playbook: Playbook) -> dict[str, Any]:
     """The unloaded probe: the baseline engine, one user sending ALONE_REQUESTS requests one at a time, one trial."""
     doc = _base(playbook)

@@ -16,7 +16,7 @@ from typing import Any
 from llmplay.archive.model import Finding, RooflineFacts, StepVerdict
 from llmplay.archive.reader import ArchivedRun
 from llmplay.engines import get_engine
-from llmplay.outcomes import GateResult
+from llmplay.outcomes import INCONCLUSIVE, GateResult
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Playbook, Scalar, TuneSpec
 from llmplay.tuning.run import RunOutcome
@@ -153,6 +153,11 @@ class TuneLoop:
         name = documents.step_name(chosen, taken)
         step = documents.step_document(chosen, name)
         doc = documents.round_document(self.playbook, last.kept_args, [step])
+        if any(t.knob == chosen.knob and t.verdict == INCONCLUSIVE for t in self.trail.tried()):
+            doc["trials"] = documents.more_trials(self.playbook)
+            self.say(
+                f"tune: {chosen.knob} was inconclusive before: this round allows {doc['trials']['max_repeats']} rounds"
+            )
         path = documents.write_document(self.tune_dir / f"round-{number}.yaml", doc, _round_header(number, chosen))
         self.say(f"tune: round {number} runs {name} ({path.name})")
         outcome, spent = self._measure(load_playbook(path, allow_outside_extends=True))

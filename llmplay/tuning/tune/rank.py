@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from llmplay.archive.model import Finding
 from llmplay.engines.base import Engine
 from llmplay.engines.knobs import CHECKLIST_ORDER, Direction, KnobSpec, Remedy, Risk, knobs_for
-from llmplay.outcomes import KEPT, REJECTED, GateResult
+from llmplay.outcomes import INCONCLUSIVE, KEPT, REJECTED, GateResult
 from llmplay.spec import Objective, Scalar
 
 # Which metric families (a metric path's first part) each remedy can move: a remedy for the binding one ranks first.
@@ -166,8 +166,10 @@ def _refusal(
         return f"{spec.knob} needs more hardware than the baseline's: name it in tune.allow to try it"
     # A kept step whose finding persists goes on in the same direction (its values start past the kept one); any
     # other verdict ends the knob for this session.
+    # An inconclusive step (too few trials to settle it) runs once more, with twice the trials (the loop's part).
     here = [t for t in tried if t.this_session and t.knob == spec.knob and t.remedy is remedy]
-    if here and here[-1].verdict != KEPT:
+    unsettled = [t for t in here if t.verdict == INCONCLUSIVE]
+    if here and here[-1].verdict != KEPT and not (here[-1].verdict == INCONCLUSIVE and len(unsettled) == 1):
         return f"{spec.knob} tried already ({here[-1].where}: {here[-1].verdict})"
     rejected = [t for t in tried if not t.this_session and t.knob == spec.knob and t.verdict == REJECTED]
     if len(rejected) >= 2 and not policy.retry_rejected:
