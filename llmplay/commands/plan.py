@@ -10,7 +10,6 @@ import click
 from llmplay.catalog import label_of
 from llmplay.errors import ExitCode
 from llmplay.plan import (
-    Config,
     Plan,
     SampleShortfall,
     build_plan,
@@ -22,7 +21,7 @@ from llmplay.plan import (
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.trace import describe_trace
 from llmplay.redaction import redact_text
-from llmplay.spec import LengthDist, ThinkTime, Workload
+from llmplay.spec import Config, LengthDist, ThinkTime, Workload
 
 
 def plan_command(file: Path, *, allow_outside_extends: bool = False) -> int:

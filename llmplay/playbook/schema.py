@@ -16,7 +16,8 @@ from llmplay.playbook.source import YamlPath
 
 def playbook_schema() -> dict[str, Any]:
     """The JSON Schema of apiVersion llmplay/v1, read from the installed package."""
-    return json.loads(resources.files("llmplay").joinpath("schemas/playbook.v1.json").read_text())
+    schema: dict[str, Any] = json.loads(resources.files("llmplay").joinpath("schemas/playbook.v1.json").read_text())
+    return schema
 
 
 def _is_strict_integer(checker: object, instance: object) -> bool:
@@ -40,7 +41,7 @@ def _known_properties(schema: dict[str, Any], root: dict[str, Any]) -> list[str]
 
 
 def _deref(ref: str, root: dict[str, Any]) -> dict[str, Any]:
-    node: Any = root
+    node = root
     for part in ref.lstrip("#/").split("/"):
         node = node[part]
     return node
@@ -50,7 +51,7 @@ def _describe_expected(schema: dict[str, Any], root: dict[str, Any]) -> str:
     if "$ref" in schema:
         schema = _deref(schema["$ref"], root)
     if "description" in schema:
-        text = schema["description"].rstrip(".")
+        text = str(schema["description"]).rstrip(".")
         return text[0].lower() + text[1:]
     if "enum" in schema:
         return "one of " + ", ".join(map(str, schema["enum"]))
@@ -163,4 +164,4 @@ def _expected_from_error(err: jsonschema.ValidationError, root: dict[str, Any]) 
         return repr(value)
     if v in ("minItems", "minLength", "minProperties"):
         return f"at least {value} item(s)" if v != "minLength" else "a non-empty string"
-    return err.message
+    return str(err.message)
