@@ -15,6 +15,8 @@ import yaml
 from llmplay.spec import Playbook, Scalar
 from llmplay.tuning.tune.rank import Ranked
 
+# A playbook document or part of one, as YAML reads and writes it: untyped until the loader checks it.
+Doc = dict[str, Any]  # Any: YAML values (scalars, lists, mappings) before the schema
 # Requests the unloaded probe sends one at a time: enough for a median, cheap beside any A/B step.
 ALONE_REQUESTS = 12
 
@@ -23,15 +25,15 @@ ALONE_REQUESTS = 12
 class KeptStep:
     """A step the tuner kept: the step as a playbook writes it, and why it was chosen and kept."""
 
-    document: Mapping[str, Any]
+    document: Mapping[str, object]
     finding: str  # the findings that called for it, with evidence
     verdict: str  # the verdict's sentence
 
 
-def _base(playbook: Playbook) -> dict[str, Any]:
+def _base(playbook: Playbook) -> Doc:
     """The playbook as resolved (`extends:` merged), minus the tuner's own sections, with file paths absolute so the
     copy loads from the tuning directory."""
-    doc = {k: v for k, v in _plain(playbook.resolved).items() if k not in ("extends", "tune", "tuned")}
+    doc = {k: v for k, v in _document(playbook.resolved).items() if k not in ("extends", "tune", "tuned")}
     workload = dict(doc.get("workload") or {})
     if playbook.workload.dataset:
         workload["dataset"] = playbook.workload.dataset
@@ -41,7 +43,12 @@ def _base(playbook: Playbook) -> dict[str, Any]:
     return doc
 
 
-def _plain(value: Any) -> Any:
+def _document(mapping: Mapping[str, object]) -> Doc:
+    """A mapping (the loader's frozen one included) as a plain dict YAML can write."""
+    return {str(k): _plain(v) for k, v in mapping.items()}
+
+
+def _plain(value: object) -> object:
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -49,7 +56,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def step_document(ranked: Ranked, name: str) -> dict[str, Any]:
+def step_document(ranked: Ranked, name: str) -> Doc:
     """The chosen candidate as a playbook step: a value search for several numeric values, else a fixed change."""
     description = f"llmplay tune: {ranked.remedy.value} ({ranked.direction.value}), for {', '.join(ranked.findings)}"
     numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in ranked.values)
@@ -67,9 +74,7 @@ def step_name(ranked: Ranked, taken: Sequence[str]) -> str:
     return name
 
 
-def round_document(
-    playbook: Playbook, args: Mapping[str, Scalar], steps: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
+def round_document(playbook: Playbook, args: Mapping[str, Scalar], steps: Sequence[Mapping[str, object]]) -> Doc:
     """One round: the incumbent's knobs as the engine's, and the chosen step as the only step."""
     doc = _base(playbook)
     doc["engine"] = {**dict(doc["engine"]), "args": dict(args)}
@@ -77,14 +82,14 @@ def round_document(
     return doc
 
 
-def more_trials(playbook: Playbook) -> dict[str, Any]:
+def more_trials(playbook: Playbook) -> Doc:
     """The playbook's trials with twice the most repeats: for a step an earlier round left inconclusive."""
     trials = dict(_base(playbook).get("trials") or {})
     trials["max_repeats"] = 2 * playbook.trials.max_repeats
     return trials
 
 
-def alone_document(playbook: Playbook) -> dict[str, Any]:
+def alone_document(playbook: Playbook) -> Doc:
     """The unloaded probe: the baseline engine, one user sending ALONE_REQUESTS requests one at a time, one trial."""
     doc = _base(playbook)
     dropped = ("rate", "sweep", "burst", "duration", "arrival", "warmup")
@@ -100,7 +105,7 @@ def alone_document(playbook: Playbook) -> dict[str, Any]:
     return doc
 
 
-def write_document(path: Path, doc: Mapping[str, Any], header: str = "") -> Path:
+def write_document(path: Path, doc: Mapping[str, object], header: str = "") -> Path:
     path.write_text(header + yaml.safe_dump(_plain(doc), sort_keys=False, allow_unicode=True))
     return path
 
@@ -123,7 +128,7 @@ def _comment(text: str) -> str:
     return "\n".join(f"  # {line}" for line in re.sub(r"\s+", " ", text).strip().split("\n"))
 
 
-def tuned_text(playbook: Playbook, kept: Sequence[KeptStep], not_kept: Sequence[Mapping[str, Any]]) -> str:
+def tuned_text(playbook: Playbook, kept: Sequence[KeptStep], not_kept: Sequence[Mapping[str, object]]) -> str:
     """tuned.yaml: the original text (its comments kept) with the hand-written steps, then the kept ones, each with a
     comment naming the finding that chose it and its verdict; then `tuned:`, what was rejected or skipped and why.
     A playbook with `extends:` is written resolved, so the copy stands alone."""
@@ -133,7 +138,7 @@ def tuned_text(playbook: Playbook, kept: Sequence[KeptStep], not_kept: Sequence[
     else:
         head = _without_top_level(playbook.text, ("steps", "tuned"))
     lines = [head.rstrip(), "steps:"]
-    hand = _plain(playbook.resolved).get("steps") or []
+    hand = _document(playbook.resolved).get("steps") or []
     for step in hand:
         lines.append(_indent_item(step))
     for step in kept:
@@ -147,7 +152,7 @@ def tuned_text(playbook: Playbook, kept: Sequence[KeptStep], not_kept: Sequence[
     return "\n".join(lines) + "\n"
 
 
-def _indent_item(item: Mapping[str, Any]) -> str:
+def _indent_item(item: Mapping[str, object]) -> str:
     body = yaml.safe_dump(_plain(item), sort_keys=False, allow_unicode=True, default_flow_style=None).rstrip()
     first, *rest = body.splitlines()
     return "\n".join([f"  - {first}", *(f"    {line}" for line in rest)])

@@ -250,9 +250,9 @@ class TuneLoop:
             self.say(f"tune: wrote {tuned}")
         return TuneOutcome(self.tune_dir, self.trail, tuned)
 
-    def _kept_and_not(self) -> tuple[list[documents.KeptStep], list[dict[str, Any]]]:
+    def _kept_and_not(self) -> tuple[list[documents.KeptStep], list[documents.Doc]]:
         kept: list[documents.KeptStep] = []
-        not_kept: list[dict[str, Any]] = []
+        not_kept: list[documents.Doc] = []
         for r in self.trail.rounds:
             if not r.step:
                 continue
@@ -261,7 +261,7 @@ class TuneLoop:
                 kept.append(documents.KeptStep(_fixed(r), f"{chosen.remedy.value}: {chosen.evidence}", r.reason))
             else:
                 not_kept.append({"step": r.step, "knob": chosen.knob, "verdict": r.verdict, "why": r.reason})
-        skipped: dict[str, dict[str, Any]] = {}  # by remedy: the last round's reason
+        skipped: dict[str, documents.Doc] = {}  # by remedy: the last round's reason
         for ranked in [*(r.ranked for r in self.trail.rounds), self.trail.final_ranking]:
             for c in ranked:
                 if c.skipped:
@@ -274,7 +274,7 @@ class TuneLoop:
         return kept, [*not_kept, *skipped.values()]
 
 
-def _fixed(done: Round) -> dict[str, Any]:
+def _fixed(done: Round) -> documents.Doc:
     """A kept round's step as a fixed change: a value search's winner, read off the knobs the round ended with."""
     step = dict(done.step_document)
     search = step.pop("search", None)

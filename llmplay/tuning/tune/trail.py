@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any  # json.loads' values, read into records below
 
 from llmplay.archive.convert import finding_from
 from llmplay.archive.model import Finding, to_plain
