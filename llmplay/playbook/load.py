@@ -34,6 +34,7 @@ from llmplay.playbook.problems import Problems
 from llmplay.playbook.schema import schema_problems
 from llmplay.playbook.source import API_VERSION, MAX_FILE_BYTES, located_error, read_yaml
 from llmplay.playbook.step_forms import step_properties
+from llmplay.playbook.tune import parse_tune
 from llmplay.spec import Goals, Metadata, Playbook, Workload, frozen_map
 
 
@@ -95,6 +96,7 @@ def load_playbook(
         cost=parse_cost(doc.get("cost", {}), problems),
         runtime=parse_runtime(doc.get("runtime"), problems),
         resolved=frozen_map(doc),
+        tune=parse_tune(doc["tune"], doc["engine"].get("kind"), problems) if "tune" in doc else None,
     )
     if playbook.engine.model_dir is not None:
         written = doc["engine"]["model_dir"]
