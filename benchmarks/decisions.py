@@ -42,8 +42,8 @@ import numpy as np
 
 from llmplay.archive.model import KEPT
 from llmplay.spec import Goals, Objective, Trials
-from llmplay.tuning.decide import TrialSample, decide_step
-from llmplay.tuning.intervals import paired_effect
+from llmplay.stats.decide import TrialSample, decide_step
+from llmplay.stats.intervals import paired_effect
 
 FIXED = Trials(repeats=3, interleave=True, sequential=False, max_repeats=3)
 SEQUENTIAL = Trials(repeats=3, interleave=True, sequential=True, max_repeats=6)

@@ -23,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from llmplay.diagnose.gpus import lookup_gpu
 from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.sampler import TelemetrySampler
-from llmplay.tuning.diagnose.gpus import lookup_gpu
 
 GiB = 2**30
 PYNVML_HELP = (

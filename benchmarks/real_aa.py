@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from llmplay.playbook.load import load_playbook
-from llmplay.tuning.decide import describe_delta
+from llmplay.stats.decide import describe_delta
 from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.cpu_runs import tiny_playbook
 

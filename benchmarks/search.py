@@ -50,7 +50,7 @@ import numpy as np
 
 from llmplay.archive.model import KEPT, REJECTED
 from llmplay.spec import Goals, Guard, Objective
-from llmplay.tuning.decide import TrialSample
+from llmplay.stats.decide import TrialSample
 from llmplay.tuning.search import SearchDesign, ValueSearch
 
 GOALS = Goals(objective=Objective("maximize", "throughput.output_tok_s", 0.02))

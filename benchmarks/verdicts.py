@@ -28,8 +28,8 @@ import numpy as np
 
 from llmplay.archive.model import KEPT, REJECTED
 from llmplay.spec import Goals, Guard, Objective, Trials
-from llmplay.tuning.decide import TrialSample, decide_step
-from llmplay.tuning.intervals import Noise
+from llmplay.stats.decide import TrialSample, decide_step
+from llmplay.stats.intervals import Noise
 from llmplay.tuning.steps import candidate_first
 
 FIXED = Trials(repeats=3, interleave=True, sequential=False, max_repeats=3)

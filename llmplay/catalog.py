@@ -121,13 +121,13 @@ CAPACITY_METRICS: tuple[str, ...] = (
     "cost.usd_per_1m_tokens_at_slo",
 )
 # Rates of requests (count over count, and 0 is a normal value): a guard on one takes percentage points, decided with
-# an interval for a difference of two proportions over the pooled requests (tuning.intervals.newcombe_difference).
+# an interval for a difference of two proportions over the pooled requests (stats.intervals.newcombe_difference).
 RATE_METRICS: tuple[str, ...] = ("errors.rate",)
 # The greedy-probe figures (tuning.quality): measured per configuration against the baseline's answers, outside the
 # timed window; their tolerances are absolute in the metric's unit, not relative.
 QUALITY_METRICS: tuple[str, ...] = ("quality.exact_match", "quality.token_agreement", "quality.logprob_shift")
 # The metrics the archive keeps for the tuning record: each configuration's row and each step's deltas
-# (tuning.decide, tuning.run); the console and the HTML report show the subsets below.
+# (stats.decide, tuning.run); the console and the HTML report show the subsets below.
 RECORD_METRICS: tuple[str, ...] = (
     "ttft.p50",
     "ttft.p95",
@@ -358,7 +358,7 @@ def thin_sample(metric: str, summary: Mapping[str, Any]) -> str | None:
 STREAMED_ONLY: frozenset[str] = frozenset({"ttft", "tpot", "itl", "ttft_content", "ttfo"})
 NONSTREAMED_ONLY: frozenset[str] = frozenset({"ttft_nonstream"})
 # The request counts a summary keeps beside its figures (metrics.summarize per trial, the pooled configuration
-# row of tuning.decide): what each percentile rests on, and how many requests were streamed or not.
+# row of stats.decide): what each percentile rests on, and how many requests were streamed or not.
 SAMPLE_COUNT_KEYS: tuple[str, ...] = (
     *(f"{family}.n" for family in ("ttft", "tpot", "itl", "e2el", "ttft_nonstream", "ttft_content", "ttfo")),
     "requests.total",

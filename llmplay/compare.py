@@ -1,9 +1,9 @@
 """Two archived runs side by side: every metric of each run's final configuration, its change with a CI, regressions.
 
 The two runs' trials are independent (different days, maybe different engines), so each interval is Welch's t over
-the trials of each side (tuning.intervals), the trial being the unit: requests cluster within a trial.
+the trials of each side (stats.intervals), the trial being the unit: requests cluster within a trial.
 
-Regressions are judged by run A's playbook with the rule a step's guards use (tuning.decide.regressed_beyond): a
+Regressions are judged by run A's playbook with the rule a step's guards use (stats.decide.regressed_beyond): a
 guard metric whose change is worse than its tolerance, the objective worse than its min_effect the same way, or a
 gate that A met and B fails. Other metrics are shown and marked worse/better but never fail the comparison.
 """
@@ -29,7 +29,7 @@ from llmplay.playbook.load import load_playbook
 from llmplay.report import charts
 from llmplay.report.html import render_html
 from llmplay.spec import Goals, Trials
-from llmplay.tuning.decide import TrialSample, compare_metric, describe_delta, regressed_beyond, sample_from_records
+from llmplay.stats import TrialSample, compare_metric, describe_delta, regressed_beyond, sample_from_records
 
 
 @dataclass(frozen=True)

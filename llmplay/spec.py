@@ -275,7 +275,7 @@ class Trials:
     sequential: bool = False  # stop early once the CI decides
     max_repeats: int = 6
     confidence: float = 0.95
-    # Moderate each step's paired variance toward the run's other steps (tuning.intervals.moderate); off by default:
+    # Moderate each step's paired variance toward the run's other steps (stats.intervals.moderate); off by default:
     # with three pairs a step's own spread cannot show that its noise differs from the others'.
     pool_noise: bool = False
     on_failure: str = "continue"  # continue | stop

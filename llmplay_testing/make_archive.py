@@ -34,9 +34,9 @@ from llmplay.metrics import summarize, usd_per_1m_tokens
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.spec import ThinkTime, TraceFacts, TraceSpec, Workload
+from llmplay.stats.decide import TrialSample, evaluate_gates, sample_from_records
+from llmplay.stats.intervals import PAIRED_LOG
 from llmplay.telemetry.sampler import TelemetrySeries
-from llmplay.tuning.decide import TrialSample, evaluate_gates, sample_from_records
-from llmplay.tuning.intervals import PAIRED_LOG
 from llmplay.tuning.steps import tuning_record_row
 
 SECRET = "hf_sEcReTvAlUe0123456789"

@@ -8,16 +8,21 @@ the report, compare and the console read nothing else.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import InitVar, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
+from llmplay.outcomes import FAILED as FAILED
+from llmplay.outcomes import INCONCLUSIVE as INCONCLUSIVE
+from llmplay.outcomes import KEPT as KEPT
+from llmplay.outcomes import REJECTED as REJECTED
+from llmplay.outcomes import GateResult as GateResult
+from llmplay.outcomes import MetricDelta as MetricDelta
 from llmplay.spec import EngineSpec, Workload
 from llmplay.spec import Scalar as KnobValue  # a knob's value: None is the engine default
 
 TRIAL_OK, TRIAL_FAILED, TRIAL_INTERRUPTED = "ok", "failed", "interrupted"
-KEPT, REJECTED, INCONCLUSIVE, FAILED = "kept", "rejected", "inconclusive", "failed"
 
 
 @dataclass(frozen=True)
@@ -79,37 +84,6 @@ class TrialRecord:
         if not self.node.get("id"):
             return ""
         return f"{self.node.get('address') or self.node.get('hostname', '')} ({self.node['id'][:8]})"
-
-
-@dataclass(frozen=True)
-class MetricDelta:
-    metric: str
-    baseline: float | None
-    candidate: float | None
-    rel_change: float | None  # (candidate - baseline) / baseline
-    ci_low: float | None  # CI of rel_change at `confidence`, over `units` trials or pairs (see `method`)
-    ci_high: float | None
-    # Runs archived before it was dropped carry a Mann-Whitney p-value here: it ignored that requests cluster within
-    # trials and tested whole distributions, not the percentile decided on. Accepted so they load, never kept.
-    p_value: InitVar[float | None] = None
-    better: bool | None = None  # direction-aware: is the candidate better?
-    # How many requests each side's figure rests on, pooled over its trials (None: no per-request metric, or unknown).
-    n_baseline: int | None = None
-    n_candidate: int | None = None
-    # What the interval rests on: its experimental units (complete A/B pairs, or the smaller side's trials), the
-    # method (tuning.intervals) and its nominal two-sided level (below the confidence in sequential mode, where
-    # every look spends part of the error rate). None in archives written before they were recorded.
-    units: int | None = None
-    method: str | None = None
-    confidence: float | None = None
-    # A rate of requests (catalog.RATE_METRICS): the change in points (candidate - baseline, 0.01 == 1pp) with its
-    # interval over the pooled requests at `confidence`; what a guard in points is judged on. None elsewhere.
-    points: float | None = None
-    points_low: float | None = None
-    points_high: float | None = None
-
-    def __post_init__(self, p_value: float | None) -> None:
-        del p_value  # read from old archives, ignored (see above)
 
 
 @dataclass(frozen=True)
@@ -178,21 +152,8 @@ class StepVerdict:
 
 
 @dataclass(frozen=True)
-class GateResult:
-    gate: str  # as written
-    metric: str
-    op: str
-    threshold: float
-    observed: float | None
-    met: bool | None  # None: not measured
-    margin: float | None  # relative headroom: positive = met with room
-    # Why it is not measured (catalog.absence_reason), or that its percentile rests on too few requests.
-    note: str | None = None
-
-
-@dataclass(frozen=True)
 class Finding:
-    """A diagnosis finding: what the checklist rules of tuning.diagnose produce and the archive keeps."""
+    """A diagnosis finding: what the checklist rules of diagnose produce and the archive keeps."""
 
     id: str
     severity: str  # info | warn | critical
@@ -207,7 +168,7 @@ Scalar = str | int | float | bool
 
 @dataclass(frozen=True)
 class MemoryFacts:
-    """Where the final configuration's peak memory went (tuning.diagnose.memory.MemoryBreakdown as archived); a
+    """Where the final configuration's peak memory went (diagnose.memory.MemoryBreakdown as archived); a
     figure the run could not get is None. Peak and capacity are GPU memory, or host RSS and RAM when `device` is
     "cpu"."""
 
@@ -226,7 +187,7 @@ class MemoryFacts:
 
 @dataclass(frozen=True)
 class RooflineFacts:
-    """The decode roofline of the final configuration (tuning.diagnose.roofline.Roofline as archived)."""
+    """The decode roofline of the final configuration (diagnose.roofline.Roofline as archived)."""
 
     floor_s: float  # the best TPOT the memory bandwidth allows
     bytes_per_step: float | None = None

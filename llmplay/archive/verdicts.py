@@ -1,5 +1,5 @@
 """What a run's verdicts are worth, in words: said by the runner on the console and by the report of any archive,
-so the words live here, below both (the decision rules themselves are tuning.decide's).
+so the words live here, below both (the decision rules themselves are stats.decide's).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from llmplay.bench.sweep import discover_model, run_sweep
 from llmplay.catalog import absence_reason, thin_warning
 from llmplay.errors import ExitCode
 from llmplay.loadgen.tokenizer import make_tokenizer
@@ -17,7 +18,6 @@ from llmplay.metrics import Summary
 from llmplay.playbook.load import load_workload
 from llmplay.playbook.source import located_error
 from llmplay.spec import Goals, Workload
-from llmplay.tuning.sweep import discover_model, run_sweep
 from llmplay.tuning.trial import capacity_search
 
 

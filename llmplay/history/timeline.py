@@ -1,7 +1,7 @@
 """A playbook's history: every archived run oldest first, its headline figures with trial-level intervals, what
 changed between runs, and the changes its trials show at the playbook's tolerances.
 
-Change detection is the guard rule of a step and of `compare` (tuning.decide.guard_outcome), applied between each
+Change detection is the guard rule of a step and of `compare` (stats.decide.guard_outcome), applied between each
 run and the one before it in its comparable series (same playbook version, final configuration and hardware class):
 the change of a metric is flagged only when its interval over the two runs' trials (Welch t, the trial the unit, as
 `compare` computes it) lies wholly beyond the tolerance, in the worse direction (a regression) or the better one.
@@ -21,8 +21,15 @@ import numpy as np
 from llmplay.archive.model import MetricDelta
 from llmplay.archive.run_entry import GuardGoal, RunEntry
 from llmplay.catalog import RATE_METRICS, fmt_full, label_of
-from llmplay.tuning.decide import BEYOND, describe_delta, guard_outcome
-from llmplay.tuning.intervals import newcombe_difference, t_mean_interval, welch_effect, wilson_interval
+from llmplay.stats import (
+    BEYOND,
+    describe_delta,
+    guard_outcome,
+    newcombe_difference,
+    t_mean_interval,
+    welch_effect,
+    wilson_interval,
+)
 
 DEFAULT_CONFIDENCE = 0.95
 REGRESSION, IMPROVEMENT = "regression", "improvement"

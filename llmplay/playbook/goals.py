@@ -224,7 +224,7 @@ def _check_capacity_goals(goals: Goals, raw: Mapping[str, Any], problems: Proble
 
 def parse_guard(raw: Mapping[str, Any], path: YamlPath, problems: Problems, archived: bool = False) -> Guard | None:
     """A guard's tolerance: relative (15%), or in percentage points (0.5pp) for a rate of requests, whose baseline
-    can be 0 and whose changes are counts (tuning.decide decides those with a count interval). An archived playbook
+    can be 0 and whose changes are counts (stats.decide decides those with a count interval). An archived playbook
     written before points existed keeps its relative rate tolerance, so its run is compared by the rule it ran with."""
     metric = raw["metric"]
     info = metric_info(metric)

@@ -1,1 +1,1 @@
-"""The tuning stage: fresh-engine trials, baseline and steps, decisions, gates and the diagnosis."""
+"""The tuning stage: fresh-engine trials, the baseline and the step loop, capacity searches, where trials run."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from llmplay.archive.model import TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
 from llmplay.archive.writer import RunArchive
 from llmplay.spec import Config, Playbook
-from llmplay.tuning.decide import TrialSample
+from llmplay.stats.decide import TrialSample
 from llmplay.tuning.progress import Narrator, describe_trial
 from llmplay.tuning.quality import ProbeResult
 from llmplay.tuning.signals import SignalGuard, TrialInterrupted

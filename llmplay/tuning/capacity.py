@@ -18,8 +18,8 @@ still wider than the precision then is "indeterminate", never a number the data 
 
 A step decided on capacity (`maximize: capacity.rate`) makes each trial one whole search, so the trial stays the
 experimental unit: the runner interleaves baseline and candidate searches (A B B A), each repeat sends the same
-request sequence on both sides (common random numbers, the trial's seed), and tuning.decide puts the paired t
-interval of tuning.intervals on the per-repeat log ratio of the two boundaries, the rule every other metric uses.
+request sequence on both sides (common random numbers, the trial's seed), and stats.decide puts the paired t
+interval of stats.intervals on the per-repeat log ratio of the two boundaries, the rule every other metric uses.
 A bootstrap over probe replicates would treat the runs of one search as independent draws of the boundary, which
 they are not (one engine start, one bracket); a search without a boundary leaves its pair out, like a failed trial.
 """
@@ -38,6 +38,7 @@ from llmplay.catalog import CAPACITY_METRICS
 from llmplay.loadgen.records import LoadResult
 from llmplay.metrics import Attainment, batch_shares, usd_per_1m_tokens_at_slo
 from llmplay.spec import CapacitySpec, Goals, Workload
+from llmplay.stats.intervals import t_mean_interval, wilson_interval
 from llmplay.tuning.capacity_result import (
     ABOVE_BOUNDS,
     BELOW_BOUNDS,
@@ -51,7 +52,6 @@ from llmplay.tuning.capacity_result import (
     ProbeVerdict,
     fmt_load,
 )
-from llmplay.tuning.intervals import t_mean_interval, wilson_interval
 
 _REQUESTS_PER_BATCH = 10
 _MAX_BATCHES = 10

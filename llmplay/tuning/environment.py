@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import platform
 import socket
 import sys
 from typing import Any
 
-import pynvml
-
 from llmplay import __version__
 from llmplay.runtime.docker import connect
+from llmplay.runtime.gpus import gpu_inventory
 from llmplay.spec import Playbook
 
 
@@ -39,28 +37,3 @@ def describe_environment(playbook: Playbook, *, started_utc: str) -> dict[str, A
         "seed": playbook.workload.seed,
         "started_utc": started_utc,
     }
-
-
-def gpu_inventory(nvml: Any = None) -> dict[str, Any] | None:
-    """GPU model, driver and CUDA version for the archive header; None on a machine without NVML."""
-    nvml = pynvml if nvml is None else nvml
-    try:
-        nvml.nvmlInit()
-    except Exception:  # no driver/library is the normal CPU case; the report says "CPU only"
-        return None
-    try:
-        count = nvml.nvmlDeviceGetCount()
-        names = [str(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
-        cuda = nvml.nvmlSystemGetCudaDriverVersion()
-        return {
-            "name": names[0] if names else None,
-            "names": names,
-            "count": count,
-            "driver": str(nvml.nvmlSystemGetDriverVersion()),
-            "cuda": f"{cuda // 1000}.{cuda % 1000 // 10}",
-        }
-    except Exception as exc:  # any NVML failure is reported in the header, never fatal to the run
-        return {"error": f"NVML query failed: {exc}"}
-    finally:
-        with contextlib.suppress(Exception):  # shutting down is best effort; the inventory is already taken
-            nvml.nvmlShutdown()

@@ -13,7 +13,7 @@ from llmplay.archive.model import TRIAL_OK, TrialRecord
 from llmplay.catalog import CAPACITY_METRICS, figure, label_of, measured, thin_warning, turn_ttft_p50s
 from llmplay.metrics import prefix_reuse_text
 from llmplay.spec import ChangeEffect
-from llmplay.tuning.decide import Decision
+from llmplay.stats.decide import Decision
 
 Reporter = Callable[[str], None]
 

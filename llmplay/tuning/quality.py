@@ -19,9 +19,9 @@ from llmplay.archive.paths import MAX_MANIFEST_BYTES, OutsideError, read_bytes_i
 from llmplay.catalog import QUALITY_METRICS, fmt_full, label_of
 from llmplay.errors import ArchiveError
 from llmplay.spec import Goals, Guard, QualitySpec
-from llmplay.tuning.decide import Decision
-from llmplay.tuning.guards import BEYOND, HOLDS, guard_outcome
-from llmplay.tuning.intervals import t_mean_interval, wilson_interval
+from llmplay.stats.decide import Decision
+from llmplay.stats.guards import BEYOND, HOLDS, guard_outcome
+from llmplay.stats.intervals import t_mean_interval, wilson_interval
 
 # Why the logprob shift can be missing, in the words the verdict and the report use.
 NO_LOGPROBS = "the engine returned no log-probabilities for the probes"

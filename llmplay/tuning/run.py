@@ -22,6 +22,7 @@ from llmplay.archive.model import (
     TuningRow,
 )
 from llmplay.archive.writer import RunArchive
+from llmplay.diagnose.from_trials import diagnose_run
 from llmplay.engines import get_engine
 from llmplay.engines.base import Engine
 from llmplay.errors import ExitCode, LlmplayError, PlaybookError
@@ -34,10 +35,9 @@ from llmplay.runtime.docker import require_images
 from llmplay.runtime.image_flags import image_flags
 from llmplay.runtime.owner import Owner
 from llmplay.spec import CapacitySpec, Config, Playbook, Trials
+from llmplay.stats.decide import evaluate_gates, pooled_summary
 from llmplay.tuning.book import ConfigTrials, TrialBook
 from llmplay.tuning.capacity import capacity_goal
-from llmplay.tuning.decide import evaluate_gates, pooled_summary
-from llmplay.tuning.diagnose.from_trials import diagnose_run
 from llmplay.tuning.environment import describe_environment
 from llmplay.tuning.preflight import preflight, run_images
 from llmplay.tuning.progress import Narrator, Reporter, stopped_by_bug

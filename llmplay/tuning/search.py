@@ -4,7 +4,7 @@ The runner drives a `ValueSearch`: it asks `next_round()` which configurations t
 values still in the race, in a seeded random order, all on the round's one request sequence), hands each trial back
 with `record()`, and reads `result()` once `done`. Nothing here starts an engine or knows where a trial runs.
 
-Statistics are the step's own (tuning.decide, tuning.intervals); this module only arranges them:
+Statistics are the step's own (stats.decide, stats.intervals); this module only arranges them:
 - Error control over candidates and looks: each value is judged against the incumbent by `decide_step` with a
   Bonferroni share of the run's error rate ((1 - confidence) / m for m candidates, the first step of Holm's
   procedure, which is all a single winner needs), inside the O'Brien-Fleming sequential boundary that
@@ -46,7 +46,7 @@ import numpy as np
 
 from llmplay.archive.model import FAILED, INCONCLUSIVE, KEPT, REJECTED, MetricDelta
 from llmplay.spec import Goals, Scalar, Trials
-from llmplay.tuning.decide import (
+from llmplay.stats.decide import (
     HOLDS,
     MIN_TRIALS_TO_DECIDE,
     Decision,
@@ -57,7 +57,7 @@ from llmplay.tuning.decide import (
     guard_outcome,
     metric_value,
 )
-from llmplay.tuning.intervals import Effect, paired_effect
+from llmplay.stats.intervals import Effect, paired_effect
 
 # Ordered knobs with at least this many values are bracketed (SearchDesign.bracket).
 BRACKET_FROM = 7

@@ -33,9 +33,9 @@ from llmplay.archive.model import (
 )
 from llmplay.catalog import RECORD_METRICS
 from llmplay.spec import Change, ChangeEffect, Config, Playbook, Scalar, SearchSpace, Step, apply_change, current_value
+from llmplay.stats.decide import Decision, TrialSample, decide_step, pooled_summary
+from llmplay.stats.intervals import Effect, Noise
 from llmplay.tuning.book import ConfigTrials, TrialBook, TrialSlot
-from llmplay.tuning.decide import Decision, TrialSample, decide_step, pooled_summary
-from llmplay.tuning.intervals import Effect, Noise
 from llmplay.tuning.progress import verdict_line
 from llmplay.tuning.quality import judge_quality, speed_goals
 from llmplay.tuning.schedule import TrialScheduler

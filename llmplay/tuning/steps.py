@@ -14,9 +14,9 @@ from typing import Any
 from llmplay.archive.model import FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, MetricDelta, StepVerdict, TrialRecord
 from llmplay.catalog import CAPACITY_METRICS, RECORD_METRICS, SAMPLE_COUNT_KEYS
 from llmplay.spec import Config, Playbook, Step, apply_step
+from llmplay.stats.decide import Decision, TrialSample, decide_step, pooled_summary
+from llmplay.stats.intervals import Noise
 from llmplay.tuning.book import ConfigTrials, TrialBook, TrialSlot
-from llmplay.tuning.decide import Decision, TrialSample, decide_step, pooled_summary
-from llmplay.tuning.intervals import Noise
 from llmplay.tuning.progress import step_line, verdict_line
 from llmplay.tuning.quality import judge_quality, load_probes, speed_goals
 from llmplay.tuning.schedule import TrialScheduler

@@ -32,6 +32,7 @@ from llmplay.runtime import RuntimeFactory, make_runtime
 from llmplay.runtime.base import Endpoint, Runtime
 from llmplay.runtime.labels import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook, Workload, gpu_count
+from llmplay.stats.decide import TrialSample, sample_from_records
 from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
 from llmplay.telemetry.prom import PrometheusSource
@@ -44,7 +45,6 @@ from llmplay.tuning.capacity import (
     probe_workload,
     search_capacity,
 )
-from llmplay.tuning.decide import TrialSample, sample_from_records
 from llmplay.tuning.quality import ProbeResult, run_probes
 from llmplay.tuning.signals import TrialInterrupted
 

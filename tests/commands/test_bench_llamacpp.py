@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
+from llmplay.bench.sweep import discover_model, run_bench
 from llmplay.commands.bench import format_summary_table
 from llmplay.loadgen.tokenizer import LlamaCppTokenizer
 from llmplay.spec import LengthDist, Workload
-from llmplay.tuning.sweep import discover_model, run_bench
 
 pytestmark = pytest.mark.docker
 

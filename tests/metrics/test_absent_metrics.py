@@ -23,11 +23,11 @@ from llmplay.archive.model import TRIAL_FAILED, TRIAL_OK, GateResult, TrialRecor
 from llmplay.archive.verify import verify
 from llmplay.commands.ls import gates_cell, ls_command
 from llmplay.commands.run import gate_line, print_diagnosis, print_outcome
+from llmplay.diagnose.checklist import diagnose
 from llmplay.errors import ExitCode
 from llmplay.loadgen.records import RequestRecord
 from llmplay.metrics import per_request_frame, summarize
 from llmplay.playbook.load import load_playbook
-from llmplay.tuning.diagnose.checklist import diagnose
 from llmplay.tuning.progress import describe_trial
 from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.trial import TrialResult, trial_sample

@@ -11,7 +11,7 @@ from llmplay.archive.model import KEPT, REJECTED
 from llmplay.errors import PlaybookError
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Goals, Guard, Objective, SearchSpace
-from llmplay.tuning.decide import TrialSample
+from llmplay.stats.decide import TrialSample
 from llmplay.tuning.search import CONFIRM, RACE, UNMEASURED, WINNER, Arm, SearchDesign, ValueSearch
 
 GOALS = Goals(objective=Objective("maximize", "throughput.output_tok_s", 0.02))
@@ -301,7 +301,7 @@ def test_the_range_limit_is_configurable(tmp_path):
 
 def test_a_strict_early_look_caps_the_bound_instead_of_raising():
     # A search's first looks sit at levels like 1 - 1e-9 with two degrees of freedom: the log bound passes 700.
-    from llmplay.tuning.intervals import paired_effect
+    from llmplay.stats.intervals import paired_effect
 
     effect = paired_effect([1.0, 1.0, 1.0], [1.0, 2.0, 0.5], 1 - 1e-12)
     assert effect.high is not None and math.isfinite(effect.high) and effect.low is not None and effect.low > -1.0001

@@ -15,6 +15,9 @@ import psutil
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from llmplay.diagnose.checklist import diagnose
+from llmplay.diagnose.memory import memory_breakdown
+from llmplay.diagnose.model_facts import model_facts_from_gguf
 from llmplay.engines import get_engine
 from llmplay.engines.base import MetricNames
 from llmplay.runtime.cache import default_cache_dir
@@ -23,9 +26,6 @@ from llmplay.telemetry.nvml import NvmlSource
 from llmplay.telemetry.proc import DockerStatsSource, ProcessSource, docker_memory_bytes
 from llmplay.telemetry.prom import PrometheusSource, parse_metrics
 from llmplay.telemetry.sampler import Reading, Sample, TelemetrySampler, TelemetrySeries, counter_delta, summarize
-from llmplay.tuning.diagnose.checklist import diagnose
-from llmplay.tuning.diagnose.memory import memory_breakdown
-from llmplay.tuning.diagnose.model_facts import model_facts_from_gguf
 from llmplay_testing.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, FakeNvml
 
 GiB = 2**30

@@ -22,7 +22,7 @@ from llmplay.runtime.docker import DockerRuntime
 from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.runtime.models import ensure_gemma
 from llmplay.spec import EngineSpec, Guard, frozen_map
-from llmplay.tuning.decide import Decision
+from llmplay.stats.decide import Decision
 from llmplay.tuning.quality import (
     NO_LOGPROBS,
     ProbeResult,

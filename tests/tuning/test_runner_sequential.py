@@ -13,7 +13,7 @@ import yaml
 
 from llmplay.archive.verify import verify
 from llmplay.playbook.load import load_playbook
-from llmplay.tuning.decide import TrialSample
+from llmplay.stats.decide import TrialSample
 from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.steps import candidate_first
 from llmplay.tuning.trial import TrialResult

@@ -20,7 +20,7 @@ from llmplay.archive.verify import verify
 from llmplay.catalog import absence_reason, min_samples, thin_comparison, thin_sample
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Gate, Goals, Guard, Objective, Trials
-from llmplay.tuning.decide import TrialSample, decide_step, evaluate_gates, pooled_counts, pooled_summary
+from llmplay.stats.decide import TrialSample, decide_step, evaluate_gates, pooled_counts, pooled_summary
 from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.trial import TrialResult
 from llmplay_testing.synthetic import scripted_trial
@@ -249,7 +249,7 @@ def test_pooled_counts_from_samples_and_from_archived_summaries_agree():
     """One rule for pooled counts (samples.summed_counts): the run's samples and the report's trial summaries."""
     from llmplay.loadgen.records import RequestRecord, records_to_dataframe
     from llmplay.metrics import summarize
-    from llmplay.tuning.decide import sample_from_records, summed_counts
+    from llmplay.stats.decide import sample_from_records, summed_counts
 
     def rec(i: int, *, stream: bool = True, warmup: bool = False, error: str | None = None) -> RequestRecord:
         sent = 1_000_000_000 + i * 10_000_000

@@ -18,7 +18,7 @@ from llmplay.archive.verify import verify
 from llmplay.cli import cli
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report, render_report
-from llmplay.tuning.decide import TrialSample
+from llmplay.stats.decide import TrialSample
 from llmplay.tuning.run import RunOptions, TuningRun, run_playbook
 from llmplay.tuning.trial import TrialResult
 from llmplay_testing.cpu_runs import tiny_playbook

@@ -7,8 +7,8 @@ from typing import Any, Protocol
 
 from llmplay.archive.model import TrialRecord
 from llmplay.spec import Config
+from llmplay.stats.decide import TrialSample
 from llmplay.tuning.book import TrialBook, TrialSlot
-from llmplay.tuning.decide import TrialSample
 from llmplay.tuning.trial import MeasureTrial
 
 Take = Callable[[TrialSlot, TrialRecord, TrialSample | None], None]

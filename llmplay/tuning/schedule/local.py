@@ -12,8 +12,8 @@ from llmplay.archive.model import TrialRecord
 from llmplay.errors import LlmplayError
 from llmplay.runtime.docker import gc as remove_containers
 from llmplay.spec import Config, Playbook
+from llmplay.stats.decide import TrialSample
 from llmplay.tuning.book import TrialBook, TrialSlot
-from llmplay.tuning.decide import TrialSample
 from llmplay.tuning.schedule.base import MeasurementCrashed, Take
 from llmplay.tuning.sharing import HostSharing
 from llmplay.tuning.signals import StopRun, TrialInterrupted

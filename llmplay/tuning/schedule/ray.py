@@ -20,6 +20,7 @@ from typing import Any
 from llmplay.archive.model import TRIAL_FAILED, TrialRecord
 from llmplay.errors import LlmplayError
 from llmplay.runtime import make_runtime
+from llmplay.runtime.gpus import gpu_inventory
 from llmplay.runtime.ray import (
     Needs,
     NodeLost,
@@ -33,9 +34,8 @@ from llmplay.runtime.ray import (
 )
 from llmplay.runtime.reaper import watched
 from llmplay.spec import Config, Playbook, apply_step
+from llmplay.stats.decide import TrialSample
 from llmplay.tuning.book import TrialBook, TrialSlot
-from llmplay.tuning.decide import TrialSample
-from llmplay.tuning.environment import gpu_inventory
 from llmplay.tuning.schedule.base import MeasurementCrashed, Take
 from llmplay.tuning.signals import StopRun
 from llmplay.tuning.trial import FreshEngineTrial, MeasureTrial, TrialResult, utc_now

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmplay.tuning.diagnose.model_facts import ModelFacts
+from llmplay.diagnose.model_facts import ModelFacts
 
 GiB = 2**30
 

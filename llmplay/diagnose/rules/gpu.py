@@ -6,8 +6,8 @@ a throughput gate, or without one by how much of the decode roofline the run use
 
 from __future__ import annotations
 
-from llmplay.tuning.diagnose.rule import LATENCY_PREFIXES, Outcome, Rule, RunFacts, ms, pct
-from llmplay.tuning.diagnose.steps import S_BATCH, S_CONT_BATCH, S_KV_QUANT, S_PREFIX, S_SCALE, S_WEIGHT_QUANT, steps
+from llmplay.diagnose.rule import LATENCY_PREFIXES, Outcome, Rule, RunFacts, ms, pct
+from llmplay.diagnose.steps import S_BATCH, S_CONT_BATCH, S_KV_QUANT, S_PREFIX, S_SCALE, S_WEIGHT_QUANT, steps
 
 
 def latency_high(f: RunFacts) -> tuple[bool | None, str]:

@@ -11,18 +11,18 @@ import pytest
 from gguf import quants
 
 from llmplay.archive.model import Finding
-from llmplay.runtime.cpu_image import write_gguf as write_gguf_file
-from llmplay.spec import Gate
-from llmplay.tuning.diagnose.checklist import Thresholds, diagnose, targets_from_gates
-from llmplay.tuning.diagnose.gpus import lookup_gpu
-from llmplay.tuning.diagnose.memory import MemoryBreakdown, memory_breakdown
-from llmplay.tuning.diagnose.model_facts import (
+from llmplay.diagnose.checklist import Thresholds, diagnose, targets_from_gates
+from llmplay.diagnose.gpus import lookup_gpu
+from llmplay.diagnose.memory import MemoryBreakdown, memory_breakdown
+from llmplay.diagnose.model_facts import (
     ModelFacts,
     ModelFactsError,
     model_facts_from_gguf,
     model_facts_from_hf_config,
 )
-from llmplay.tuning.diagnose.roofline import decode_roofline, prefill_mfu
+from llmplay.diagnose.roofline import decode_roofline, prefill_mfu
+from llmplay.runtime.cpu_image import write_gguf as write_gguf_file
+from llmplay.spec import Gate
 
 GiB = 2**30
 

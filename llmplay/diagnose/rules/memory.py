@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from llmplay.tuning.diagnose.memory import format_gib
-from llmplay.tuning.diagnose.rule import Outcome, Rule, RunFacts, pct
-from llmplay.tuning.diagnose.steps import (
+from llmplay.diagnose.memory import format_gib
+from llmplay.diagnose.rule import Outcome, Rule, RunFacts, pct
+from llmplay.diagnose.steps import (
     S_GPU_MEM,
     S_KV_QUANT,
     S_LOWER_CONC,

@@ -10,10 +10,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from llmplay.archive.model import MetricDelta
 from llmplay.catalog import CAPACITY_METRICS, RATE_METRICS, fmt_pct, label_of, metric_info, sample_count_key
-from llmplay.tuning.intervals import Effect, Noise, newcombe_difference, paired_effect, welch_effect
-from llmplay.tuning.samples import TrialSample, metric_value, per_trial, pooled_counts
+from llmplay.outcomes import MetricDelta
+from llmplay.stats.intervals import Effect, Noise, newcombe_difference, paired_effect, welch_effect
+from llmplay.stats.samples import TrialSample, metric_value, per_trial, pooled_counts
 
 
 def _count_for(samples: Sequence[TrialSample], metric: str) -> int | None:

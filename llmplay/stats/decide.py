@@ -2,7 +2,7 @@
 
 Effects are relative changes of the candidate against the configuration it is compared with. The experimental
 unit is the trial: each trial gives one value of a metric (its P95 over its own requests, its throughput over its
-own window), and the interval comes from those values (tuning.intervals): paired by repeat when the runner
+own window), and the interval comes from those values (stats.intervals): paired by repeat when the runner
 interleaved the two sides, Welch otherwise. Requests are never resampled as if independent: they cluster within a
 trial, and an interval that treats them as independent draws is too narrow under drift and too wide without it.
 A guard is a non-inferiority claim (guard_outcome), the one rule steps and `compare` share: it holds when the
@@ -10,8 +10,8 @@ interval's worse bound is within the tolerance, it is beyond when the interval's
 regression is shown), and anything between leaves the step undecided. A step's guard rejections are one family
 (Holm at the one-sided level of its intervals), so guards cannot multiply the chance that a null step is rejected.
 
-The parts live beside it: tuning.samples (a trial's sample, pooled figures and counts), tuning.comparison (one
-metric's change and interval), tuning.guards (the guard rule); their names callers use are importable from here.
+The parts live beside it: stats.samples (a trial's sample, pooled figures and counts), stats.comparison (one
+metric's change and interval), stats.guards (the guard rule); their names callers use are importable from here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from llmplay.archive.model import FAILED, INCONCLUSIVE, KEPT, REJECTED, GateResult, MetricDelta
 from llmplay.catalog import (
     RECORD_METRICS,
     absence_reason,
@@ -28,11 +27,12 @@ from llmplay.catalog import (
     thin_comparison,
     thin_sample,
 )
+from llmplay.outcomes import FAILED, INCONCLUSIVE, KEPT, REJECTED, GateResult, MetricDelta
 from llmplay.spec import Gate, Goals, Trials
-from llmplay.tuning.comparison import compare_metric, compare_trials, decision_units, describe_delta, unpinned_pairs
-from llmplay.tuning.guards import BEYOND, HOLDS, UNSETTLED, guard_outcome, read_guards, regressed_beyond, settle_text
-from llmplay.tuning.intervals import Effect, Noise, sequential_level, units_to_reach
-from llmplay.tuning.samples import (
+from llmplay.stats.comparison import compare_metric, compare_trials, decision_units, describe_delta, unpinned_pairs
+from llmplay.stats.guards import BEYOND, HOLDS, UNSETTLED, guard_outcome, read_guards, regressed_beyond, settle_text
+from llmplay.stats.intervals import Effect, Noise, sequential_level, units_to_reach
+from llmplay.stats.samples import (
     TrialSample,
     metric_value,
     pooled_counts,

@@ -2,7 +2,7 @@
 
 Everything here is a pure function of plain inputs (numbers, dicts, frozen dataclasses), so the report can re-run a
 diagnosis on any archived run. Thresholds are CHECKLIST.md §4 and §6; each finding carries the numbers that triggered
-it and the next step from the §7 catalogue, cheapest first. The rules themselves live in tuning.diagnose.rules, one
+it and the next step from the §7 catalogue, cheapest first. The rules themselves live in diagnose.rules, one
 module per checklist section.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmplay.archive.model import Finding
-from llmplay.tuning.diagnose.memory import MemoryBreakdown
-from llmplay.tuning.diagnose.roofline import Roofline
-from llmplay.tuning.diagnose.rule import (
+from llmplay.diagnose.memory import MemoryBreakdown
+from llmplay.diagnose.roofline import Roofline
+from llmplay.diagnose.rule import (
     CHECKLIST_THRESHOLDS,
     Rule,
     RunFacts,
@@ -23,10 +23,10 @@ from llmplay.tuning.diagnose.rule import (
     measured_only,
     targets_from_gates,
 )
-from llmplay.tuning.diagnose.rules import gpu as gpu_rules
-from llmplay.tuning.diagnose.rules import memory as memory_rules
-from llmplay.tuning.diagnose.rules import roofline as roofline_rules
-from llmplay.tuning.diagnose.rules import scheduler as scheduler_rules
+from llmplay.diagnose.rules import gpu as gpu_rules
+from llmplay.diagnose.rules import memory as memory_rules
+from llmplay.diagnose.rules import roofline as roofline_rules
+from llmplay.diagnose.rules import scheduler as scheduler_rules
 
 # Every rule, in the checklist's order: §4 memory, §5 roofline, §6 scheduler and queue, §6 GPU utilization.
 RULES: tuple[Rule, ...] = (*memory_rules.RULES, *roofline_rules.RULES, *scheduler_rules.RULES, *gpu_rules.RULES)

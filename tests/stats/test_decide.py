@@ -13,8 +13,8 @@ from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED, MetricDelta
 from llmplay.loadgen.records import RequestRecord, records_to_dataframe
 from llmplay.metrics import summarize
 from llmplay.spec import Gate, Goals, Guard, Objective, Trials
-from llmplay.tuning import decide
-from llmplay.tuning.decide import (
+from llmplay.stats import decide
+from llmplay.stats.decide import (
     BEYOND,
     HOLDS,
     UNSETTLED,
@@ -27,7 +27,7 @@ from llmplay.tuning.decide import (
     regressed_beyond,
     sample_from_records,
 )
-from llmplay.tuning.intervals import PAIRED_LOG, Effect, paired_effect, sequential_level, sequential_levels
+from llmplay.stats.intervals import PAIRED_LOG, Effect, paired_effect, sequential_level, sequential_levels
 
 TRIALS = Trials(repeats=3)
 

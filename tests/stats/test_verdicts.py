@@ -15,8 +15,8 @@ from llmplay.archive.verdicts import error_rates_text
 from llmplay.errors import PlaybookError
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Goals, Guard, Objective, Trials
-from llmplay.tuning.decide import TrialSample, decide_step
-from llmplay.tuning.intervals import Noise, holm, moderate, newcombe_difference, newcombe_p_above
+from llmplay.stats.decide import TrialSample, decide_step
+from llmplay.stats.intervals import Noise, holm, moderate, newcombe_difference, newcombe_p_above
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRED = Trials(repeats=3, interleave=True)

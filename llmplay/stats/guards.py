@@ -11,12 +11,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llmplay.archive.model import MetricDelta
 from llmplay.catalog import fmt_full, fmt_pct, label_of
+from llmplay.outcomes import MetricDelta
 from llmplay.spec import Guard
-from llmplay.tuning.comparison import describe_delta, fmt_points, rate_counts
-from llmplay.tuning.intervals import Effect, holm, newcombe_p_above, t_p_beyond, units_to_reach
-from llmplay.tuning.samples import TrialSample
+from llmplay.stats.comparison import describe_delta, fmt_points, rate_counts
+from llmplay.stats.intervals import Effect, holm, newcombe_p_above, t_p_beyond, units_to_reach
+from llmplay.stats.samples import TrialSample
 
 # What a guard's comparison shows: the candidate is within its tolerance (the CI's worse bound is), beyond it (the
 # CI's better bound is past it: the regression is shown), or neither yet.

@@ -11,22 +11,22 @@ import numpy as np
 import psutil
 
 from llmplay.archive.model import to_plain
-from llmplay.runtime.cache import default_cache_dir
-from llmplay.runtime.cpu_image import model_path
-from llmplay.spec import Config, Playbook, gpu_count
-from llmplay.tuning.diagnose.checklist import diagnose, measured_only, rule_listing, targets_from_gates
-from llmplay.tuning.diagnose.gpus import lookup_gpu
-from llmplay.tuning.diagnose.memory import KV_DTYPE_BYTES, MemoryBreakdown, memory_breakdown
-from llmplay.tuning.diagnose.model_facts import (
+from llmplay.diagnose.checklist import diagnose, measured_only, rule_listing, targets_from_gates
+from llmplay.diagnose.gpus import lookup_gpu
+from llmplay.diagnose.memory import KV_DTYPE_BYTES, MemoryBreakdown, memory_breakdown
+from llmplay.diagnose.model_facts import (
     ModelFacts,
     ModelFactsError,
     model_facts_from_gguf,
     model_facts_from_hf_config,
 )
-from llmplay.tuning.diagnose.roofline import Roofline, decode_roofline
-from llmplay.tuning.diagnose.rule import SchedulerFacts
-from llmplay.tuning.environment import gpu_inventory
-from llmplay.tuning.samples import TrialSample
+from llmplay.diagnose.roofline import Roofline, decode_roofline
+from llmplay.diagnose.rule import SchedulerFacts
+from llmplay.runtime.cache import default_cache_dir
+from llmplay.runtime.cpu_image import model_path
+from llmplay.runtime.gpus import gpu_inventory
+from llmplay.spec import Config, Playbook, gpu_count
+from llmplay.stats.samples import TrialSample
 
 
 def model_file(config: Config) -> Path | None:

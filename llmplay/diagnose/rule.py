@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmplay.archive.model import Finding
-from llmplay.tuning.diagnose.memory import MemoryBreakdown
-from llmplay.tuning.diagnose.roofline import Roofline
+from llmplay.diagnose.memory import MemoryBreakdown
+from llmplay.diagnose.roofline import Roofline
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from llmplay.tuning.diagnose.memory import format_gib
-from llmplay.tuning.diagnose.rule import Outcome, Rule, RunFacts, ms, pct
-from llmplay.tuning.diagnose.steps import S_BATCH, S_KERNELS, S_KV_QUANT, S_WEIGHT_QUANT, steps
+from llmplay.diagnose.memory import format_gib
+from llmplay.diagnose.rule import Outcome, Rule, RunFacts, ms, pct
+from llmplay.diagnose.steps import S_BATCH, S_KERNELS, S_KV_QUANT, S_WEIGHT_QUANT, steps
 
 
 def _floor_evidence(f: RunFacts) -> str:

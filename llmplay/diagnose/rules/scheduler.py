@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmplay.tuning.diagnose.rule import Outcome, Rule, RunFacts, pct
-from llmplay.tuning.diagnose.steps import S_BATCH, S_CONT_BATCH, S_PREFIX, S_SCALE, S_WEIGHT_QUANT, steps
+from llmplay.diagnose.rule import Outcome, Rule, RunFacts, pct
+from llmplay.diagnose.steps import S_BATCH, S_CONT_BATCH, S_PREFIX, S_SCALE, S_WEIGHT_QUANT, steps
 
 # Without a per-sample share of time queued, a mean of one waiting request counts as "persistently".
 _PERSISTENT_MEAN_WAITING = 1.0

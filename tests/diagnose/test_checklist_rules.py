@@ -7,11 +7,11 @@ import re
 import pytest
 
 from llmplay.archive.model import Finding
-from llmplay.tuning.diagnose import checklist
-from llmplay.tuning.diagnose.memory import MemoryBreakdown
-from llmplay.tuning.diagnose.roofline import decode_roofline
-from llmplay.tuning.diagnose.rule import Rule, RunFacts, SchedulerFacts
-from llmplay.tuning.diagnose.rules import gpu, memory, roofline, scheduler
+from llmplay.diagnose import checklist
+from llmplay.diagnose.memory import MemoryBreakdown
+from llmplay.diagnose.roofline import decode_roofline
+from llmplay.diagnose.rule import Rule, RunFacts, SchedulerFacts
+from llmplay.diagnose.rules import gpu, memory, roofline, scheduler
 
 GiB = 2**30
 
@@ -308,8 +308,8 @@ def test_gpu_low_utilization_without_a_gate_reads_the_roofline():
 def test_a_runs_diagnosis_lists_every_rule_and_its_scheduler_facts():
     from types import SimpleNamespace
 
+    from llmplay.diagnose.from_trials import diagnose_run, scheduler_facts
     from llmplay.spec import Config, EngineSpec, Goals, Workload
-    from llmplay.tuning.diagnose.from_trials import diagnose_run, scheduler_facts
 
     engine = EngineSpec("vllm", "m", args={"max_num_seqs": 4, "prefix_caching": False})
     config = Config("baseline", engine, Workload(concurrency=8, prefix_tokens=256, num_requests=10))
