@@ -28,7 +28,12 @@ def playbook_name(target: str) -> str:
 
 
 def history_command(
-    target: str | None, *, archive_dir: str | None, accept: str | None = None, check: bool = False
+    target: str | None,
+    *,
+    archive_dir: str | None,
+    accept: str | None = None,
+    check: bool = False,
+    noise: str = "trials",
 ) -> int:
     """Print the history (of one playbook, or of every playbook); with `accept`, record that run as its playbook's
     reference first; with `check`, judge the newest run against the reference: ExitCode.REGRESSION or OK."""
@@ -66,7 +71,7 @@ def history_command(
             continue
         from llmplay.history.check import check_newest  # deferred: compare pulls in pandas and matplotlib
 
-        result = check_newest(root, history)
+        result = check_newest(root, history, noise)
         click.echo("\n".join(result.lines))
         worst = max(worst, result.exit_code)
     return worst

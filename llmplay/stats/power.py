@@ -1,0 +1,87 @@
+"""What a comparison can detect: the power of the t interval the decisions use, the smallest change it shows at a
+given power, and the units (pairs, trials) a change needs.
+
+Every decision here shows a change when an interval's bound clears a margin (0 for "better", a tolerance for "worse
+beyond it"). With a unit's standard deviation `sd` (a pair's log ratio, or a trial's log value), n units and the
+interval's degrees of freedom `df`, the estimate's standard error is sd / sqrt(n), and the bound clears a margin
+`gap` away from the truth with probability P(T' > t_crit) where T' is noncentral t with noncentrality gap / se.
+That probability is the power (`t_power`); `detectable` inverts it for the gap, `units_for` for n. The degrees of
+freedom are the design's: a step's own pairs n - 1, more when its noise is borrowed, the history's when it comes
+from earlier runs; the known-variance figure (`z_power`, df infinite) is what no estimate of the noise can beat.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import lru_cache
+
+from scipy import special
+
+POWER = 0.8  # the power planning and the "could still hide" sentences are stated at
+
+
+@lru_cache(maxsize=4096)
+def _t_quantile(p: float, df: float) -> float:
+    return float(special.stdtrit(df, p)) if math.isfinite(df) else float(special.ndtri(p))
+
+
+def t_power(gap: float, se: float, df: float, level: float) -> float:
+    """The chance that a two-sided `level` t interval with standard error `se` and `df` degrees of freedom shows a
+    true change lying `gap` beyond a margin (on the interval's own scale): its bound on that side clears the margin.
+    One tail of the two-sided interval counts, as a step's decisions do."""
+    if se <= 0:
+        return 1.0 if gap > 0 else 0.0
+    crit = _t_quantile(0.5 + level / 2, df)
+    if not math.isfinite(df):
+        return float(special.ndtr(gap / se - crit))
+    return float(1.0 - special.nctdtr(df, gap / se, crit))
+
+
+def z_power(gap: float, se: float, level: float) -> float:
+    """The same with the noise known (no estimate of it): the ceiling any test with estimated noise stays under."""
+    return t_power(gap, se, math.inf, level)
+
+
+def detectable(se: float, df: float, level: float, power: float = POWER) -> float:
+    """The smallest gap beyond the margin (on the interval's scale) that `power` of intervals show."""
+    if se <= 0:
+        return 0.0
+    low, high = 0.0, se * 50.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if t_power(mid, se, df, level) >= power:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def _own(n: int) -> float:
+    return float(n - 1)
+
+
+def units_for(
+    gap: float,
+    sd_unit: float,
+    level: float,
+    *,
+    df_of: Callable[[int], float] = _own,
+    power: float = POWER,
+    cap: int = 500,
+) -> int | None:
+    """The fewest units (pairs, or trials a side) whose interval shows a change `gap` beyond its margin with
+    `power`; `df_of(n)` the degrees of freedom n units give (n - 1 for a step's own pairs). None past `cap`."""
+    if gap <= 0:
+        return None
+    if sd_unit <= 0:
+        return 2
+    for n in range(2, cap + 1):
+        if t_power(gap, sd_unit / math.sqrt(n), float(df_of(n)), level) >= power:
+            return n
+    return None
+
+
+def relative(log_gap: float) -> float:
+    """A gap on the log scale as a relative change (0.095 -> +10%)."""
+    return math.expm1(log_gap)
