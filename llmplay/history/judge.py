@@ -113,13 +113,14 @@ class Judgement:
         ]
 
 
-def baseline_runs(entries: Sequence[RunEntry], reference: RunEntry, newest: RunEntry) -> list[RunEntry]:
-    """The reference and the earlier runs comparable to it: same playbook version, final configuration (engine kind,
-    arguments, workload) and hardware class, and the same engine image (digest, else version); never the newest."""
+def _image(e: RunEntry) -> str:
+    return e.image_digest or e.engine_version
 
-    def image(e: RunEntry) -> str:
-        return e.image_digest or e.engine_version
 
+def history_runs(entries: Sequence[RunEntry], reference: RunEntry, newest: RunEntry) -> list[RunEntry]:
+    """The runs the history's noise comes from: the reference and every earlier run comparable to it (same playbook
+    version, final configuration: engine kind, arguments, workload; and hardware class), on any engine image;
+    never the newest run itself."""
     same = [
         e
         for e in entries
@@ -127,14 +128,21 @@ def baseline_runs(entries: Sequence[RunEntry], reference: RunEntry, newest: RunE
         and e.run_id != newest.run_id
         and e.started_utc <= newest.started_utc
         and comparable(e, reference)
-        and image(e) == image(reference)
         and e.figures
     ]
     return sorted({e.run_id: e for e in (reference, *same)}.values(), key=lambda e: (e.started_utc, e.run_id))
 
 
-def _history_noise(baseline: Sequence[RunEntry], metric: str) -> RunNoise | None:
-    return run_noise([e.figures[metric] for e in baseline if e.figures.get(metric)])
+def _history_noise(runs: Sequence[RunEntry], metric: str) -> RunNoise | None:
+    groups: dict[str, list[tuple[float, ...]]] = {}
+    for e in runs:
+        if e.figures.get(metric):
+            groups.setdefault(_image(e), []).append(tuple(e.figures[metric]))
+    return run_noise(list(groups.values()))
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return math.exp(math.fsum(map(math.log, values)) / len(values))
 
 
 def _worse_limit(goal: GuardGoal, log_gap: float) -> float:
@@ -150,6 +158,7 @@ def _judge_goal(
     reference: RunEntry,
     newest: RunEntry,
     noise: RunNoise | None,
+    baseline: Sequence[RunEntry],
     level: float,
 ) -> GoalCheck:
     metric = goal.metric
@@ -159,15 +168,15 @@ def _judge_goal(
         return GoalCheck(role, goal, None, None, "the newest run did not measure it (its trials failed?)")
     absolute = goal.absolute and metric in RATE_METRICS
     if noise is not None and not absolute:
-        effect = against_history(noise, newest.figures[metric], level)
-        base = [math.exp(x) for x in noise.run_means]
+        runs = [e.figures[metric] for e in baseline if e.figures.get(metric)]
+        effect = against_history(noise, runs, newest.figures[metric], level)
         delta = (
             None
             if effect is None
             else MetricDelta(
                 metric,
-                math.exp(math.fsum(map(math.log, base)) / len(base)),
-                math.exp(math.fsum(map(math.log, newest.figures[metric])) / len(newest.figures[metric])),
+                _geomean([_geomean(r) for r in runs]),
+                _geomean(newest.figures[metric]),
                 effect.rel,
                 effect.low,
                 effect.high,
@@ -243,11 +252,12 @@ def judge(
         judged = [("objective", goals.objective)] if goals.objective else []
         judged += [("guard", g) for g in goals.guards]
     notes: list[str] = []
-    baseline = baseline_runs(entries, reference, newest) if noise == HISTORY else []
+    runs = history_runs(entries, reference, newest) if noise == HISTORY else []
+    baseline = [e for e in runs if _image(e) == _image(reference)]
     used = TRIALS
     checks = []
     for role, goal in judged:
-        history = _history_noise(baseline, goal.metric) if baseline else None
+        history = _history_noise(runs, goal.metric) if runs else None
         if history is not None and own_noise_agrees(history, newest.figures.get(goal.metric, ())) is False:
             notes.append(
                 f"{label_of(goal.metric)}: the newest run's own spread is larger than the history's beyond chance; "
@@ -256,17 +266,18 @@ def judge(
             history = None
         if history is not None:
             used = HISTORY
-        checks.append(_judge_goal(role, goal, reference, newest, history, level))
+        checks.append(_judge_goal(role, goal, reference, newest, history, baseline, level))
     gate_checks = []
     for limit in gates:
-        history = _history_noise(baseline, limit.metric) if baseline else None
+        history = _history_noise(runs, limit.metric) if runs else None
         if history is not None and own_noise_agrees(history, newest.figures.get(limit.metric, ())) is False:
             history = None
         gate_checks.append(_judge_gate(limit, newest, history, level))
     if noise == HISTORY:
-        ids = ", ".join(e.run_id for e in baseline)
-        if len(baseline) > 1 or any(len(e.figures.get(g.metric, ())) > 1 for e in baseline for _, g in judged):
-            notes.insert(0, f"history noise from {len(baseline)} run(s) of the reference's configuration: {ids}")
-        else:
-            notes.insert(0, f"history noise: no earlier run of the reference's configuration with two trials ({ids})")
+        ids = ", ".join(e.run_id for e in runs)
+        notes.insert(
+            0,
+            f"history noise from {len(runs)} run(s) of the reference's configuration ({ids}); "
+            f"the baseline: {len(baseline)} run(s) on the reference's engine image",
+        )
     return Judgement(tuple(checks), tuple(gate_checks), used, tuple(notes))

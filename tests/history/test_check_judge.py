@@ -63,7 +63,7 @@ def test_one_trial_is_not_judged_on_its_own_and_is_against_comparable_runs():
     judged = judge(REFERENCE, newest, [GATE], noise=HISTORY, entries=[*earlier, other_image, newest])
     assert judged.noise == HISTORY and not judged.unjudged and not judged.regressions
     assert judged.goals[0].detectable is not None and 0.10 < judged.goals[0].detectable < 0.2
-    assert "6 run(s)" in judged.notes[0] and "x" not in judged.notes[0].split(": ")[1].split(", ")
+    assert "7 run(s)" in judged.notes[0] and "the baseline: 6 run(s)" in judged.notes[0]
 
 
 def test_a_noisier_night_does_not_borrow_a_quieter_history():

@@ -325,7 +325,7 @@ def test_the_ci_job_file_runs_retest_then_check():
 
     job = yaml.safe_load((Path(__file__).resolve().parents[2] / "docs/ci/nightly-retest.gitlab-ci.yml").read_text())
     script = job["nightly-engine-retest"]["script"]
-    assert "llmplay retest" in " ".join(script) and script[-1].endswith('history "$PLAYBOOK" --check')
+    assert "llmplay retest" in " ".join(script) and script[-1].endswith('history "$PLAYBOOK" --check --noise history')
     commands = " ".join(script)
     assert commands.index("llmplay retest") < commands.index("--check")
 
