@@ -32,6 +32,7 @@ from llmplay.spec import Gate, Goals, Trials
 from llmplay.stats.comparison import compare_metric, compare_trials, decision_units, describe_delta, unpinned_pairs
 from llmplay.stats.guards import BEYOND, HOLDS, UNSETTLED, guard_outcome, read_guards, regressed_beyond, settle_text
 from llmplay.stats.intervals import Effect, Noise, sequential_level, units_to_reach
+from llmplay.stats.power import hidden_effect
 from llmplay.stats.samples import (
     TrialSample,
     metric_value,
@@ -239,8 +240,11 @@ def decide_step(
     # above, it is kept once the CI's bottom clears zero.
     target = (-1.0 if lower_better else 1.0) * objective.min_effect if point < objective.min_effect else 0.0
     more = units_to_reach(obj_effect, target, cap)
+    hidden = hidden_effect(obj_effect, objective.min_effect, lower_better, trials.confidence)
     return decision(
-        INCONCLUSIVE, f"{head}; within noise, " + settle_text(more, cap, "decide"), _most([more, *read.pending])
+        INCONCLUSIVE,
+        f"{head}; within noise, " + settle_text(more, cap, "decide") + (f"; {hidden}" if hidden else ""),
+        _most([more, *read.pending]),
     )
 
 

@@ -18,6 +18,8 @@ from functools import lru_cache
 
 from scipy import special
 
+from llmplay.stats.intervals import Effect
+
 POWER = 0.8  # the power planning and the "could still hide" sentences are stated at
 
 
@@ -85,3 +87,27 @@ def units_for(
 def relative(log_gap: float) -> float:
     """A gap on the log scale as a relative change (0.095 -> +10%)."""
     return math.expm1(log_gap)
+
+
+def hidden_effect(effect: Effect, min_effect: float, lower_better: bool, confidence: float) -> str | None:
+    """What an undecided comparison could still hide, in words: "an effect smaller than 14% could not be told from
+    noise with these 5 pairs; 12 pairs would show 10%" (both at POWER, the first at this look's level, the pairs at
+    the confidence with the noise as measured). None without a log-scale interval to read the noise from."""
+    if effect.se is None or effect.df is None or effect.units < 2 or not effect.log_scale or effect.se <= 0:
+        return None
+    gap = detectable(effect.se, effect.df, effect.level)
+    smallest = -math.expm1(-gap) if lower_better else math.expm1(gap)  # in the good direction
+    unit = "pairs" if effect.method.startswith("paired") else "trials a side"
+    extra = max(0.0, effect.df - (effect.units - 1))  # degrees of freedom borrowed beyond its own units
+
+    def df_of(n: int) -> float:
+        return n - 1 + extra
+
+    target = -math.log1p(-min_effect) if lower_better else math.log1p(min_effect)
+    need = units_for(target, effect.se * math.sqrt(effect.units), confidence, df_of=df_of) if min_effect > 0 else None
+    text = f"an effect smaller than {smallest:.0%} could not be told from noise with these {effect.units} {unit}"
+    if need is not None and need > effect.units:
+        text += f"; {need} {unit} would show {min_effect:.0%}"
+    elif need is None and min_effect > 0:
+        text += f"; more than 500 {unit} would be needed to show {min_effect:.0%}"
+    return text
