@@ -278,6 +278,9 @@ class Trials:
     # Moderate each step's paired variance toward the run's other steps (stats.intervals.moderate); off by default:
     # with three pairs a step's own spread cannot show that its noise differs from the others'.
     pool_noise: bool = False
+    # Where a step's paired noise comes from: its own pairs (step), the run's steps pooled (run, as pool_noise), or
+    # also earlier comparable runs in the archive (history), used only while this run's own noise agrees with it.
+    noise: str = "step"
     on_failure: str = "continue"  # continue | stop
     cooldown_s: float = 0.0
 

@@ -167,6 +167,12 @@ def verdict_from(d: Mapping[str, Any]) -> StepVerdict:
     for key in ("changes", "trials_baseline", "trials_candidate"):
         kw[key] = tuple(d.get(key) or ())
     kw["search"] = search_from(d["search"]) if isinstance(d.get("search"), Mapping) else None
+    kw["noise"] = tuple(
+        (str(n[0]), float(n[1]), int(n[2]))
+        for n in d.get("noise") or ()
+        if isinstance(n, (list, tuple)) and len(n) == 3
+    )
+    kw["noise_runs"] = tuple(d.get("noise_runs") or ())
     return StepVerdict(**kw)
 
 

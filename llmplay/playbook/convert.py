@@ -333,10 +333,13 @@ def parse_trials(raw: Mapping[str, Any], problems: Problems) -> Trials:
         sequential=raw.get("sequential", d.sequential),
         max_repeats=raw.get("max_repeats", d.max_repeats),
         confidence=raw.get("confidence", d.confidence),
-        pool_noise=raw.get("pool_noise", d.pool_noise),
+        pool_noise=raw.get("pool_noise", d.pool_noise) or raw.get("noise") in ("run", "history"),
+        noise=raw.get("noise", "run" if raw.get("pool_noise") else d.noise),
         on_failure=raw.get("on_failure", d.on_failure),
         cooldown_s=parse_duration(raw, "cooldown", ("trials",), problems, 0.0) or 0.0,
     )
+    if raw.get("pool_noise") and raw.get("noise") == "step":
+        problems.add(("trials", "noise"), "noise: step with pool_noise: true; expected noise: run (or no pool_noise)")
     if t.max_repeats < t.repeats:
         problems.add(
             ("trials", "max_repeats"),

@@ -13,12 +13,14 @@ from earlier runs; the known-variance figure (`z_power`, df infinite) is what no
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 
 from scipy import special
 
-from llmplay.stats.intervals import Effect
+from llmplay.catalog import label_of
+from llmplay.spec import Goals, Trials
+from llmplay.stats.intervals import Effect, Noise
 
 POWER = 0.8  # the power planning and the "could still hide" sentences are stated at
 
@@ -111,3 +113,51 @@ def hidden_effect(effect: Effect, min_effect: float, lower_better: bool, confide
     elif need is None and min_effect > 0:
         text += f"; more than 500 {unit} would be needed to show {min_effect:.0%}"
     return text
+
+
+def _plan_df(trials: Trials, noise: Noise) -> Callable[[int], float]:
+    """Degrees of freedom n pairs give under the playbook's noise source: its own, or with the borrowed noise's."""
+    borrowed = float(noise.df) if trials.noise in ("run", "history") else 0.0
+
+    def df_of(n: int) -> float:
+        return n - 1 + borrowed
+
+    return df_of
+
+
+def _toward(tolerance: float, lower_better: bool) -> float:
+    """A relative tolerance in the worse direction as a log-scale distance from no change."""
+    return math.log1p(tolerance) if lower_better else -math.log1p(-min(tolerance, 0.999))
+
+
+def plan_text(goals: Goals, trials: Trials, noise: Mapping[str, Noise], source: str) -> str:
+    """The power line of a planned step: the smallest effect on the objective its pairs show 80% of the time, the
+    pairs min_effect needs, and the pairs each guard needs to be shown within its tolerance (unchanged), from
+    `noise` (per metric, the paired log-ratio variance known before the step, from `source`)."""
+    pairs = trials.max_repeats if trials.sequential else trials.repeats
+    planned = f"{trials.repeats}..{pairs}" if trials.sequential and pairs > trials.repeats else str(pairs)
+    objective = goals.objective
+    own = noise.get(objective.metric)
+    label = label_of(objective.metric)
+    if own is None or own.var <= 0:
+        return f"power: no noise of {label} measured yet (this step's pairs measure it)"
+    df_of = _plan_df(trials, own)
+    sd = math.sqrt(own.var)
+    smallest = detectable(sd / math.sqrt(pairs), df_of(pairs), trials.confidence)
+    lower = objective.direction == "minimize"
+    shown = -math.expm1(-smallest) if lower else math.expm1(smallest)
+    parts = [f"with {planned} pair(s) an effect on {label} smaller than {shown:.0%} could not be told from noise"]
+    need = units_for(_toward(objective.min_effect, not lower), sd, trials.confidence, df_of=df_of)
+    parts.append(
+        f"{need} pair(s) would show {objective.min_effect:.0%}"
+        if need
+        else f"{objective.min_effect:.0%} is out of reach"
+    )
+    for guard in goals.guards:
+        g = noise.get(guard.metric)
+        if g is None or g.var <= 0 or guard.absolute:
+            continue
+        gap = _toward(guard.tolerance, guard.direction == "minimize")
+        k = units_for(gap, math.sqrt(g.var), trials.confidence, df_of=_plan_df(trials, g))
+        parts.append(f"guard {label_of(guard.metric)} within {guard.tolerance:.0%}: {k if k else '> 500'} pair(s)")
+    return f"power ({POWER:.0%}, noise from {source}): " + "; ".join(parts)

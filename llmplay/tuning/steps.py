@@ -15,8 +15,10 @@ from llmplay.archive.model import FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, MetricDe
 from llmplay.catalog import CAPACITY_METRICS, RECORD_METRICS, SAMPLE_COUNT_KEYS
 from llmplay.spec import Config, Playbook, Step, apply_step
 from llmplay.stats.decide import Decision, TrialSample, decide_step, pooled_summary
-from llmplay.stats.intervals import Noise
+from llmplay.stats.intervals import Noise, pooled_noise
+from llmplay.stats.power import plan_text
 from llmplay.tuning.book import ConfigTrials, TrialBook, TrialSlot
+from llmplay.tuning.history_noise import HistoryNoise
 from llmplay.tuning.progress import step_line, verdict_line
 from llmplay.tuning.quality import judge_quality, load_probes, speed_goals
 from llmplay.tuning.schedule import TrialScheduler
@@ -42,8 +44,10 @@ class StepLoop:
         book: TrialBook,
         scheduler: TrialScheduler,
         write_config: Callable[[Config], None],
+        history: HistoryNoise | None = None,
     ):
         self.playbook, self.book, self.scheduler, self.write_config = playbook, book, scheduler, write_config
+        self.history = history  # earlier comparable runs' step noise (trials.noise: history)
         self.verdicts: list[StepVerdict] = []
         # Each decided step's own noise per metric, what later steps borrow when trials.pool_noise is on.
         self.noise: dict[str, list[Noise]] = {}
@@ -69,6 +73,7 @@ class StepLoop:
         cand, reference = ConfigTrials(cand_config), ConfigTrials(best.config)
         head = f"step {index}/{len(self.playbook.steps)} {step.name}"
         self.book.narrator.say(f"the header line of step {step.name}", lambda: step_line(head, effects))
+        self.book.narrator.say(f"the power line of step {step.name}", self._power_line)
         self._measure_pair(reference, cand, step)
         decision = self._decide(reference, cand)
         decision = judge_quality(decision, self.playbook.goals, reference.probes, cand.probes, effects)
@@ -91,6 +96,8 @@ class StepLoop:
             trials_candidate=tuple(cand.trial_ids),
             more_trials_needed=decision.more_trials_needed,
             carried=carried,
+            noise=tuple((m, n.var, n.df) for m, n in decision.noise.items()),
+            noise_runs=self.history.runs if self.history is not None and _pooled_history(decision) else (),
         )
         self.book.archive.write_verdict(verdict)
         self.verdicts.append(verdict)
@@ -160,8 +167,25 @@ class StepLoop:
             self.playbook.trials,
             failed_candidate_trials=cand.failed,
             borrowed=self.noise,
+            history=self.history.noise if self.history is not None else None,
         )
         return _node_blocks(decision, reference, cand)
+
+    def _power_line(self) -> str:
+        """What the planned pairs can show, from the noise known before the step: the history's, else the run's
+        earlier steps' (stats.power.plan_text)."""
+        history = self.history.noise if self.history is not None else {}
+        known = {
+            m: n
+            for m in {*history, *self.noise}
+            if (n := pooled_noise([*self.noise.get(m, ())] + ([history[m]] if m in history else []))) is not None
+        }
+        return "     " + plan_text(
+            self.playbook.goals,
+            self.playbook.trials,
+            known,
+            "the history and this run" if history else "this run's earlier steps",
+        )
 
     def count(self, target: ConfigTrials, trial: TrialRecord, sample: TrialSample | None) -> None:
         """One measured trial counted into its configuration (and the run stopped if the playbook says so)."""
@@ -176,6 +200,11 @@ class StepLoop:
             target.samples.append(sample)
         if trial.status == TRIAL_FAILED and self.playbook.trials.on_failure == "stop":
             raise StopRun(f"trial {trial.trial_id} failed and on_failure is stop: {trial.error}")
+
+
+def _pooled_history(decision: Decision) -> bool:
+    """Whether a paired interval of the decision pooled the history's noise (its method says so)."""
+    return any("history's" in (d.method or "") for d in (decision.objective, *decision.guards) if d is not None)
 
 
 def _node_blocks(decision: Decision, reference: ConfigTrials, cand: ConfigTrials) -> Decision:
