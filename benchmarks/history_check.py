@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--references", type=int, default=40)
     parser.add_argument("--nights-per-reference", type=int, default=25)
     parser.add_argument("--ref-trials", type=int, default=10)
-    parser.add_argument("--ref-retests", type=int, default=4, help="runs of the reference's image besides it")
+    parser.add_argument("--ref-retests", type=int, default=9, help="runs of the reference's image besides it")
     parser.add_argument("--nights", type=int, default=10, help="earlier nights on other images")
     parser.add_argument("--trials-history", type=int, default=10, help="trials of each earlier night")
     parser.add_argument("--seed", type=int, default=38)
