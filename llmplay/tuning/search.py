@@ -202,7 +202,10 @@ class ValueSearch:
         self._done = not self.values
         self._verdict: tuple[str, str] | None = None if self.values else (FAILED, "no value to search")
         self._decisions: dict[int, Decision] = {}
-        self._beat_at: dict[int, int] = {}  # value -> the first round it was kept against the incumbent
+        # value -> the first round it was kept against the incumbent, and that decision: crossing the sequential
+        # boundary once is the keep (the familywise level covers every look), so later looks do not undo it
+        self._beat_at: dict[int, int] = {}
+        self._keeping: dict[int, Decision] = {}
         self._dropped_for: dict[int, int] = {}  # value dropped against a leader -> that leader
         self.unimodal: bool | None = None
         self._enter(self._initial())
@@ -371,9 +374,9 @@ class ValueSearch:
         self._status[i] = (status, number, reason)
 
     def _kept(self, i: int) -> bool:
-        """Its latest decision shows it beating the incumbent with every guard within its tolerance."""
-        decision = self._decisions.get(i)
-        return decision is not None and decision.verdict == KEPT
+        """Shown at some look to beat the incumbent with every guard within its tolerance, and not rejected since
+        (a rejected value leaves the race and is never a candidate)."""
+        return i in self._keeping
 
     def _guards_hold(self, i: int) -> bool:
         """Every guard shown within its tolerance in the value's latest decision against the incumbent (trivially
@@ -409,9 +412,11 @@ class ValueSearch:
             self._decisions[i] = judged
             if judged.verdict == KEPT:
                 self._beat_at.setdefault(i, number)
+                self._keeping.setdefault(i, judged)
             elif judged.verdict == REJECTED:
+                self._keeping.pop(i, None)
                 self._leave_against_incumbent(i, number, judged.reason)
-        for i in [i for i in ready if i in self._active]:
+        for i in [i for i in ready if i in self._active and i not in self._keeping]:
             futile = self._futile(i)
             if futile:
                 self._leave_against_incumbent(i, number, futile)
@@ -513,7 +518,7 @@ class ValueSearch:
         assert winner is not None
         # The keep was decided by the race; the confirmation pairs only measure the gain, so that estimate is not
         # read only where it helped keep the value (which would bias it up whenever the keep was marginal).
-        self._finish(KEPT, self._decisions[winner].reason, winner)
+        self._finish(KEPT, self._keeping[winner].reason, winner)
 
     def _finish(self, verdict: str, reason: str, pick: int | None) -> None:
         self._verdict = (verdict, reason)
@@ -561,7 +566,9 @@ class ValueSearch:
             verdict=verdict,
             winner=Arm(self.values[self._winner]) if kept and self._winner is not None else None,
             reason=reason,
-            decision=self._decisions.get(self._winner) if self._winner is not None else None,
+            decision=(self._keeping if kept else self._decisions).get(self._winner)
+            if self._winner is not None
+            else None,
             gain=gain,
             gain_method=method,
             values=tuple(outcomes),
