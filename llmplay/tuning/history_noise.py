@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmplay.archive.index import ArchiveIndex
+from llmplay.archive.index import INDEX_FILE, ArchiveIndex
 from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.run_entry import RunEntry
 from llmplay.errors import LlmplayError
@@ -36,28 +36,36 @@ class HistoryNoise:
         return f"noise: history of {len(self.runs)} comparable run(s) ({', '.join(self.runs)}): {per_metric}"
 
 
-def comparable_to(entry: RunEntry, playbook: Playbook, sha256: str, image: str, hardware: str) -> bool:
+def comparable_to(entry: RunEntry, playbook: Playbook, sha256: str, hardware: str | None) -> bool:
+    """Same playbook (name, version, file), engine image as configured, and hardware class (any when None)."""
     return (
         entry.usable
         and entry.playbook == playbook.metadata.name
         and entry.playbook_version == playbook.metadata.version
         and entry.playbook_sha256 == sha256
-        and entry.engine.split(" ")[0] == image
-        and entry.hardware == hardware
+        and entry.engine.split(" ")[0] == (playbook.engine.image or playbook.engine.kind)
+        and (hardware is None or entry.hardware == hardware)
     )
 
 
-def history_noise(root: Path, run: ArchivedRun, playbook: Playbook, metrics: Sequence[str]) -> HistoryNoise:
-    """The noise of every earlier comparable run's steps under `root`, pooled per metric in `metrics`."""
-    info = run.info
-    image = playbook.engine.image or playbook.engine.kind
+def history_noise(
+    root: Path,
+    playbook: Playbook,
+    metrics: Sequence[str],
+    *,
+    sha256: str,
+    hardware: str | None,
+    exclude: str = "",
+) -> HistoryNoise:
+    """The noise of every earlier comparable run's steps under `root` (not `exclude`, the run asking), pooled per
+    metric in `metrics`; `hardware` None (a plan, before any run) takes every hardware class."""
+    if not (root / INDEX_FILE).exists() and not root.is_dir():
+        return HistoryNoise()
     index = ArchiveIndex(root, lambda _: None)
     found: dict[str, list[Noise]] = {}
     runs = []
     for entry in index.runs(playbook.metadata.name):
-        if entry.run_id == info.run_id or not comparable_to(
-            entry, playbook, info.playbook.sha256, image, info.environment.gpu_label
-        ):
+        if entry.run_id == exclude or not comparable_to(entry, playbook, sha256, hardware):
             continue
         try:
             verdicts = ArchivedRun.open(root / entry.path).verdicts()

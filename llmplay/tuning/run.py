@@ -264,7 +264,15 @@ class TuningRun:
         history = None
         if self.playbook.trials.noise == "history" and self.playbook.steps:
             metrics = [self.playbook.goals.objective.metric, *(g.metric for g in self.playbook.goals.guards)]
-            history = history_noise(self.options.archive_root, archive, self.playbook, metrics)
+            info = archive.info
+            history = history_noise(
+                self.options.archive_root,
+                self.playbook,
+                metrics,
+                sha256=info.playbook.sha256,
+                hardware=info.environment.gpu_label,
+                exclude=info.run_id,
+            )
             self.narrator.report(history.describe())
         loop = StepLoop(
             self.playbook, book, self.scheduler, lambda c: archive.write_config(self._config_record(c)), history

@@ -13,6 +13,7 @@ import numpy as np
 import yaml
 
 from llmplay.archive.verify import verify
+from llmplay.commands.plan import plan_command
 from llmplay.playbook.load import load_playbook
 from llmplay.stats.decide import TrialSample
 from llmplay.tuning.run import RunOptions, TuningRun
@@ -135,7 +136,7 @@ class PairedTrials(SyntheticTrials):
         return replace(result, sample=replace(result.sample, repeat=repeat))
 
 
-def test_history_noise_from_an_earlier_run_of_the_same_playbook(tmp_path):
+def test_history_noise_from_an_earlier_run_of_the_same_playbook(tmp_path, monkeypatch, capsys):
     """trials.noise: history: the first run has no history (its steps pool their own noise, as noise: run) and
     archives each step's noise; the second run in the same archive names the first as its history, prints what
     each step's pairs can show before measuring it, and pools the history's noise while its own agrees."""
@@ -160,3 +161,9 @@ def test_history_noise_from_an_earlier_run_of_the_same_playbook(tmp_path):
     pooled = [v for v in second.verdicts if v.noise_runs == (first.run_dir.name,)]
     assert pooled and "pooled with the history's" in (pooled[0].objective.method or "")
     assert verify(second.run_dir) == []
+    monkeypatch.setenv("LLMPLAY_ARCHIVE", str(tmp_path / "r"))
+    plan_command(path)
+    planned = capsys.readouterr().out
+    assert (
+        "Power (80%, noise from 2 earlier run(s) of this playbook): with 3 pair(s) an effect on P95 TTFT" in planned
+    ), planned[:900]
