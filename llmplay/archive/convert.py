@@ -378,6 +378,7 @@ def playbook_as_run(doc: Mapping[str, Any]) -> PlaybookAsRun:
             sequential=bool(trials.get("sequential", Trials.sequential)),
             confidence=float(confidence) if _number(confidence) is not None else Trials.confidence,
             pool_noise=bool(trials.get("pool_noise", Trials.pool_noise)),
+            noise=str(trials.get("noise") or ""),
         ),
         step_descriptions={
             str(s["name"]): str(s.get("description") or "")

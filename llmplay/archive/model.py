@@ -374,6 +374,7 @@ class TrialsAsRun:
     sequential: bool
     confidence: float
     pool_noise: bool
+    noise: str = ""  # trials.noise as written ("" when not: step, or run with pool_noise)
 
 
 @dataclass(frozen=True)
