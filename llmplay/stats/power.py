@@ -19,8 +19,8 @@ from functools import lru_cache
 from scipy import special
 
 from llmplay.catalog import label_of
-from llmplay.spec import Goals, Trials
-from llmplay.stats.intervals import Effect, Noise
+from llmplay.spec import Goals, Guard, Trials
+from llmplay.stats.intervals import Effect, Noise, sequential_level
 
 POWER = 0.8  # the power planning and the "could still hide" sentences are stated at
 
@@ -153,11 +153,60 @@ def plan_text(goals: Goals, trials: Trials, noise: Mapping[str, Noise], source: 
         if need
         else f"{objective.min_effect:.0%} is out of reach"
     )
+    for guard, k in _guard_pairs(goals, trials, noise, trials.confidence):
+        parts.append(
+            f"guard {label_of(guard.metric)} within {guard.tolerance:.0%} if it moved half of it: "
+            f"{k if k else '> 500'} pair(s)"
+        )
+    return f"power ({POWER:.0%}, noise from {source}): " + "; ".join(parts)
+
+
+# Guards are planned as if they moved this share of their tolerance: a step that changes nothing in them needs
+# fewer pairs, but one whose throughput truly moved half its tolerance is the common case the plan must cover
+# (benchmarks/RESULTS.md, "Verdicts": at sigma .15 such a step is kept 2-8% of the time with 3-6 pairs).
+GUARD_PLANNING_SHARE = 0.5
+
+
+def _guard_pairs(
+    goals: Goals, trials: Trials, noise: Mapping[str, Noise], level: float
+) -> list[tuple[Guard, int | None]]:
+    out = []
     for guard in goals.guards:
         g = noise.get(guard.metric)
         if g is None or g.var <= 0 or guard.absolute:
             continue
-        gap = _toward(guard.tolerance, guard.direction == "minimize")
-        k = units_for(gap, math.sqrt(g.var), trials.confidence, df_of=_plan_df(trials, g))
-        parts.append(f"guard {label_of(guard.metric)} within {guard.tolerance:.0%}: {k if k else '> 500'} pair(s)")
-    return f"power ({POWER:.0%}, noise from {source}): " + "; ".join(parts)
+        lower = guard.direction == "minimize"
+        gap = _toward(guard.tolerance, lower) - _toward(guard.tolerance * GUARD_PLANNING_SHARE, lower)
+        out.append((guard, units_for(gap, math.sqrt(g.var), level, df_of=_plan_df(trials, g))))
+    return out
+
+
+def auto_pairs(goals: Goals, trials: Trials, noise: Mapping[str, Noise], trial_s: float) -> tuple[int, str]:
+    """max_repeats: auto for one step: the pairs that show min_effect and each guard within its tolerance (moved
+    half of it) with POWER at the sequential boundary's last look, capped by trials.budget_s of engine time (two
+    trials a pair of `trial_s` each); with the sentence the step prints. The playbook's max_repeats while no noise
+    is known yet."""
+    first = max(trials.repeats, 2)
+    objective = goals.objective
+    own = noise.get(objective.metric)
+    if own is None or own.var <= 0:
+        return trials.max_repeats, f"max_repeats auto: no noise known yet, {trials.max_repeats} pairs at most"
+    lower = objective.direction == "minimize"
+    gap = _toward(objective.min_effect, not lower)
+    n = first
+    for _ in range(4):  # the last look's level depends on how many looks there are: settle it
+        level = sequential_level(trials.confidence, first, n, n) if n > first else trials.confidence
+        needs = [units_for(gap, math.sqrt(own.var), level, df_of=_plan_df(trials, own))]
+        needs += [k for _, k in _guard_pairs(goals, trials, noise, level)]
+        want = max((k for k in needs if k is not None), default=first) if None not in needs else 500
+        if want <= n:
+            break
+        n = max(want, first)
+    afford = int(trials.budget_s // (2 * trial_s)) if trials.budget_s > 0 and trial_s > 0 else None
+    if afford is not None and afford < n:
+        size = max(afford, first)
+        return size, (
+            f"max_repeats auto: {n} pairs would give {POWER:.0%} power; the {trials.budget_s / 60:g} min budget "
+            f"affords {size} ({trial_s:.0f} s a trial)"
+        )
+    return n, f"max_repeats auto: {n} pairs for {POWER:.0%} power at the {objective.min_effect:.0%} minimum effect"
