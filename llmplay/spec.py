@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 Scalar = str | int | float | bool | None
 
@@ -247,6 +247,38 @@ class Change:
     value: Any
 
 
+class StepChoice(Protocol):
+    """How a step comes to its candidate, carried on the Step for the stages that check or show it before it runs:
+    the kind's name (its YAML key and its registry key: "set", "search", ...), every change it may measure beyond
+    the step's fixed `changes` (what the knob and flag checks see), and the line the plan prints. Running a kind is
+    tuning's (tuning.step_kinds), reading it from YAML the playbook's (playbook.step_forms)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def tried(self) -> tuple[Change, ...]: ...
+
+    def describe(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class FixedChange:
+    """A step whose `changes` are its candidate: `set:`."""
+
+    @property
+    def kind(self) -> str:
+        return "set"
+
+    def tried(self) -> tuple[Change, ...]:
+        return ()
+
+    def describe(self) -> str | None:
+        return None
+
+
+FIXED = FixedChange()
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     """A search step's one knob (a Change target) and its candidate values, in the order written (a range: rising).
@@ -256,16 +288,27 @@ class SearchSpace:
     values: tuple[Scalar, ...]
     ordered: bool
 
+    @property
+    def kind(self) -> str:
+        return "search"
+
+    def tried(self) -> tuple[Change, ...]:
+        return tuple(Change(self.target, value) for value in self.values)
+
+    def describe(self) -> str | None:
+        values = ", ".join(show_value(v) for v in self.values)
+        return f"searches {self.target} over {values} (the configuration below is the incumbent)"
+
 
 @dataclass(frozen=True)
 class Step:
     name: str
-    changes: tuple[Change, ...]  # empty for a search step: its value is chosen by the search
+    changes: tuple[Change, ...]  # empty for a step whose kind chooses its value (a search)
     bundle: bool = False
     carry: str = "if_kept"  # always | if_kept | never
     description: str = ""
     line: int = 0
-    search: SearchSpace | None = None
+    choice: StepChoice = FIXED
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,8 @@ class ArchivedRun:
 
     def manifest(self) -> dict[str, Any]:
         """A deep copy: callers may change it without touching the archive."""
-        return json.loads(json.dumps(self._manifest))
+        copy: dict[str, Any] = json.loads(json.dumps(self._manifest))
+        return copy
 
     def signed(self) -> bool:
         """Whether the run carries a signature file (whether it is valid is `llmplay verify --public-key`'s job)."""
@@ -205,7 +206,7 @@ class ArchivedRun:
     def _trial_dict(self, trial_id: str) -> dict[str, Any]:
         for trial in self._manifest.get("trials", []):
             if trial.get("trial_id") == trial_id:
-                return trial
+                return dict(trial)
         raise ArchiveError(f"{self.run_dir}: no trial {trial_id!r} in {MANIFEST}")
 
     def _inside_error(self, exc: OutsideError) -> ArchiveError:

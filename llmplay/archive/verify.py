@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from llmplay.archive.layout import MANIFEST, REPORT_FILE, SIGNATURE_FILE
 from llmplay.archive.paths import MAX_MANIFEST_BYTES, OutsideError, open_inside, read_bytes_inside
-from llmplay.archive.signing import Ed25519PublicKey, fingerprint, parse_signature, signature_problem
+from llmplay.archive.signing import fingerprint, parse_signature, signature_problem
 from llmplay.errors import ArchiveError
 
 UNSIGNED = "unsigned: integrity only"
@@ -30,7 +31,8 @@ _UNLISTED_OK = (MANIFEST, SIGNATURE_FILE, REPORT_FILE)
 
 
 def manifest_schema() -> dict[str, Any]:
-    return json.loads(resources.files("llmplay").joinpath("schemas/manifest.v1.json").read_text())
+    schema: dict[str, Any] = json.loads(resources.files("llmplay").joinpath("schemas/manifest.v1.json").read_text())
+    return schema
 
 
 def _document_order(error: jsonschema.ValidationError) -> list[tuple[int, Any]]:

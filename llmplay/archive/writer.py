@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from llmplay.archive.index import index_finished_run
 from llmplay.archive.layout import (
@@ -46,7 +47,7 @@ from llmplay.archive.model import (
     to_plain,
 )
 from llmplay.archive.reader import ArchivedRun, have_pyarrow, read_manifest
-from llmplay.archive.signing import Ed25519PrivateKey, signature_document, signing_key_from_env
+from llmplay.archive.signing import signature_document, signing_key_from_env
 from llmplay.archive.verify import manifest_sha256, schema_problems
 from llmplay.errors import ArchiveError
 from llmplay.hashing import sha256_file

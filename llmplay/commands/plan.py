@@ -11,7 +11,6 @@ from llmplay.archive.listing import archive_root
 from llmplay.catalog import label_of
 from llmplay.errors import ExitCode, LlmplayError
 from llmplay.plan import (
-    Config,
     Plan,
     SampleShortfall,
     build_plan,
@@ -23,7 +22,7 @@ from llmplay.plan import (
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.trace import describe_trace
 from llmplay.redaction import redact_text
-from llmplay.spec import LengthDist, Playbook, ThinkTime, Workload, show_value
+from llmplay.spec import Config, LengthDist, Playbook, ThinkTime, Workload
 from llmplay.stats.power import plan_text
 from llmplay.tuning.history_noise import HistoryNoise, history_noise
 
@@ -168,9 +167,8 @@ def render_plan(plan: Plan, power: str = "") -> str:
         flag = " [bundle: several knobs]" if step.bundle else ""
         lines += ["", f"Step {planned.index}: {step.name}{flag} (carry {step.carry})"]
         lines += [f"  changes {e.describe()}" for e in planned.effects]
-        if step.search is not None:
-            values = ", ".join(show_value(v) for v in step.search.values)
-            lines.append(f"  searches {step.search.target} over {values} (the configuration below is the incumbent)")
+        if (how := step.choice.describe()) is not None:
+            lines.append(f"  {how}")
         if step.description:
             lines.append(f"  why: {step.description}")
         if planned.index in reuse_notes:

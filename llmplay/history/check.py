@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmplay.archive.index import RunEntry
+from llmplay.archive.run_entry import RunEntry
 from llmplay.archive.verify import check
 from llmplay.catalog import label_of
 from llmplay.compare import Comparison, compare_runs, format_comparison_table

@@ -10,15 +10,13 @@ from typing import Any
 
 from llmplay import units
 from llmplay.errors import PlaybookError
-from llmplay.playbook.credentials import check_args, check_env, check_env_value, check_knob_value
+from llmplay.playbook.credentials import check_args, check_env, check_knob_value
 from llmplay.playbook.dataset import DatasetProblems, DatasetRow, read_dataset
-from llmplay.playbook.problems import Problems, did_you_mean
-from llmplay.playbook.schema import value_problems
-from llmplay.playbook.search import search_step
+from llmplay.playbook.problems import Problems
 from llmplay.playbook.source import YamlPath, display_path
+from llmplay.playbook.step_forms import parse_step
 from llmplay.playbook.trace import EXPECTED, apply_trace
 from llmplay.spec import (
-    Change,
     Cost,
     EngineSpec,
     LengthDist,
@@ -30,8 +28,7 @@ from llmplay.spec import (
     frozen_map,
 )
 
-# What a step may set besides engine knobs (args.*) and env.*: engine fields, and these workload fields.
-ENGINE_FIELDS_SETTABLE = {"image", "gpus", "extra_args"}
+# The workload fields a step may set or search.
 WORKLOAD_FIELDS = {
     "concurrency",
     "rate",
@@ -264,63 +261,7 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
         if item["name"] in names:
             problems.add((*spath, "name"), f"step name '{item['name']}' is used twice; expected unique names")
         names.add(item["name"])
-        if "search" in item or "set" not in item:
-            steps.append(search_step(item, spath, WORKLOAD_FIELDS, problems))
-            continue
-        changes = []
-        for key, value in item["set"].items():
-            key = str(key)
-            # A step's value obeys the rule the same key obeys in the base (workload.concurrency: 0 is refused
-            # in a step as it is in workload:), so the schema's definition of that key checks it.
-            if key in ENGINE_FIELDS_SETTABLE:
-                target = key
-                value_problems(value, f"#/$defs/engine/properties/{key}", (*spath, "set", key), problems)
-                if key == "extra_args" and isinstance(value, list):
-                    check_args(value, (*spath, "set", key), problems)
-            elif key.startswith("env."):
-                target = key
-                value_problems(
-                    value, "#/$defs/engine/properties/env/additionalProperties", (*spath, "set", key), problems
-                )
-                check_env_value(key.removeprefix("env."), value, (*spath, "set", key), problems)
-            elif key.startswith("workload."):
-                field_name = key.split(".", 1)[1]
-                if field_name not in WORKLOAD_FIELDS:
-                    problems.add(
-                        (*spath, "set", key),
-                        f"workload field '{field_name}' cannot be a step"
-                        f"{did_you_mean(field_name, WORKLOAD_FIELDS)}; expected one of: {', '.join(sorted(WORKLOAD_FIELDS))}",
-                    )
-                else:
-                    value_problems(value, f"#/$defs/workload/properties/{field_name}", (*spath, "set", key), problems)
-                target = key
-            elif key.startswith("args."):
-                target = key
-                check_knob_value(value, (*spath, "set", key), problems)
-            else:
-                target = f"args.{key}"
-                check_knob_value(value, (*spath, "set", key), problems)
-            changes.append(Change(target, value))
-        if not changes:
-            problems.add(
-                (*spath, "set"), "the step changes nothing; expected exactly one knob, e.g. set: {prefix_caching: true}"
-            )
-        elif len(changes) > 1 and not item.get("bundle", False):
-            problems.add(
-                (*spath, "set"),
-                f"the step changes {len(changes)} knobs ({', '.join(c.target for c in changes)}); "
-                "expected one variable per step, or bundle: true to declare a bundle",
-            )
-        steps.append(
-            Step(
-                name=item["name"],
-                changes=tuple(changes),
-                bundle=item.get("bundle", False),
-                carry=item.get("carry", "if_kept"),
-                description=item.get("description", ""),
-                line=problems.sources.locate(spath).line,
-            )
-        )
+        steps.append(parse_step(item, spath, WORKLOAD_FIELDS, problems))
     return tuple(steps)
 
 

@@ -8,8 +8,8 @@ from llmplay.engines import get_engine
 from llmplay.engines.base import BadKnobValue, Engine
 from llmplay.errors import PlaybookError
 from llmplay.playbook.problems import Problems, did_you_mean, short_repr
-from llmplay.playbook.search import search_knobs
 from llmplay.playbook.source import SourceMap, YamlPath, display_path, format_path
+from llmplay.playbook.step_forms import form_of
 from llmplay.spec import Change, Config, Playbook, Scalar, apply_step, show_value
 
 
@@ -57,8 +57,7 @@ def _knobs_written(playbook: Playbook, sources: SourceMap) -> Iterator[tuple[Yam
         for change in step.changes:
             if change.target.startswith("args."):
                 yield _step_path(i, change, sources), change.target.removeprefix("args."), change.value
-        if step.search is not None and step.search.target.startswith("args."):
-            yield from search_knobs(i, step.search, sources)
+        yield from form_of(step).knobs(i, step, sources)
 
 
 def _step_path(index: int, change: Change, sources: SourceMap) -> YamlPath:

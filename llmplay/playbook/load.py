@@ -32,6 +32,7 @@ from llmplay.playbook.mounts import check_model_dir
 from llmplay.playbook.problems import Problems
 from llmplay.playbook.schema import schema_problems
 from llmplay.playbook.source import API_VERSION, MAX_FILE_BYTES, display_path, located_error, read_bounded, read_yaml
+from llmplay.playbook.step_forms import step_properties
 from llmplay.spec import Goals, Metadata, Playbook, Workload, frozen_map
 
 
@@ -65,7 +66,7 @@ def load_playbook(
     text = read_bounded(file, MAX_FILE_BYTES, "a playbook YAML file").decode("utf-8")
     problems = Problems(sources, display_path(str(file)))
     _check_api_version(doc, problems)
-    schema_problems(doc, problems)
+    schema_problems(doc, problems, step_properties())
     problems.raise_if_any()
     base_dir = file.parent
     metadata = doc["metadata"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -15,7 +16,8 @@ from llmplay.playbook.source import YamlPath
 
 def playbook_schema() -> dict[str, Any]:
     """The JSON Schema of apiVersion llmplay/v1, read from the installed package."""
-    return json.loads(resources.files("llmplay").joinpath("schemas/playbook.v1.json").read_text())
+    schema: dict[str, Any] = json.loads(resources.files("llmplay").joinpath("schemas/playbook.v1.json").read_text())
+    return schema
 
 
 def _is_strict_integer(checker: object, instance: object) -> bool:
@@ -39,7 +41,7 @@ def _known_properties(schema: dict[str, Any], root: dict[str, Any]) -> list[str]
 
 
 def _deref(ref: str, root: dict[str, Any]) -> dict[str, Any]:
-    node: Any = root
+    node = root
     for part in ref.lstrip("#/").split("/"):
         node = node[part]
     return node
@@ -49,7 +51,7 @@ def _describe_expected(schema: dict[str, Any], root: dict[str, Any]) -> str:
     if "$ref" in schema:
         schema = _deref(schema["$ref"], root)
     if "description" in schema:
-        text = schema["description"].rstrip(".")
+        text = str(schema["description"]).rstrip(".")
         return text[0].lower() + text[1:]
     if "enum" in schema:
         return "one of " + ", ".join(map(str, schema["enum"]))
@@ -63,9 +65,11 @@ def _describe_expected(schema: dict[str, Any], root: dict[str, Any]) -> str:
     return "a value matching the schema"
 
 
-def schema_problems(doc: dict[str, Any], problems: Problems) -> None:
-    """Every schema violation in `doc` as a problem: unknown keys with a suggestion, found vs expected otherwise."""
+def schema_problems(doc: dict[str, Any], problems: Problems, step_properties: Mapping[str, Any] | None = None) -> None:
+    """Every schema violation in `doc` as a problem: unknown keys with a suggestion, found vs expected otherwise.
+    `step_properties`: the step keys registered step kinds add (playbook.step_forms), checked like the shipped ones."""
     root = playbook_schema()
+    root["$defs"]["step"]["properties"].update(step_properties or {})
     if _non_finite_problems(doc, (), problems):
         return  # JSON Schema has no word for NaN: `.nan` passes every bound, so nothing below may see one
     validator = _StrictValidator(root)
@@ -160,4 +164,4 @@ def _expected_from_error(err: jsonschema.ValidationError, root: dict[str, Any]) 
         return repr(value)
     if v in ("minItems", "minLength", "minProperties"):
         return f"at least {value} item(s)" if v != "minLength" else "a non-empty string"
-    return err.message
+    return str(err.message)

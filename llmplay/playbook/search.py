@@ -9,6 +9,7 @@ each value by the rule the same key obeys in a `set:`.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from llmplay.playbook.credentials import check_env_value, check_knob_value
@@ -129,7 +130,7 @@ def _check_value(target: str, value: Scalar, path: YamlPath, problems: Problems)
 
 
 def search_step(item: Mapping[str, Any], path: YamlPath, workload_fields: Collection[str], problems: Problems) -> Step:
-    """A step written with `search:` (or with neither `set:` nor `search:`, which is refused here)."""
+    """A step written with `search:`."""
     step = Step(
         name=item["name"],
         changes=(),
@@ -138,9 +139,6 @@ def search_step(item: Mapping[str, Any], path: YamlPath, workload_fields: Collec
         description=item.get("description", ""),
         line=problems.sources.locate(path).line,
     )
-    if "search" not in item:
-        problems.add(path, "the step has neither set: nor search:; expected one, e.g. set: {prefix_caching: true}")
-        return step
     spath = (*path, "search")
     if "set" in item:
         problems.add(
@@ -178,16 +176,33 @@ def search_step(item: Mapping[str, Any], path: YamlPath, workload_fields: Collec
         carry=step.carry,
         description=step.description,
         line=step.line,
-        search=SearchSpace(target, tuple(values), ordered),
+        choice=SearchSpace(target, tuple(values), ordered),
     )
 
 
-def search_knobs(index: int, space: SearchSpace, sources: SourceMap) -> Iterator[tuple[YamlPath, str, Scalar]]:
-    """(YAML path, knob, value) of each value of step `index`'s search, for the engine's name and type checks: a
-    list's values at their own lines, a range's at the range."""
-    knob = space.target.removeprefix("args.")
-    written = knob if ("steps", index, "search", knob) in sources.entries else space.target
-    path: YamlPath = ("steps", index, "search", written)
-    for j, value in enumerate(space.values):
-        item = (*path, j)
-        yield (item if item in sources.entries else path), knob, value
+class SearchForm:
+    """`search:` as a step form (playbook.step_forms)."""
+
+    key = "search"
+    schema: Mapping[str, Any] = MappingProxyType({})  # its entries (search, max_candidates) ship in playbook.v1.json
+
+    def parse(
+        self, item: Mapping[str, Any], path: YamlPath, workload_fields: Collection[str], problems: Problems
+    ) -> Step:
+        return search_step(item, path, workload_fields, problems)
+
+    def knobs(self, index: int, step: Step, sources: SourceMap) -> Iterator[tuple[YamlPath, str, Scalar]]:
+        """(YAML path, knob, value) of each value of step `index`'s search, for the engine's name and type checks:
+        a list's values at their own lines, a range's at the range."""
+        space = step.choice
+        if not isinstance(space, SearchSpace) or not space.target.startswith("args."):
+            return
+        knob = space.target.removeprefix("args.")
+        written = knob if ("steps", index, "search", knob) in sources.entries else space.target
+        path: YamlPath = ("steps", index, "search", written)
+        for j, value in enumerate(space.values):
+            item = (*path, j)
+            yield (item if item in sources.entries else path), knob, value
+
+
+SEARCH_FORM = SearchForm()

@@ -109,7 +109,7 @@ class Runtime(ABC):
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def tail_lines(text: str, n: int = LOG_TAIL_LINES) -> str:

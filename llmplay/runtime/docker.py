@@ -270,7 +270,7 @@ class DockerRuntime(Runtime):
             raw = container.logs(stdout=True, stderr=True, tail=tail if tail else "all")
         except docker.errors.NotFound:
             return self._final_logs
-        return raw.decode("utf-8", errors="replace")
+        return str(raw.decode("utf-8", errors="replace"))
 
     def stop(self) -> None:
         # Reentrant: a second Ctrl-C may call stop_all() while this thread is inside stop(); the nested

@@ -115,7 +115,7 @@ def here() -> dict[str, str]:
 
     return {
         "id": ray.get_runtime_context().get_node_id(),
-        "address": ray.util.get_node_ip_address(),
+        "address": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]  # ray leaves it unannotated
         "hostname": socket.gethostname(),
     }
 
@@ -216,7 +216,7 @@ class RayCluster(Generic[Job]):
                     str(n.get("NodeManagerHostname", "")),
                     dict(n.get("Resources") or {}),
                 )
-                for n in ray.nodes()
+                for n in ray.nodes()  # type: ignore[no-untyped-call]  # ray leaves it unannotated
                 if n.get("Alive")
             }
             self._checked_s = time.monotonic()

@@ -348,7 +348,7 @@ def sequential_levels(confidence: float, first: int, last: int) -> tuple[float, 
     shape = np.sqrt(last / n)
 
     def nominal(c: float) -> np.ndarray:
-        return 2 * special.ndtr(-(c * shape))
+        return np.asarray(2 * special.ndtr(-(c * shape)))
 
     low, high = 0.0, 10.0  # the crossing rate falls as c rises
     for _ in range(60):

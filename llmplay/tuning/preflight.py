@@ -74,11 +74,12 @@ def flag_sites(playbook: Playbook, engine: Engine, default_image: str) -> Iterat
             elif change.target == "image" and step_image != image:
                 # Another image: every flag of this configuration must be one it accepts.
                 yield FlagSite(step.name, written, step_image, tuple(engine.server_args(spec)))
-        if step.search is not None and step.search.target.startswith("args."):
-            # Every value a search may race is a configuration the image must accept, not only the first.
-            knob = step.search.target.removeprefix("args.")
-            for value in step.search.values:  # the loader keeps the step's own line for a search: name the step
-                yield FlagSite(step.name, f"steps[{i}]", step_image, tuple(engine.render_knob(knob, value)))
+        # Every value a step's kind may try (each value a search may race) is one the image must accept, not only
+        # the first; the loader keeps the step's own line for those, so the step is named.
+        for change in step.choice.tried():
+            if change.target.startswith("args."):
+                knob = change.target.removeprefix("args.")
+                yield FlagSite(step.name, f"steps[{i}]", step_image, tuple(engine.render_knob(knob, change.value)))
 
 
 def nearest_flag(flag: str, accepted: frozenset[str]) -> str | None:

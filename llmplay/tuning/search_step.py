@@ -15,11 +15,11 @@ procedure's benchmark figures assume 12); the playbook's value is used as writte
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Protocol
 
 from llmplay.archive.model import (
     FAILED,
@@ -32,31 +32,16 @@ from llmplay.archive.model import (
     TrialRecord,
 )
 from llmplay.catalog import RECORD_METRICS
-from llmplay.spec import Change, ChangeEffect, Config, Playbook, Scalar, SearchSpace, Step, apply_change, current_value
+from llmplay.playbook.search import SEARCH_FORM
+from llmplay.playbook.step_forms import StepForm
+from llmplay.spec import Change, ChangeEffect, Config, Scalar, SearchSpace, Step, apply_change, current_value
 from llmplay.stats.decide import Decision, TrialSample, decide_step, pooled_summary
-from llmplay.stats.intervals import Effect, Noise
-from llmplay.tuning.book import ConfigTrials, TrialBook, TrialSlot
+from llmplay.stats.intervals import Effect
+from llmplay.tuning.book import ConfigTrials, TrialSlot
 from llmplay.tuning.progress import verdict_line
 from llmplay.tuning.quality import judge_quality, speed_goals
-from llmplay.tuning.schedule import TrialScheduler
 from llmplay.tuning.search import Arm, Round, SearchDesign, SearchResult, ValueSearch
-
-
-class Loop(Protocol):
-    """What a search step uses of the step loop (tuning.steps.StepLoop) that runs it."""
-
-    playbook: Playbook
-    book: TrialBook
-    scheduler: TrialScheduler
-    write_config: Callable[[Config], None]
-    verdicts: list[StepVerdict]
-    noise: dict[str, list[Noise]]
-
-    def count(self, target: ConfigTrials, trial: TrialRecord, sample: TrialSample | None) -> None: ...
-
-    def add_record_rows(
-        self, index: int, reference: ConfigTrials, cand: ConfigTrials | None, verdict: StepVerdict
-    ) -> None: ...
+from llmplay.tuning.step_kind import Loop
 
 
 def search_seed(run_id: str, step: str) -> int:
@@ -85,8 +70,8 @@ class SearchStepRun:
     """One search step: measured by `measure`, then `conclude` archives its verdict and says what is carried."""
 
     def __init__(self, loop: Loop, index: int, step: Step, best: ConfigTrials):
-        assert step.search is not None
-        self.loop, self.index, self.step, self.space = loop, index, step, step.search
+        assert isinstance(step.choice, SearchSpace)  # SEARCH_KIND runs the steps read by SEARCH_FORM only
+        self.loop, self.index, self.step, self.space = loop, index, step, step.choice
         pb = loop.playbook
         self.design = SearchDesign.from_trials(pb.trials)
         self.seed = search_seed(loop.book.archive.run_id, step.name)
@@ -282,3 +267,29 @@ def engine_line(result: SearchResult) -> str:
 def search_header(head: str, space: SearchSpace, current: Scalar) -> str:
     values = ", ".join(map(repr, space.values))
     return f"{head}: search {space.target} over [{values}] (now {current!r})"
+
+
+class SearchKind:
+    """`search:`: the values of one knob raced against the configuration so far (SearchStepRun). A run stopped
+    mid-search still archives the search's record of what it measured, then stops as any run does."""
+
+    @property
+    def form(self) -> StepForm:
+        return SEARCH_FORM
+
+    def run(self, loop: Loop, index: int, step: Step, best: ConfigTrials) -> ConfigTrials:
+        run = SearchStepRun(loop, index, step, best)
+        head = f"step {index}/{len(loop.playbook.steps)} {step.name}"
+        loop.book.narrator.say(
+            f"the header line of step {step.name}", lambda: search_header(head, run.space, run.current)
+        )
+        try:
+            run.measure()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the stop itself is what the run reports
+                run.conclude(finished=False)
+            raise
+        return run.conclude()
+
+
+SEARCH_KIND = SearchKind()

@@ -5,7 +5,6 @@ the loop counts it, so an interrupted run resumes without measuring an archived 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -13,16 +12,16 @@ from typing import Any
 
 from llmplay.archive.model import FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, MetricDelta, StepVerdict, TrialRecord
 from llmplay.catalog import CAPACITY_METRICS, RECORD_METRICS, SAMPLE_COUNT_KEYS
-from llmplay.spec import Config, Playbook, Step, Trials, apply_step
+from llmplay.spec import ChangeEffect, Config, Playbook, Step, Trials
 from llmplay.stats.decide import Decision, TrialSample, decide_step, pooled_summary
 from llmplay.stats.intervals import Noise, pooled_noise
 from llmplay.stats.power import auto_pairs, plan_text
 from llmplay.tuning.book import ConfigTrials, TrialBook, TrialSlot
 from llmplay.tuning.history_noise import HistoryNoise
+from llmplay.tuning.kinds import kind_of
 from llmplay.tuning.progress import step_line, verdict_line
 from llmplay.tuning.quality import judge_quality, load_probes, speed_goals
 from llmplay.tuning.schedule import TrialScheduler
-from llmplay.tuning.search_step import SearchStepRun, search_header
 from llmplay.tuning.signals import StopRun
 
 
@@ -67,12 +66,15 @@ class StepLoop:
         return best
 
     def _step(self, index: int, step: Step, best: ConfigTrials) -> ConfigTrials:
-        if step.search is not None:
-            return self._search(index, step, best)
-        cand_config, effects = apply_step(best.config, step)
-        cand_config = Config(step.name, cand_config.engine, cand_config.workload)
-        self.write_config(cand_config)
-        cand, reference = ConfigTrials(cand_config), ConfigTrials(best.config)
+        return kind_of(step).run(self, index, step, best)
+
+    def measure_candidate(
+        self, index: int, step: Step, best: ConfigTrials, candidate: Config, effects: Sequence[ChangeEffect]
+    ) -> ConfigTrials:
+        """`candidate` against `best` in A/B pairs, decided (quality guards from the probes), its verdict archived;
+        the configuration carried on by the step's carry rule."""
+        self.write_config(candidate)
+        cand, reference = ConfigTrials(candidate), ConfigTrials(best.config)
         head = f"step {index}/{len(self.playbook.steps)} {step.name}"
         self.book.narrator.say(f"the header line of step {step.name}", lambda: step_line(head, effects))
         self.book.narrator.say(f"the power line of step {step.name}", self._power_line)
@@ -91,7 +93,7 @@ class StepLoop:
             changes=tuple(e.describe() for e in effects),
             bundle=step.bundle,
             baseline_config=reference.config.label,
-            candidate_config=cand_config.label,
+            candidate_config=candidate.label,
             objective=decision.objective,
             guards=decision.guards,
             deltas=decision.deltas,
@@ -109,22 +111,6 @@ class StepLoop:
         self.book.narrator.say(f"the verdict line of step {step.name}", lambda: verdict_line(decision))
         self.add_record_rows(index, reference, cand, verdict)
         return cand if carried else reference
-
-    def _search(self, index: int, step: Step, best: ConfigTrials) -> ConfigTrials:
-        """A search step: its values raced against `best` (tuning.search_step). A run stopped mid-search still
-        archives the search's record of what it measured, then stops as any run does."""
-        run = SearchStepRun(self, index, step, best)
-        head = f"step {index}/{len(self.playbook.steps)} {step.name}"
-        self.book.narrator.say(
-            f"the header line of step {step.name}", lambda: search_header(head, run.space, run.current)
-        )
-        try:
-            run.measure()
-        except BaseException:
-            with contextlib.suppress(Exception):  # the stop itself is what the run reports
-                run.conclude(finished=False)
-            raise
-        return run.conclude()
 
     def add_record_rows(
         self, index: int, reference: ConfigTrials, cand: ConfigTrials | None, verdict: StepVerdict

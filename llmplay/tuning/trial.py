@@ -38,13 +38,13 @@ from llmplay.telemetry.proc import DockerStatsSource, ProcessSource
 from llmplay.telemetry.prom import PrometheusSource
 from llmplay.telemetry.sampler import Source, TelemetrySampler, TelemetrySeries
 from llmplay.tuning.capacity import (
-    CapacityResult,
     ProbeRun,
     boundary_run,
     capacity_summary,
     probe_workload,
     search_capacity,
 )
+from llmplay.tuning.capacity_result import CapacityResult
 from llmplay.tuning.quality import ProbeResult, run_probes
 from llmplay.tuning.signals import TrialInterrupted
 

@@ -230,7 +230,7 @@ def test_a_list_and_a_range_load_as_search_spaces(tmp_path):
         "  - name: conc\n    search: {workload.concurrency: [1, 4]}\n"
         "  - name: flash\n    search: {flash_attn: ['on', 'off']}\n",
     )
-    spaces = [step.search for step in pb.steps]
+    spaces = [step.choice for step in pb.steps]
     assert spaces == [
         SearchSpace("args.parallel", (1, 2, 4, 8), True),
         SearchSpace("args.max_num_seqs", (2, 4, 6, 8), True),
@@ -296,7 +296,8 @@ def test_bad_search_is_refused_with_file_line_and_path(tmp_path, steps, line, fr
 
 def test_the_range_limit_is_configurable(tmp_path):
     pb, _ = load(tmp_path, "  - name: s\n    max_candidates: 40\n    search:\n      parallel: {from: 1, to: 32}\n")
-    assert pb.steps[0].search is not None and len(pb.steps[0].search.values) == 32
+    space = pb.steps[0].choice
+    assert isinstance(space, SearchSpace) and len(space.values) == 32
 
 
 def test_a_strict_early_look_caps_the_bound_instead_of_raising():
