@@ -17,7 +17,7 @@ Reported per row, over `--references` accepted references of `--nights-per-refer
 - not judged: nights that exit 5 (too few trials for an interval); "no regression" on 1 trial without an interval:
   must be 0
 
-    PYTHONPATH=. .venv/bin/python benchmarks/history_check.py              # about a minute
+    PYTHONPATH=. .venv/bin/python benchmarks/history_check.py    # 16 rows, about 6 minutes on 2 loaded cores
 """
 
 from __future__ import annotations
