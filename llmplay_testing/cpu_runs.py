@@ -62,7 +62,7 @@ def tiny_playbook(
 
 def containers_of(docker_client, *, pid: int | None = None, run_id: str | None = None) -> list:
     label = f"{LABEL_PID}={pid}" if pid is not None else f"{LABEL_RUN}={run_id}"
-    return docker_client.containers.list(all=True, filters={"label": label})
+    return docker_client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
 
 
 def engine_containers(docker_client, *, pid: int) -> list:

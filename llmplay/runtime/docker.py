@@ -274,7 +274,10 @@ class DockerRuntime(Runtime):
         return self.container is not None and self._exit_code() is None
 
     def _remove_instance(self, instance: str) -> None:
-        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}):
+        # ignore_removed: the SDK inspects each listed container, and one may be removed between list and inspect
+        for c in self.client.containers.list(
+            all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}, ignore_removed=True
+        ):
             with contextlib.suppress(docker.errors.NotFound):
                 c.remove(force=True)
 
@@ -381,7 +384,7 @@ def gc(client: Any = None, *, run_id: str | None = None, force: bool = False) ->
     selector = f"{LABEL_RUN}={run_id}" if run_id else LABEL_RUN
     removed, kept = [], []
     try:
-        for c in client.containers.list(all=True, filters={"label": selector}):
+        for c in client.containers.list(all=True, filters={"label": selector}, ignore_removed=True):
             labels = c.labels or {}
             kind, why = judge(labels)
             found = Collectable(c.name, labels.get(LABEL_RUN, "?"), kind, why)

@@ -35,7 +35,7 @@ def run_labels() -> dict[str, str]:
 
 
 def left_over(client: Any, labels: dict[str, str]) -> list[Any]:
-    return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={labels[LABEL_RUN]}"})
+    return client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={labels[LABEL_RUN]}"}, ignore_removed=True)
 
 
 def stream_completion(base_url: str, model: str, max_tokens: int = 16) -> tuple[list[str], dict]:

@@ -57,7 +57,7 @@ def test_help_is_read_once_per_image_and_cached(cpu_engine, docker_client, tmp_p
     assert image_flags(docker_client, "llmplay/no-such-image:none", engine, cache=tmp_path) is None
     # This process's help containers only: tests on the other worker read help too.
     mine = [f"{LABEL_RUN}=preflight", f"{LABEL_PID}={os.getpid()}"]
-    assert not docker_client.containers.list(all=True, filters={"label": mine})
+    assert not docker_client.containers.list(all=True, filters={"label": mine}, ignore_removed=True)
 
 
 @pytest.mark.docker

@@ -262,7 +262,7 @@ def test_a_node_lost_mid_trial_reruns_its_pair_elsewhere_and_leaves_no_engine(
     try:
 
         def engine_on_a_worker():
-            for c in docker_client.containers.list(filters={"label": LABEL_RUN}):
+            for c in docker_client.containers.list(filters={"label": LABEL_RUN}, ignore_removed=True):
                 on = node_running(cluster, int(c.labels.get(LABEL_PID, "0")))
                 if on is not None:
                     return c, on
