@@ -123,7 +123,7 @@ CAPACITY_METRICS: tuple[str, ...] = (
 # Rates of requests (count over count, and 0 is a normal value): a guard on one takes percentage points, decided with
 # an interval for a difference of two proportions over the pooled requests (stats.intervals.newcombe_difference).
 RATE_METRICS: tuple[str, ...] = ("errors.rate",)
-# The greedy-probe figures (tuning.quality): measured per configuration against the baseline's answers, outside the
+# The greedy-probe figures (stats.quality): measured per configuration against the baseline's answers, outside the
 # timed window; their tolerances are absolute in the metric's unit, not relative.
 QUALITY_METRICS: tuple[str, ...] = ("quality.exact_match", "quality.token_agreement", "quality.logprob_shift")
 # The metrics the archive keeps for the tuning record: each configuration's row and each step's deltas

@@ -31,6 +31,7 @@ from llmplay.archive.layout import (
     ENV_SIGNING_KEY,
     MANIFEST,
     PLAYBOOK_FILE,
+    PROBES_FILE,
     RESOLVED_FILE,
     SCHEMA_ID,
     SIGNATURE_FILE,
@@ -308,7 +309,7 @@ class RunArchive(ArchivedRun):
 
     def write_probes(self, trial_id: str, probes: Sequence[Mapping[str, Any]]) -> None:
         """A trial's goals.quality answers (prompt, text, tokens, log-probabilities), redacted, for later compares."""
-        relpath = f"trials/{safe_name(trial_id)}/probes.json"
+        relpath = f"trials/{safe_name(trial_id)}/{PROBES_FILE}"
         self._write_text(relpath, json.dumps(self._redact(list(probes), relpath), indent=1, ensure_ascii=False) + "\n")
         self._save()
 

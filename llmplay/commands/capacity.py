@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from llmplay.archive.capacity import SLO_LABELS, CapacityResult
 from llmplay.archive.listing import archive_root
 from llmplay.archive.reader import ArchivedRun
 from llmplay.catalog import fmt_full
@@ -19,7 +20,6 @@ from llmplay.errors import ExitCode
 from llmplay.history.site import publish_run
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.source import located_error
-from llmplay.tuning.capacity_result import SLO_LABELS, CapacityResult
 from llmplay.tuning.run import RunOptions, run_playbook
 
 

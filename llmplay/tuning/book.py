@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 from llmplay.archive.model import TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
 from llmplay.archive.writer import RunArchive
+from llmplay.loadgen.probes import ProbeResult
 from llmplay.spec import Config, Playbook
 from llmplay.stats.decide import TrialSample
 from llmplay.tuning.progress import Narrator, describe_trial
-from llmplay.tuning.quality import ProbeResult
 from llmplay.tuning.signals import SignalGuard, TrialInterrupted
 from llmplay.tuning.trial import TrialResult, trial_sample
 

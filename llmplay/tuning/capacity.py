@@ -34,12 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplay.catalog import CAPACITY_METRICS
-from llmplay.loadgen.records import LoadResult
-from llmplay.metrics import Attainment, batch_shares, usd_per_1m_tokens_at_slo
-from llmplay.spec import CapacitySpec, Goals, Workload
-from llmplay.stats.intervals import t_mean_interval, wilson_interval
-from llmplay.tuning.capacity_result import (
+from llmplay.archive.capacity import (
     ABOVE_BOUNDS,
     BELOW_BOUNDS,
     FEASIBLE,
@@ -52,6 +47,11 @@ from llmplay.tuning.capacity_result import (
     ProbeVerdict,
     fmt_load,
 )
+from llmplay.catalog import CAPACITY_METRICS
+from llmplay.loadgen.records import LoadResult
+from llmplay.metrics import Attainment, batch_shares, usd_per_1m_tokens_at_slo
+from llmplay.spec import CapacitySpec, Goals, Workload
+from llmplay.stats.intervals import t_mean_interval, wilson_interval
 
 _REQUESTS_PER_BATCH = 10
 _MAX_BATCHES = 10

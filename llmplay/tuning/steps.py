@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmplay.archive.model import FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, MetricDelta, StepVerdict, TrialRecord
+from llmplay.archive.probes import load_probes
 from llmplay.catalog import CAPACITY_METRICS, RECORD_METRICS, SAMPLE_COUNT_KEYS
 from llmplay.spec import ChangeEffect, Config, Playbook, Step
 from llmplay.stats.decide import Decision, TrialSample, decide_step, pooled_summary
@@ -18,7 +19,7 @@ from llmplay.stats.intervals import Noise
 from llmplay.tuning.book import ConfigTrials, TrialBook, TrialSlot
 from llmplay.tuning.kinds import kind_of
 from llmplay.tuning.progress import step_line, verdict_line
-from llmplay.tuning.quality import judge_quality, load_probes, speed_goals
+from llmplay.tuning.quality import judge_quality, speed_goals
 from llmplay.tuning.schedule import TrialScheduler
 from llmplay.tuning.signals import StopRun
 

@@ -13,9 +13,11 @@ from typing import Any, Protocol
 import httpx
 import pandas as pd
 
+from llmplay.archive.capacity import CapacityResult
 from llmplay.archive.model import TRIAL_FAILED, TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
 from llmplay.engines.base import Engine
 from llmplay.errors import EngineStartError, InfrastructureError
+from llmplay.loadgen.probes import ProbeResult, run_probes
 from llmplay.loadgen.records import LoadResult
 from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
 from llmplay.loadgen.tokenizer import Tokenizer, make_tokenizer
@@ -44,8 +46,6 @@ from llmplay.tuning.capacity import (
     probe_workload,
     search_capacity,
 )
-from llmplay.tuning.capacity_result import CapacityResult
-from llmplay.tuning.quality import ProbeResult, run_probes
 from llmplay.tuning.signals import TrialInterrupted
 
 

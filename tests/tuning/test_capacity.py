@@ -12,22 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmplay.archive.capacity import ABOVE_BOUNDS, BELOW_BOUNDS, FOUND, UNDECIDED, CapacityResult, ProbeVerdict
 from llmplay.archive.reader import ArchivedRun
 from llmplay.errors import PlaybookError
 from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.metrics import usd_per_1m_tokens
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import CapacitySpec, LengthDist, Workload
-from llmplay.tuning.capacity import (
-    ABOVE_BOUNDS,
-    BELOW_BOUNDS,
-    FOUND,
-    UNDECIDED,
-    CapacityResult,
-    ProbeVerdict,
-    capacity_summary,
-    crossing,
-)
+from llmplay.tuning.capacity import capacity_summary, crossing
 from llmplay.tuning.trial import capacity_search
 from llmplay_testing.instrument import InstrumentServer
 from llmplay_testing.queueing import mmc_attainment, mmc_capacity

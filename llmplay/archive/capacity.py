@@ -1,5 +1,5 @@
 """A finished capacity search as the archive keeps it: every probe's pooled verdict, the bracket and boundary, what
-bound it, and the words the console and the report use for them (tuning.capacity runs the search)."""
+bound it, and the words the console and the report use for them (tuning.capacity runs the search and makes it)."""
 
 from __future__ import annotations
 
