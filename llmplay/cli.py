@@ -68,6 +68,17 @@ def _outputs(junit: Path | None, summary: Path | None, metrics: Path | None) -> 
     return OutputFiles(junit, summary, metrics)
 
 
+def _public_key_option(func: F) -> F:
+    """--public-key alone: the commands that read many runs check their signatures with it (default
+    $LLMPLAY_PUBLIC_KEY), as `verify` does."""
+    return click.option(
+        "--public-key",
+        "public_key",
+        type=_KEY,
+        help="Check each run's signature with this PEM public key (default $LLMPLAY_PUBLIC_KEY), as verify does.",
+    )(func)
+
+
 def _echo_err(message: str) -> None:
     click.echo(message, err=True)
 
@@ -153,6 +164,7 @@ def plan(file: Path, allow_outside_extends: bool) -> None:
     "playbook's docker or process runtime.",
 )
 @_ci_options
+@_trust_options
 @handles_errors
 def run(
     file: Path | None,
@@ -168,12 +180,15 @@ def run(
     junit: Path | None,
     summary: Path | None,
     metrics: Path | None,
+    unverified: bool,
+    public_key: Path | None,
 ) -> None:
     """Run a tuning playbook: baseline, then each step, with repeats, verdicts and gates.
 
     Exit 0: the final configuration meets every gate; 3: a gate fails or is not measured; 2: playbook error;
-    1: infrastructure failure or internal error; 130: interrupted. After 130, or an internal error, the
-    finished trials are archived: --resume RUN_DIR continues without measuring them again.
+    1: infrastructure failure, internal error, or a --resume archive that fails verification; 130: interrupted.
+    After 130, or an internal error, the finished trials are archived: --resume RUN_DIR continues without measuring
+    them again, once the archive verifies (--unverified continues one that does not, unsigned).
     """
     from llmplay.commands.run import run_command  # deferred: loaded only when this command runs
 
@@ -190,6 +205,8 @@ def run(
             allow_outside_extends=allow_outside_extends,
             ray_address=ray_address,
             outputs=_outputs(junit, summary, metrics),
+            unverified=unverified,
+            public_key=public_key,
         )
     )
 
@@ -374,6 +391,7 @@ def ls(archive_dir: str | None, verify_runs: bool, public_key: Path | None) -> N
     "--check", is_flag=True, help="Judge the newest run against the accepted reference; exit 4 on regression."
 )
 @_ci_options
+@_public_key_option
 @handles_errors
 def history(
     playbook: str | None,
@@ -383,35 +401,42 @@ def history(
     junit: Path | None,
     summary: Path | None,
     metrics: Path | None,
+    public_key: Path | None,
 ) -> None:
     """Every run of a playbook (a file or its name; default all), oldest first: engine, image, host, configuration,
     headline figures with intervals, and the changes the trials show beyond the playbook's tolerances."""
     from llmplay.commands.history import history_command  # deferred: loaded only when this command runs
 
     outputs = _outputs(junit, summary, metrics)
-    sys.exit(history_command(playbook, archive_dir=archive_dir, accept=accept, check=check, outputs=outputs))
+    sys.exit(
+        history_command(
+            playbook, archive_dir=archive_dir, accept=accept, check=check, outputs=outputs, public_key=public_key
+        )
+    )
 
 
 @cli.command()
 @click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
 @click.option("--rebuild", is_flag=True, help="Remake the index from the manifests (each read once).")
+@_public_key_option
 @handles_errors
-def index(archive_dir: str | None, rebuild: bool) -> None:
+def index(archive_dir: str | None, rebuild: bool, public_key: Path | None) -> None:
     """Check the archive's index (ARCHIVE/index.sqlite) against the manifests, re-indexing what disagrees."""
     from llmplay.commands.index import index_command  # deferred: loaded only when this command runs
 
-    sys.exit(index_command(archive_dir, rebuild=rebuild))
+    sys.exit(index_command(archive_dir, rebuild=rebuild, public_key=public_key))
 
 
 @cli.command()
 @click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Write here (default ARCHIVE/index.html).")
+@_public_key_option
 @handles_errors
-def site(archive_dir: str | None, out: Path | None) -> None:
+def site(archive_dir: str | None, out: Path | None, public_key: Path | None) -> None:
     """Write the archive site: one offline page over every run, trends per headline metric, links to reports."""
     from llmplay.commands.index import site_command  # deferred: loaded only when this command runs
 
-    sys.exit(site_command(archive_dir, out=out))
+    sys.exit(site_command(archive_dir, out=out, public_key=public_key))
 
 
 @cli.command()

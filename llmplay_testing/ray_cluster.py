@@ -125,6 +125,20 @@ class FixedTrials:
     ttft_ms: float = 50.0
     fast_ttft_ms: float = 25.0
     started_dir: str | None = None  # each trial writes `NODE_ID UNIX_TIME` to STARTED_DIR/TRIAL_ID as it starts
+    # With started_dir: a trial waits (up to `meet_timeout_s`) until trials on this many nodes have started, and adds
+    # ` met` to its line when they had. Trials that run at once meet whatever a busy machine's worker start-up costs;
+    # trials run one after the other never can, so concurrency is shown by an event, not by overlapping timestamps.
+    meet_nodes: int = 0
+    meet_timeout_s: float = 120.0
+
+    def _meet(self, started: Path) -> bool:
+        deadline = time.monotonic() + self.meet_timeout_s
+        while time.monotonic() < deadline:
+            nodes = {f.read_text().split()[0] for f in started.iterdir() if f.read_text().strip()}
+            if len(nodes) >= self.meet_nodes:
+                return True
+            time.sleep(0.05)
+        return False
 
     def __call__(self, config: Config, *, trial_id: str, step: str | None, role: str, repeat: int) -> TrialResult:
         start = time.perf_counter()
@@ -132,7 +146,12 @@ class FixedTrials:
             import ray  # deferred: Ray is an optional install
 
             node = ray.get_runtime_context().get_node_id()
-            (Path(self.started_dir) / trial_id).write_text(f"{node} {time.time()}")
+            line = Path(self.started_dir) / trial_id
+            line.write_text(f"{node} {time.time()}")
+            if self.meet_nodes:
+                met = self._meet(Path(self.started_dir))
+                line.write_text(f"{node} {time.time()}{' met' if met else ''}")
+                start = time.perf_counter()  # the trial's own duration starts once the wait is over
         ttft_ms = self.fast_ttft_ms if config.engine.args.get("parallel") == 4 else self.ttft_ms
         records = []
         for i in range(self.requests):

@@ -1,109 +1,54 @@
 """The archive's index: one SQLite file under the archive root with a row per run and its trial-level headline figures.
 
-It is derived data, never the only copy of anything: every row comes from a run's manifest (and its archived
-playbook for the goals), so `llmplay index --rebuild` can remake it at any time, reading each manifest once. It is
-kept in step with the manifests by the writer (a finished run is recorded in one transaction) and checked against
-them whenever it is read (`sync`): a manifest that is new, changed or gone since it was indexed is indexed again,
-and an index that cannot be read is rebuilt, each with a warning. What a run was verified as is recorded when it is
-indexed (every file hashed then); `sync` re-verifies any run whose manifest changed since.
+It is a cache, never an authority: every row comes from a run's manifest (and its archived playbook for the goals),
+verified as `llmplay verify` verifies it (with the public key the command was given, when one was), so
+`llmplay index --rebuild` can remake it at any time, reading each manifest once. It is kept in step with the
+manifests by the writer (a finished run is recorded in one transaction) and checked against them whenever it is read
+(`sync`): every manifest's bytes are hashed and compared with the digest its row was built from, the files it lists
+are compared by inode, size, mtime and ctime, the row's own digest is checked, and with a public key every signature
+is checked again over the manifest's bytes. A row that disagrees in any of these is indexed again from its manifest,
+and an index that cannot be read is rebuilt, each with a warning; a row that still does not parse is skipped.
+
+What this cannot do: the index lives in the archive root, so whoever can write there can also write a row and
+recompute its digest, as they can an unsigned manifest's hash. Commands that act on a run (`history --accept` and
+`--check`, `compare`, `retest`, `run --resume`, the site's compare pages) verify it again from the archive itself.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import hashlib
 import json
 import os
 import sqlite3
+import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from llmplay.archive.layout import MANIFEST, safe_name
-from llmplay.archive.paths import MAX_MANIFEST_BYTES, read_bytes_inside
-from llmplay.archive.run_entry import (
-    GateState,
-    Goals,
-    RunEntry,
-    entry_from_manifest,
+from llmplay.archive.index_rows import (
+    INDEX_VERSION,
+    TABLES,
+    DamagedRow,
+    JsonCache,
+    entry_from_row,
+    insert,
+    row_digest,
+    trial_values,
 )
+from llmplay.archive.layout import LINKED, MANIFEST, SIGNATURE_FILE, run_directories
+from llmplay.archive.paths import MAX_MANIFEST_BYTES, MISSING, OutsideError, read_bytes_inside
+from llmplay.archive.run_entry import Goals, RunEntry, entry_from_manifest, files_fingerprint
 from llmplay.errors import ArchiveError
 
-INDEX_FILE = "index.sqlite"
-REFERENCE_FILE = "reference.json"  # <root>/<playbook dir>/reference.json: the run `history --accept` named
-# Bump when the tables change, or what an entry holds: an index of another version is rebuilt, not migrated (4: a
-# configuration archived before a setting existed reads with its value then, so its fingerprint changed).
-INDEX_VERSION = "4"
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-_TABLES = """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE runs (
-  run_id TEXT PRIMARY KEY,
-  path TEXT NOT NULL UNIQUE,          -- relative to the archive root: <playbook dir>/<run id>
-  playbook TEXT NOT NULL,
-  playbook_version TEXT NOT NULL,
-  playbook_sha256 TEXT NOT NULL,
-  kind TEXT NOT NULL,                 -- run | retest | capacity
-  status TEXT NOT NULL,
-  started_utc TEXT NOT NULL,
-  engine TEXT NOT NULL,               -- image and version as people name it
-  engine_version TEXT NOT NULL,
-  image_digest TEXT NOT NULL,
-  llmplay_version TEXT NOT NULL,
-  host TEXT NOT NULL,
-  hardware TEXT NOT NULL,             -- the GPU class ("CPU only", "8x NVIDIA H100 80GB HBM3")
-  config_id TEXT NOT NULL,
-  config_fingerprint TEXT NOT NULL,   -- the final configuration without its image and measurement length
-  config_json TEXT NOT NULL,
-  goals_json TEXT,                    -- objective, guards, confidence of the run's playbook; NULL: not loadable
-  gates_json TEXT NOT NULL,
-  verified INTEGER NOT NULL,
-  problems TEXT NOT NULL,             -- what verification found, one line each
-  manifest_mtime_ns INTEGER NOT NULL,
-  manifest_size INTEGER NOT NULL
-);
-CREATE INDEX runs_by_playbook ON runs (playbook, started_utc, run_id);
-CREATE TABLE figures (
-  run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-  metric TEXT NOT NULL,
-  trial_values TEXT NOT NULL,         -- one value per successful final-configuration trial, comma-separated repr
-  PRIMARY KEY (run_id, metric)
-);
-CREATE TABLE unreadable (             -- run directories whose manifest could not be indexed, and why
-  path TEXT PRIMARY KEY,
-  why TEXT NOT NULL,
-  manifest_mtime_ns INTEGER NOT NULL,
-  manifest_size INTEGER NOT NULL
-);
-"""
-_RUN_COLUMNS = (
-    "run_id",
-    "path",
-    "playbook",
-    "playbook_version",
-    "playbook_sha256",
-    "kind",
-    "status",
-    "started_utc",
-    "engine",
-    "engine_version",
-    "image_digest",
-    "llmplay_version",
-    "host",
-    "hardware",
-    "config_id",
-    "config_fingerprint",
-    "config_json",
-    "goals_json",
-    "gates_json",
-    "verified",
-    "problems",
-    "manifest_mtime_ns",
-    "manifest_size",
-)
+INDEX_FILE = "index.sqlite"
+MAX_SIGNATURE_BYTES = 1 << 16
 
 Warn = Callable[[str], None]
 
@@ -116,6 +61,7 @@ def warn_stderr(message: str) -> None:
 def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)  # transactions are explicit (BEGIN IMMEDIATE)
     conn.execute("PRAGMA foreign_keys = ON")
+    conn.row_factory = sqlite3.Row
     return conn
 
 
@@ -131,142 +77,129 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("COMMIT")
 
 
-def _insert(conn: sqlite3.Connection, entry: RunEntry) -> None:
-    values = {
-        **{c: getattr(entry, c) for c in _RUN_COLUMNS if hasattr(entry, c)},
-        "config_json": json.dumps(entry.config, sort_keys=True),
-        "goals_json": entry.goals.to_json() if entry.goals else None,
-        "gates_json": json.dumps([vars(g) for g in entry.gates]),
-        "verified": int(entry.verified),
-        "problems": "\n".join(entry.problems),
-    }
-    conn.execute("DELETE FROM runs WHERE run_id = ? OR path = ?", (entry.run_id, entry.path))
-    conn.execute(
-        f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' for _ in _RUN_COLUMNS)})",
-        [values[c] for c in _RUN_COLUMNS],
-    )
-    conn.executemany(
-        "INSERT INTO figures (run_id, metric, trial_values) VALUES (?, ?, ?)",
-        [(entry.run_id, m, ",".join(map(repr, values_))) for m, values_ in entry.figures.items()],
-    )
-
-
-class _JsonCache:
-    """Runs of one playbook repeat the same goals, configuration and gates texts: each is parsed once per read."""
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[str, str | None], Any] = {}
-
-    def get(self, kind: str, text: str | None) -> Any:
-        key = (kind, text)
-        if key not in self._seen:
-            if kind == "goals":
-                self._seen[key] = Goals.from_json(text)
-            elif kind == "gates":
-                self._seen[key] = tuple(GateState(**g) for g in json.loads(text or "[]"))
-            else:
-                self._seen[key] = json.loads(text or "{}")
-        return self._seen[key]
-
-
-def _entry_from_row(row: sqlite3.Row, figures: Mapping[str, tuple[float, ...]], parsed: _JsonCache) -> RunEntry:
-    return RunEntry(
-        run_id=row["run_id"],
-        path=row["path"],
-        playbook=row["playbook"],
-        playbook_version=row["playbook_version"],
-        playbook_sha256=row["playbook_sha256"],
-        kind=row["kind"],
-        status=row["status"],
-        started_utc=row["started_utc"],
-        engine=row["engine"],
-        engine_version=row["engine_version"],
-        image_digest=row["image_digest"],
-        llmplay_version=row["llmplay_version"],
-        host=row["host"],
-        hardware=row["hardware"],
-        config_id=row["config_id"],
-        config_fingerprint=row["config_fingerprint"],
-        config=parsed.get("config", row["config_json"]),
-        goals=parsed.get("goals", row["goals_json"]),
-        gates=parsed.get("gates", row["gates_json"]),
-        verified=bool(row["verified"]),
-        problems=tuple(p for p in row["problems"].split("\n") if p),
-        figures=figures,
-        manifest_mtime_ns=row["manifest_mtime_ns"],
-        manifest_size=row["manifest_size"],
-    )
-
-
-def _manifests(root: Path) -> dict[str, tuple[Path, int, int]]:
-    """Every run directory with a manifest under root, by its path relative to root, with the manifest's mtime
-    (ns) and size: one stat per run."""
-    out: dict[str, tuple[Path, int, int]] = {}
-    try:
-        playbook_dirs = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
-    except FileNotFoundError:
-        return out
-    for pdir in playbook_dirs:
-        try:
-            runs = [e for e in os.scandir(pdir.path) if e.is_dir(follow_symlinks=False)]
-        except OSError:
-            continue
-        for run in runs:
-            try:
-                st = os.stat(os.path.join(run.path, MANIFEST))
-            except OSError:
-                continue
-            out[f"{pdir.name}/{run.name}"] = (Path(run.path), st.st_mtime_ns, st.st_size)
-    return out
-
-
 @dataclass(frozen=True)
 class Unindexable:
     """A run directory whose manifest could not be indexed at all, and why (listed, never used)."""
 
     path: str
     why: str
-    manifest_mtime_ns: int = 0
-    manifest_size: int = 0
+    manifest_digest: str = ""
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One run directory as it lies now: its manifest's bytes (or why they cannot be read) and its signature's."""
+
+    rel: str
+    run_dir: Path
+    manifest: bytes | None
+    why: str
+    signature: bytes
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.manifest).hexdigest() if self.manifest is not None else f"unreadable: {self.why}"
+
+    @property
+    def signature_digest(self) -> str:
+        return hashlib.sha256(self.signature).hexdigest() if self.signature else ""
+
+
+def _read_run_file(run_dir: Path, name: str, max_bytes: int) -> bytes:
+    """A file directly in a run directory that `run_directories` found (so no symlink itself): opened without
+    following a link, a regular file, bounded. Anything else goes through the containment rule for its message."""
+    path = os.path.join(run_dir, name)
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):  # a link is never even opened here: the rule says where it leads
+            return read_bytes_inside(run_dir, name, max_bytes=max_bytes)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise OutsideError(name, MISSING) from None
+    except OSError:  # swapped for a link since (ELOOP), no permission: the rule says which
+        return read_bytes_inside(run_dir, name, max_bytes=max_bytes)
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return read_bytes_inside(run_dir, name, max_bytes=max_bytes)
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OutsideError(name, f"over the {max_bytes} bytes a reader accepts")
+    return data
+
+
+def _look(rel: str, run_dir: Path) -> _Seen:
+    try:
+        data: bytes | None = _read_run_file(run_dir, MANIFEST, MAX_MANIFEST_BYTES)
+        why = ""
+    except OutsideError as exc:
+        data, why = None, str(exc)
+    try:
+        signature = _read_run_file(run_dir, SIGNATURE_FILE, MAX_SIGNATURE_BYTES)
+    except OutsideError:
+        signature = b""  # missing or unreadable: verification names it
+    return _Seen(rel, run_dir, data, why, signature)
 
 
 class ArchiveIndex:
-    """The index of one archive root. Every read first checks it against the manifests (`sync`)."""
+    """The index of one archive root, checked against the manifests (`sync`) once per instance, when first read."""
 
-    def __init__(self, root: Path, warn: Warn = warn_stderr):
+    def __init__(self, root: Path, warn: Warn = warn_stderr, public_key: Ed25519PublicKey | None = None):
         self.root = Path(root)
         self.path = self.root / INDEX_FILE
         self._warn = warn
+        self.public_key = public_key
+        self._synced = False
+        self._memory: sqlite3.Connection | None = None
+
+    @property
+    def _key_fingerprint(self) -> str:
+        from llmplay.archive.signing import fingerprint  # deferred: reading an index without a key needs no crypto
+
+        return fingerprint(self.public_key) if self.public_key is not None else ""
 
     # -------------------------------------------------------------------- building
-    def _read_entry(self, rel: str, run_dir: Path, cache: dict[str, Goals | None]) -> RunEntry | Unindexable:
+    def _read_entry(self, seen: _Seen, cache: dict[str, Goals | None]) -> RunEntry | Unindexable:
+        if seen.manifest is None:
+            return Unindexable(seen.rel, seen.why, seen.digest)
         try:
-            stat = os.stat(run_dir / MANIFEST)
-        except OSError as exc:
-            return Unindexable(rel, str(exc), 0, 0)
-        try:
-            data = read_bytes_inside(run_dir, MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
-            return entry_from_manifest(self.root, run_dir, data, stat, cache)
-        except (OSError, ArchiveError) as exc:
-            return Unindexable(rel, str(exc), stat.st_mtime_ns, stat.st_size)
-        except (TypeError, KeyError, AttributeError, ValueError) as exc:  # a field of the wrong type: damaged
-            why = f"damaged manifest ({type(exc).__name__}: {exc})"
-            return Unindexable(rel, why, stat.st_mtime_ns, stat.st_size)
+            return entry_from_manifest(
+                self.root, seen.run_dir, seen.manifest, cache, public_key=self.public_key, signature=seen.signature
+            )
+        except ArchiveError as exc:
+            return Unindexable(seen.rel, str(exc), seen.digest)
+        except (OSError, TypeError, KeyError, AttributeError, ValueError, RecursionError) as exc:
+            why = f"damaged manifest ({type(exc).__name__}: {exc})"  # a field of the wrong type
+            return Unindexable(seen.rel, why, seen.digest)
 
     @staticmethod
     def _store(conn: sqlite3.Connection, rel: str, found: RunEntry | Unindexable) -> None:
         conn.execute("DELETE FROM runs WHERE path = ?", (rel,))
         conn.execute("DELETE FROM unreadable WHERE path = ?", (rel,))
         if isinstance(found, RunEntry):
-            _insert(conn, found)
+            insert(conn, found)
         else:
-            conn.execute(
-                "INSERT INTO unreadable VALUES (?, ?, ?, ?)",
-                (found.path, found.why, found.manifest_mtime_ns, found.manifest_size),
+            conn.execute("INSERT INTO unreadable VALUES (?, ?, ?)", (found.path, found.why, found.manifest_digest))
+
+    def _refuse_link(self) -> None:
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            raise ArchiveError(
+                f"{self.path}: a symlink or not a regular file; the index is never written through it (remove it, "
+                "or `llmplay index --rebuild` replaces it with a new file)"
             )
 
     def rebuild(self) -> int:
-        """Remake the index from the manifests (each read once) in a new file swapped in whole; the runs indexed."""
+        """Remake the index from the manifests (each read once) in a new file swapped in whole; the runs indexed.
+        ArchiveError when the archive root cannot be written (read-only, full)."""
+        try:
+            return self._rebuild_file()
+        except (OSError, sqlite3.OperationalError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ArchiveError(
+                f"{self.path}: cannot be written ({why}); expected a writable archive root with free space "
+                "(history, site and index read a read-only root through an index in memory)"
+            ) from None
+
+    def _rebuild_file(self) -> int:
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix="-" + INDEX_FILE, dir=self.root)
         os.close(fd)
@@ -275,33 +208,34 @@ class ArchiveIndex:
             with closing(_connect(tmp)) as conn:
                 count = self._fill(conn)
             os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
+            os.replace(tmp, self.path)  # replaces a symlink itself, never writes through it
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        self._synced = True
         return count
 
     def _fill(self, conn: sqlite3.Connection) -> int:
         cache: dict[str, Goals | None] = {}
         count = 0
-        conn.executescript(_TABLES)
+        conn.executescript(TABLES)
         with _transaction(conn):
             conn.execute("INSERT INTO meta VALUES ('version', ?)", (INDEX_VERSION,))
-            conn.execute("INSERT INTO meta VALUES ('built_utc', ?)", (_now(),))
-            for rel, (run_dir, _, _) in sorted(_manifests(self.root).items()):
-                found = self._read_entry(rel, run_dir, cache)
+            for rel, run_dir in run_directories(self.root).found:
+                found = self._read_entry(_look(rel, run_dir), cache)
                 self._store(conn, rel, found)
                 count += isinstance(found, RunEntry)
         return count
 
-    def _in_memory(self, why: OSError | sqlite3.DatabaseError) -> sqlite3.Connection:
-        """An archive this user may read but not write (a shared, read-only copy): the index lives for this command
-        only, built from the manifests in memory."""
-        self._warn(f"{self.path}: cannot be written ({why}); indexing the manifests in memory for this command")
-        conn = _connect(Path(":memory:"))
-        conn.row_factory = sqlite3.Row
-        self._fill(conn)
-        return conn
+    def _in_memory(self, why: object) -> sqlite3.Connection:
+        """An archive this user may read but not write (a shared, read-only copy, or a full disk): the index lives
+        for this command only, built from the manifests in memory."""
+        if self._memory is None:
+            self._warn(f"{self.path}: cannot be written ({why}); indexing the manifests in memory for this command")
+            conn = _connect(Path(":memory:"))
+            self._fill(conn)
+            self._memory = conn
+        return self._memory
 
     def _usable_connection(self) -> sqlite3.Connection | None:
         """A connection to an index of this version, or None (absent, unreadable, another version)."""
@@ -309,7 +243,6 @@ class ArchiveIndex:
             return None
         try:
             conn = _connect(self.path)
-            conn.row_factory = sqlite3.Row
             row = conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()
             if row is None or row[0] != INDEX_VERSION:
                 conn.close()
@@ -319,122 +252,192 @@ class ArchiveIndex:
         except sqlite3.DatabaseError:
             return None
 
-    def connection(self) -> sqlite3.Connection:
-        """An index in step with the manifests: rebuilt (with a warning) when absent or unreadable, else synced."""
+    @contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        """An index in step with the manifests: rebuilt (with a warning) when absent or unreadable, else synced;
+        in memory when the archive root cannot be written."""
+        if self._memory is not None:
+            yield self._memory
+            return
+        self._refuse_link()
+        conn = self._open_synced()
+        if conn is self._memory:
+            yield conn
+            return
+        with closing(conn):
+            yield conn
+
+    def _open_synced(self) -> sqlite3.Connection:
         conn = self._usable_connection()
         if conn is None:
             if self.path.exists():
                 self._warn(f"{self.path}: unreadable or of another llmplay version; rebuilt from the manifests")
-            elif _manifests(self.root):
+            elif run_directories(self.root).found:
                 self._warn(f"{self.path}: no index yet; built from the manifests")
             try:
-                self.rebuild()
-            except OSError as exc:
+                self._rebuild_file()
+            except (OSError, sqlite3.OperationalError) as exc:
                 return self._in_memory(exc)
             conn = self._usable_connection()
             if conn is None:
                 raise ArchiveError(f"{self.path}: cannot open the index just rebuilt")
             return conn
+        if self._synced:
+            return conn
         try:
             self._sync(conn)
-        except sqlite3.OperationalError as exc:
+        except sqlite3.OperationalError as exc:  # read-only, full, or locked beyond the timeout
             conn.close()
-            if "readonly" not in str(exc):
-                raise
             return self._in_memory(exc)
         except sqlite3.DatabaseError as exc:
             conn.close()
             self._warn(f"{self.path}: damaged ({exc}); rebuilt from the manifests")
-            self.rebuild()
+            try:
+                self._rebuild_file()
+            except (OSError, sqlite3.OperationalError) as again:
+                return self._in_memory(again)
             conn = self._usable_connection()
             if conn is None:
                 raise ArchiveError(f"{self.path}: cannot open the index just rebuilt") from None
+        self._synced = True
         return conn
 
+    # -------------------------------------------------------------------- keeping it in step
+    def _disagrees(self, row: sqlite3.Row, figures: list[tuple[str, str]], seen: _Seen) -> str | None:
+        """Why a run's row no longer stands for its run directory ("changed", "damaged", "key"); None if it does."""
+        if row["manifest_digest"] != seen.digest or row["signature_digest"] != seen.signature_digest:
+            return "changed"
+        if row_digest(row, figures) != row["row_digest"]:
+            return "damaged"
+        try:
+            files = json.loads(row["files_json"])
+        except (ValueError, TypeError, RecursionError):
+            return "damaged"
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            return "damaged"
+        if files_fingerprint(seen.run_dir, files) != row["files_digest"]:
+            return "changed"
+        if row["verified_with"] != self._key_fingerprint:
+            return "key"
+        if self.public_key is not None and row["verified"] == 1 and seen.manifest is not None:
+            from llmplay.archive.signing import parse_signature, signature_problem  # deferred: see _key_fingerprint
+
+            try:
+                if signature_problem(seen.manifest, parse_signature(seen.signature), self.public_key) is not None:
+                    return "damaged"
+            except ArchiveError:
+                return "damaged"
+        return None
+
     def _sync(self, conn: sqlite3.Connection) -> None:
-        """Index again every run whose manifest is new, changed or gone since it was indexed; warn about the
-        disagreement unless it is only a run still being written (its manifest changes after every trial)."""
-        on_disk = _manifests(self.root)
-        indexed = {
-            row[0]: (row[1], row[2], row[3])
-            for row in conn.execute(
-                "SELECT path, manifest_mtime_ns, manifest_size, status FROM runs UNION ALL "
-                "SELECT path, manifest_mtime_ns, manifest_size, 'unreadable' FROM unreadable"
-            )
-        }
-        gone = [rel for rel in indexed if rel not in on_disk]
-        changed = [
-            (rel, run_dir)
-            for rel, (run_dir, mtime_ns, size) in on_disk.items()
-            if rel not in indexed or (mtime_ns, size) != indexed[rel][:2]
-        ]
-        if not gone and not changed:
+        """Index again every run whose row no longer stands for its run directory, or that is new or gone; warn
+        about the disagreement unless it is only a run still being written (its manifest changes after every trial)
+        or a verification with another public key."""
+        on_disk = [_look(rel, run_dir) for rel, run_dir in run_directories(self.root).found]
+        rows = {row["path"]: row for row in conn.execute("SELECT * FROM runs")}
+        figures: dict[str, list[tuple[str, str]]] = {}
+        for run_id, metric, text in conn.execute("SELECT run_id, metric, trial_values FROM figures"):
+            figures.setdefault(run_id, []).append((metric, text))
+        unreadable = {row[0]: row[1] for row in conn.execute("SELECT path, manifest_digest FROM unreadable")}
+        why: dict[str, str] = {}
+        for seen in on_disk:
+            row = rows.get(seen.rel)
+            if row is not None:
+                reason = self._disagrees(row, figures.get(row["run_id"], []), seen)
+            elif seen.rel in unreadable:
+                reason = None if unreadable[seen.rel] == seen.digest else "changed"
+            else:
+                reason = "new"
+            if reason is not None:
+                why[seen.rel] = reason
+        present = {s.rel for s in on_disk}
+        gone = [rel for rel in [*rows, *unreadable] if rel not in present]
+        if not gone and not why:
             return
         cache: dict[str, Goals | None] = {}
-        entries = [(rel, self._read_entry(rel, run_dir, cache)) for rel, run_dir in changed]
+        entries = [(s.rel, self._read_entry(s, cache)) for s in on_disk if s.rel in why]
         with _transaction(conn):
             for rel in gone:
                 conn.execute("DELETE FROM runs WHERE path = ?", (rel,))
                 conn.execute("DELETE FROM unreadable WHERE path = ?", (rel,))
             for rel, found in entries:
                 self._store(conn, rel, found)
+        self._say_disagreement(why, gone, rows, entries)
+
+    def _say_disagreement(
+        self,
+        why: dict[str, str],
+        gone: list[str],
+        rows: dict[str, sqlite3.Row],
+        entries: list[tuple[str, RunEntry | Unindexable]],
+    ) -> None:
         quiet = {rel for rel, e in entries if isinstance(e, RunEntry) and e.status == "running"}
-        quiet |= {rel for rel, _ in changed if rel in indexed and indexed[rel][2] == "running"}
-        new = [rel for rel, _ in changed if rel not in indexed and rel not in quiet]
-        edited = [rel for rel, _ in changed if rel in indexed and rel not in quiet]
-        parts = [
-            f"{len(x)} {what} ({x[0]}{', ...' if len(x) > 1 else ''})"
-            for x, what in (
-                (new, "not indexed"),
-                (edited, "changed since indexed"),
-                (gone, "gone"),
-            )
-            if x
-        ]
+        quiet |= {rel for rel in why if rel in rows and rows[rel]["status"] == "running" and why[rel] == "changed"}
+        kinds = {
+            "new": "not indexed",
+            "changed": "changed since indexed",
+            "damaged": "whose index row disagreed with its manifest (edited or damaged)",
+        }
+        parts = []
+        for kind, what in kinds.items():
+            listed = [rel for rel, reason in why.items() if reason == kind and rel not in quiet]
+            if listed:
+                parts.append(f"{len(listed)} {what} ({listed[0]}{', ...' if len(listed) > 1 else ''})")
+        if gone:
+            parts.append(f"{len(gone)} gone ({gone[0]}{', ...' if len(gone) > 1 else ''})")
         if parts:
             self._warn(f"{self.path} disagreed with the manifests: " + "; ".join(parts) + "; re-indexed them")
 
     def record(self, run_dir: Path) -> None:
         """Index one run (the writer, as a run finishes): one transaction; a missing or unreadable index is rebuilt."""
+        self._refuse_link()
         conn = self._usable_connection()
         if conn is None:
-            self.rebuild()
+            self._rebuild_file()
             return
         with closing(conn):
             rel = Path(run_dir).resolve().relative_to(self.root.resolve()).as_posix()
-            found = self._read_entry(rel, Path(run_dir), {})
+            found = self._read_entry(_look(rel, Path(run_dir)), {})
             with _transaction(conn):
                 self._store(conn, rel, found)
 
     # -------------------------------------------------------------------- reading
     def runs(self, playbook: str | None = None) -> list[RunEntry]:
-        """Every indexed run (of one playbook), oldest first, with its figures: two queries, whatever the size."""
-        with closing(self.connection()) as conn:
-            conn.row_factory = sqlite3.Row
+        """Every indexed run (of one playbook), oldest first, with its figures: two queries, whatever the size. A row
+        that does not parse is skipped with a warning; a figure not finite or absurd is left out (not measured)."""
+        with self.connection() as conn:
             where, args = ("WHERE playbook = ?", (playbook,)) if playbook is not None else ("", ())
             rows = conn.execute(f"SELECT * FROM runs {where} ORDER BY started_utc, run_id", args).fetchall()
-            figures: dict[str, dict[str, tuple[float, ...]]] = {}
             query = (
                 "SELECT f.run_id, f.metric, f.trial_values FROM figures f JOIN runs r ON r.run_id = f.run_id "
                 f"{where.replace('playbook', 'r.playbook')}"
             )
+            stored: dict[str, list[tuple[str, object]]] = {}
             for run_id, metric, text in conn.execute(query, args):
-                figures.setdefault(run_id, {})[metric] = tuple(map(float, text.split(",")))
-        parsed = _JsonCache()
-        return [_entry_from_row(row, figures.get(row["run_id"], {}), parsed) for row in rows]
+                stored.setdefault(run_id, []).append((metric, text))
+        parsed = JsonCache()
+        out = []
+        for row in rows:
+            try:
+                figures = {}
+                for metric, text in stored.get(row["run_id"], []):
+                    values = trial_values(text)
+                    if values is not None:
+                        figures[metric] = values
+                out.append(entry_from_row(row, figures, parsed))
+            except DamagedRow as exc:
+                self._warn(f"{self.path}: the row of {row['path']} is damaged ({exc}); skipped")
+        return out
 
     def unreadable(self) -> list[Unindexable]:
-        """Run directories whose manifest could not be indexed, and why."""
-        with closing(self.connection()) as conn:
-            return [Unindexable(*row) for row in conn.execute("SELECT * FROM unreadable ORDER BY path")]
+        """Run directories whose manifest could not be indexed, and why; symlinked folders, which are not read."""
+        with self.connection() as conn:
+            stored = [Unindexable(*row) for row in conn.execute("SELECT * FROM unreadable ORDER BY path")]
+        return stored + [Unindexable(rel, LINKED) for rel in run_directories(self.root).linked]
 
     def playbooks(self) -> list[str]:
-        with closing(self.connection()) as conn:
+        with self.connection() as conn:
             return [r[0] for r in conn.execute("SELECT DISTINCT playbook FROM runs ORDER BY playbook")]
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def index_finished_run(run_dir: Path, warn: Warn = warn_stderr) -> None:
@@ -445,47 +448,3 @@ def index_finished_run(run_dir: Path, warn: Warn = warn_stderr) -> None:
         ArchiveIndex(run_dir.parent.parent, warn).record(run_dir)
     except Exception as exc:  # any failure: the run is archived; the index is rebuilt from it on the next read
         warn(f"the archive index was not updated for {run_dir} ({type(exc).__name__}: {exc}); the next read re-indexes")
-
-
-# ---------------------------------------------------------------------------------------------- references
-def reference_path(root: Path, playbook: str) -> Path:
-    return Path(root) / safe_name(playbook) / REFERENCE_FILE
-
-
-def read_reference(root: Path, playbook: str) -> str | None:
-    """The run id accepted as the playbook's reference (`history --accept`), or None."""
-    path = reference_path(root, playbook)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise ArchiveError(
-            f"{path}: not readable ({exc}); accept a reference again with llmplay history --accept"
-        ) from None
-    run_id = data.get("run_id") if isinstance(data, Mapping) else None
-    if not isinstance(run_id, str):
-        raise ArchiveError(f"{path}: no run_id; accept a reference again with llmplay history --accept")
-    return run_id
-
-
-def write_reference(root: Path, entry: RunEntry, *, note: str = "") -> Path:
-    """Accept a run as its playbook's reference: a small file beside the runs (the index only reads it)."""
-    path = reference_path(root, entry.playbook)
-    document = {"run_id": entry.run_id, "path": entry.path, "accepted_utc": _now(), "note": note}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix="-" + REFERENCE_FILE, dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(document, indent=1) + "\n")
-    os.chmod(tmp_name, 0o644)
-    os.replace(tmp_name, path)
-    return path
-
-
-def find_run(entries: Iterable[RunEntry], key: str) -> RunEntry | None:
-    """A run by its id, its directory name or its path (as printed by ls/history)."""
-    wanted = Path(key.rstrip("/")).name
-    for entry in entries:
-        if key in (entry.run_id, entry.path) or wanted in (entry.run_id, Path(entry.path).name):
-            return entry
-    return None

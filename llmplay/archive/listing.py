@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from llmplay.archive.layout import ENV_ARCHIVE, MANIFEST, SCHEMA_ID
+from llmplay.archive.layout import ENV_ARCHIVE, MANIFEST, SCHEMA_ID, run_directories
 from llmplay.archive.paths import MAX_MANIFEST_BYTES, read_bytes_inside
 from llmplay.archive.reader import ArchivedRun
 from llmplay.errors import ArchiveError
@@ -54,10 +54,10 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
     """One row per run under root, newest first: playbook, date, status, engine, GPU, gates met, path.
 
     A listing reads manifests only (verifying every run would hash every file); a manifest that cannot be read,
-    or that leaves its run directory through a symlink, is listed as "unreadable"."""
+    or that leaves its run directory through a symlink, is listed as "unreadable". A run or playbook folder that is
+    itself a symlink is skipped (`linked_runs` names them), as the index skips it."""
     rows: list[dict[str, Any]] = []
-    for manifest_path in sorted(Path(root).glob(f"*/*/{MANIFEST}")):
-        run_dir = manifest_path.parent
+    for _, run_dir in run_directories(Path(root)).found:
         try:
             m = json.loads(read_bytes_inside(run_dir, MANIFEST, max_bytes=MAX_MANIFEST_BYTES).decode("utf-8"))
             if not isinstance(m, dict) or m.get("schema") != SCHEMA_ID:
@@ -69,6 +69,11 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
             rows.append(_unreadable(run_dir, f"damaged manifest ({type(exc).__name__}: {exc})"))
     rows.sort(key=lambda r: (r["date"], r["run_id"]), reverse=True)
     return rows
+
+
+def linked_runs(root: Path) -> tuple[str, ...]:
+    """The playbook and run folders under root that are symlinks, which neither `ls` nor the index reads."""
+    return run_directories(Path(root)).linked
 
 
 def still_running(manifest: dict[str, Any]) -> bool:

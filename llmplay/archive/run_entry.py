@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from llmplay.catalog import CAPACITY_METRICS
 from llmplay.errors import LlmplayError
 
 if TYPE_CHECKING:  # an index entry is built from these; reading the index (history) needs none of them
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     from llmplay.archive.model import ConfigRecord, RunInfo, TrialRecord
 
 # Besides the goals' metrics, what every run's headline keeps per trial: cost, and the counts an error rate's
@@ -26,6 +29,19 @@ _NOT_CONFIGURATION = ("duration_s", "warmup_s", "warmup_requests", "num_requests
 # What an upgrade re-test changes, and how long llmplay waits for the engine: neither is what the engine runs with.
 _NOT_ENGINE_CONFIGURATION = ("image", "health_path", "health_timeout_s")
 RUN, RETEST, CAPACITY = "run", "retest", "capacity"
+# No figure llmplay measures (seconds, tokens/s, USD per 1M tokens, bytes, request counts) comes near this: a value
+# beyond it was edited in, and summing a few near 1e308 overflows. Such a figure is "not measured" for its run.
+ABSURD = 1e15
+
+
+def plausible(value: object) -> bool:
+    """Whether a figure may be shown and computed with: a finite number (not a bool) no larger than ABSURD."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) <= ABSURD
+    )
 
 
 @dataclass(frozen=True)
@@ -109,8 +125,12 @@ class RunEntry:
     verified: bool
     problems: tuple[str, ...]
     figures: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # metric -> one value per trial
-    manifest_mtime_ns: int = 0
-    manifest_size: int = 0
+    # What the entry was built from, so the index can tell when it no longer agrees with the run (archive.index):
+    manifest_digest: str = ""  # sha256 of the manifest's bytes
+    signature_digest: str = ""  # sha256 of manifest.sig's bytes; "" when unsigned
+    files: tuple[str, ...] = ()  # the files the manifest lists
+    files_digest: str = ""  # files_fingerprint of them when indexed
+    verified_with: str = ""  # the public key's fingerprint verification used; "" for integrity only
 
     @property
     def usable(self) -> bool:
@@ -187,26 +207,48 @@ def _figures(trials: Sequence[TrialRecord], metrics: Sequence[str]) -> dict[str,
     figures: dict[str, tuple[float, ...]] = {}
     for metric in dict.fromkeys(metrics):
         values = [summary.get(metric) for summary in summaries]
-        # a figure some trial lacks has no trial-level interval (as in compare): kept only when every trial has it
-        if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        # a figure some trial lacks has no trial-level interval (as in compare): kept only when every trial has it;
+        # a non-finite or absurd value makes it "not measured" for this run, never an overflow for every run
+        if values and all(plausible(v) for v in values):
             figures[metric] = tuple(float(v) for v in values if v is not None)
     return figures
+
+
+def files_fingerprint(run_dir: Path, relpaths: Sequence[str]) -> str:
+    """The listed files as they lie now: inode, size, mtime and ctime of each (ctime cannot be set back by whoever
+    rewrites a file), so a file replaced after indexing is noticed without hashing it. Paths that would leave the
+    run directory are not looked at (verification already names them)."""
+    digest = hashlib.sha256()
+    base = os.fspath(run_dir)
+    for relpath in relpaths:
+        if relpath.startswith(("/", "\\")) or ".." in relpath.replace("\\", "/").split("/") or "\x00" in relpath:
+            digest.update(f"{relpath}:refused\n".encode())
+            continue
+        try:
+            st = os.lstat(os.path.join(base, relpath))
+            digest.update(f"{relpath}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}\n".encode())
+        except (OSError, ValueError):
+            digest.update(f"{relpath}:absent\n".encode())
+    return digest.hexdigest()
 
 
 def entry_from_manifest(
     root: Path,
     run_dir: Path,
     data: bytes,
-    stat: os.stat_result,
     goals_cache: dict[str, Goals | None] | None = None,
+    *,
+    public_key: Ed25519PublicKey | None = None,
+    signature: bytes = b"",
 ) -> RunEntry:
-    """The index entry of one run from its manifest's bytes (read once by the caller); ArchiveError when they are
-    not an llmplay manifest at all."""
+    """The index entry of one run from its manifest's bytes (read once by the caller, with its signature's bytes),
+    verified as `llmplay verify` does with `public_key`; ArchiveError when they are not an llmplay manifest at all."""
     # Indexing needs the reader's conversion and jsonschema; reading the index (history) needs neither.
     from llmplay.archive.reader import ArchivedRun, manifest_from  # deferred: see above
+    from llmplay.archive.signing import fingerprint  # deferred: see above
     from llmplay.archive.verify import check_read  # deferred: see above
 
-    verification = check_read(run_dir, data)
+    verification = check_read(run_dir, data, public_key)
     run = ArchivedRun(run_dir, manifest_from(run_dir, data))
     info = run.info
     goals = _goals_of(run_dir, info, {} if goals_cache is None else goals_cache)
@@ -236,6 +278,9 @@ def entry_from_manifest(
         verified=verification.ok,
         problems=verification.problems,
         figures=_figures(trials, [*(goals.headline() if goals else ()), *HEADLINE_EXTRA]),
-        manifest_mtime_ns=stat.st_mtime_ns,
-        manifest_size=stat.st_size,
+        manifest_digest=hashlib.sha256(data).hexdigest(),
+        signature_digest=hashlib.sha256(signature).hexdigest() if signature else "",
+        files=tuple(sorted(info.file_sha256)),
+        files_digest=files_fingerprint(run_dir, sorted(info.file_sha256)),
+        verified_with=fingerprint(public_key) if public_key is not None else "",
     )

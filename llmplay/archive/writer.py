@@ -190,9 +190,12 @@ class RunArchive(ArchivedRun):
         return archive
 
     @classmethod
-    def open(cls, run_dir: Path, *, secrets: Sequence[str] = ()) -> RunArchive:
+    def open(cls, run_dir: Path, *, secrets: Sequence[str] = (), sign: bool = True) -> RunArchive:
         """Open an existing archive (for --resume, or to record its report). Redaction on later writes is then by
-        name and URL pattern, plus any `secrets` the caller passes again (values are never stored)."""
+        name and URL pattern, plus any `secrets` the caller passes again (values are never stored). `sign=False`:
+        what is written is never signed, and a signature already there is left to go stale (archive.trust)."""
+        if not sign:
+            return cls(Path(run_dir), read_manifest(Path(run_dir)), secrets, None)
         key = signing_key_from_env()
         if key is None and (Path(run_dir) / SIGNATURE_FILE).exists():  # writing on would leave a stale signature
             raise ArchiveError(

@@ -10,13 +10,15 @@ import click
 
 from llmplay.archive.index import ArchiveIndex
 from llmplay.archive.listing import archive_root
+from llmplay.archive.signing import public_key_from
 from llmplay.errors import ExitCode
 
 
-def index_command(archive_dir: str | None, *, rebuild: bool) -> int:
-    """Bring the index in step with the manifests (or, with `rebuild`, remake it from them) and say what it holds."""
+def index_command(archive_dir: str | None, *, rebuild: bool, public_key: Path | None = None) -> int:
+    """Bring the index in step with the manifests (or, with `rebuild`, remake it from them) and say what it holds;
+    runs are verified as `verify` does, with the public key when one is configured."""
     root = archive_root(archive_dir)
-    index = ArchiveIndex(root)
+    index = ArchiveIndex(root, public_key=public_key_from(public_key))
     started = time.perf_counter()
     if rebuild:
         count = index.rebuild()
@@ -35,11 +37,11 @@ def index_command(archive_dir: str | None, *, rebuild: bool) -> int:
     return ExitCode.OK
 
 
-def site_command(archive_dir: str | None, *, out: Path | None) -> int:
+def site_command(archive_dir: str | None, *, out: Path | None, public_key: Path | None = None) -> int:
     """Write the archive site and print its path."""
     from llmplay.history.site import write_site  # deferred: pulls in matplotlib and compare
 
-    result = write_site(archive_root(archive_dir), out=out)
+    result = write_site(archive_root(archive_dir), out=out, public_key=public_key_from(public_key))
     click.echo(
         f"{result.path}: {result.playbooks} playbook(s), {result.runs} run(s), {result.compare_pages} compare page(s)"
     )

@@ -11,7 +11,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from llmplay.archive.listing import archive_root, list_runs
+from llmplay.archive.layout import linked_note
+from llmplay.archive.listing import archive_root, linked_runs, list_runs
 from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.signing import public_key_from
 from llmplay.archive.verify import check
@@ -23,6 +24,9 @@ def ls_command(archive_dir: str | None, *, verify: bool = False, public_key: Pat
     verified (every file hashed) and the exit status is ExitCode.INFRA when any fails."""
     root = archive_root(archive_dir)
     rows = list_runs(root)
+    linked = linked_runs(root)
+    if linked:
+        click.echo(linked_note(linked, root), err=True)
     if not rows:
         click.echo(f"no runs under {root}")
         return ExitCode.OK

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from llmplay.archive.listing import archive_root
 from llmplay.archive.model import Diagnosis, Finding, GateResult, TuningRow
+from llmplay.archive.signing import public_key_from
 from llmplay.archive.verdicts import error_rates_text
 from llmplay.catalog import (
     CAPACITY_METRICS,
@@ -70,9 +71,12 @@ def run_command(
     image: str | None = None,
     ray_address: str | None = None,
     outputs: OutputFiles = NO_OUTPUTS,
+    unverified: bool = False,
+    public_key: Path | None = None,
 ) -> int:
     """Run the playbook (or, with dry_run, print its plan) and print the outcome; the run's exit code. `outputs`:
-    the CI files to write from the finished archive (a dry run writes none)."""
+    the CI files to write from the finished archive (a dry run writes none). A resumed archive must verify first
+    (with `public_key`, or $LLMPLAY_PUBLIC_KEY, when configured), unless `unverified`."""
     console = stdout_console()
     overrides: dict[str, Any] = {
         "repeats": repeats,
@@ -82,12 +86,25 @@ def run_command(
         "image": image,
         "ray": ray_address,
     }
+    resume_signs = True
     if resume is not None:
-        # The run goes on as it was archived: its playbook copy and overrides, never a file edited since.
-        resumed = resumed_playbook(resume, file, allow_outside_extends=allow_outside_extends)
+        # The run goes on as it was archived, once it verifies: its playbook copy and overrides, never a file edited
+        # since, and signed only when its earlier trials were signed by the same key (archive.trust).
+        resumed = resumed_playbook(
+            resume,
+            file,
+            allow_outside_extends=allow_outside_extends,
+            allow_unverified=unverified,
+            public_key=public_key_from(public_key),
+        )
+        if resumed.trust is not None and resumed.trust.warning:
+            console.print(resumed.trust.warning, markup=False)
+        resume_signs = resumed.trust is None or resumed.trust.sign
         if resumed.note:
             console.print(resumed.note, markup=False)
         playbook, overrides = resumed.playbook, resumed_overrides(resume, resumed.overrides, overrides)
+    elif unverified or public_key is not None:
+        raise PlaybookError("--unverified and --public-key: only with --resume RUN_DIR (a new run is measured here)")
     elif file is None:
         raise PlaybookError("llmplay run: expected a playbook FILE (or --resume RUN_DIR)")
     else:
@@ -112,6 +129,7 @@ def run_command(
         image=overrides["image"],
         ray_address=overrides["ray"],
         capacity=bool(overrides.get("capacity")),
+        resume_signs=resume_signs,
     )
     if dry_run:
         console.print(render_plan(build_plan(apply_overrides(playbook, options))), markup=False)

@@ -8,15 +8,22 @@ runs verify again, so the alarm is exactly what `llmplay compare REFERENCE NEWES
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from llmplay.archive.index import Unindexable
+from llmplay.archive.layout import safe_name
 from llmplay.archive.run_entry import RunEntry
 from llmplay.archive.verify import check
 from llmplay.catalog import label_of
 from llmplay.compare import Comparison, compare_runs, format_comparison_table
 from llmplay.errors import ArchiveError, ExitCode
 from llmplay.history.timeline import PlaybookHistory, coinciding_changes, comparable
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 
 @dataclass(frozen=True)
@@ -30,11 +37,26 @@ def _entry(history: PlaybookHistory, run_id: str) -> RunEntry | None:
     return next((r.entry for r in history.rows if r.entry.run_id == run_id), None)
 
 
-def check_newest(root: Path, history: PlaybookHistory) -> CheckResult:
+def _unreadable_newer(name: str, newest: RunEntry | None, unreadable: Sequence[Unindexable]) -> Unindexable | None:
+    """A run directory of this playbook, named after the newest run (run ids start with their UTC start), that could
+    not even be indexed: the newest run may be that one, so nothing older may be judged in its place."""
+    folder = safe_name(name) + "/"
+    after = newest.path.split("/")[-1] if newest is not None else ""
+    late = [u for u in unreadable if u.path.startswith(folder) and u.path[len(folder) :] > after]
+    return late[-1] if late else None
+
+
+def check_newest(
+    root: Path,
+    history: PlaybookHistory,
+    public_key: Ed25519PublicKey | None = None,
+    unreadable: Sequence[Unindexable] = (),
+) -> CheckResult:
     """ExitCode.REGRESSION when the newest run regressed against the accepted reference beyond a tolerance, OK
     otherwise (the newest run is the reference, or it holds); ExitCode.INFRA when the newest run measured none of
     a goal the reference did; ArchiveError when there is nothing to check against or a run to be read fails
-    verification (an alarm that cannot be trusted must not pass quietly)."""
+    verification (an alarm that cannot be trusted must not pass quietly). Both runs are verified again from the
+    archive, with `public_key` when one is configured: the index only says which runs they are."""
     name = history.playbook
     if history.reference is None:
         raise ArchiveError(
@@ -45,10 +67,15 @@ def check_newest(root: Path, history: PlaybookHistory) -> CheckResult:
         raise ArchiveError(f"{name}: the accepted reference {history.reference} is not in the archive {root}")
     finished = [r.entry for r in history.rows if r.entry.status != "running"]
     newest = finished[-1] if finished else None
-    if newest is None or newest.run_id == reference.run_id:
-        return CheckResult(ExitCode.OK, (f"{name}: the newest run is the reference {reference.run_id}; nothing newer",))
-    for label, entry in (("reference", reference), ("newest run", newest)):
-        verification = check(root / entry.path)
+    late = _unreadable_newer(name, newest, unreadable)
+    if late is not None:
+        raise ArchiveError(
+            f"{name}: the newest run {root / late.path} fails verification: {late.why}; `llmplay verify` lists why"
+        )
+    newest = newest or reference
+    sides = [("newest run", newest)] + ([("reference", reference)] if reference.run_id != newest.run_id else [])
+    for label, entry in sides:
+        verification = check(root / entry.path, public_key)
         if not verification.ok:
             raise ArchiveError(
                 f"{name}: the {label} {root / entry.path} fails verification: {verification.one_line()}; "
@@ -56,6 +83,8 @@ def check_newest(root: Path, history: PlaybookHistory) -> CheckResult:
             )
         if entry.status != "complete":
             raise ArchiveError(f"{name}: the {label} {root / entry.path} did not complete ({entry.status})")
+    if newest.run_id == reference.run_id:
+        return CheckResult(ExitCode.OK, (f"{name}: the newest run is the reference {reference.run_id}; nothing newer",))
     comparison = compare_runs(root / reference.path, root / newest.path)
     lines = [f"{name}: newest run {newest.run_id} against the reference {reference.run_id}"]
     changes = coinciding_changes(reference, newest)

@@ -14,12 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmplay.archive.index import ArchiveIndex, Warn, read_reference, warn_stderr
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from llmplay.archive.index import ArchiveIndex, Warn, warn_stderr
 from llmplay.archive.layout import REPORT_FILE
+from llmplay.archive.references import read_reference
+from llmplay.archive.signing import public_key_from
+from llmplay.archive.verify import check
 from llmplay.archive.writer import atomic_write_text
 from llmplay.catalog import label_of, metric_info
 from llmplay.compare import compare_runs, render_comparison_html
-from llmplay.errors import LlmplayError
+from llmplay.errors import ArchiveError, LlmplayError
 from llmplay.history.timeline import IMPROVEMENT, REGRESSION, PlaybookHistory, build_history
 from llmplay.report import charts, publish_report
 from llmplay.report.html import render_html
@@ -54,12 +59,20 @@ def histories(index: ArchiveIndex) -> list[PlaybookHistory]:
     return out
 
 
-def _compare_page(root: Path, a_path: str, b_path: str, a_id: str, b_id: str, warn: Warn) -> str | None:
-    """The relative link of the compare page of two runs, written when missing; None when it cannot be made."""
+def _compare_page(
+    root: Path, a_path: str, b_path: str, a_id: str, b_id: str, warn: Warn, public_key: Ed25519PublicKey | None
+) -> str | None:
+    """The relative link of the compare page of two runs, written when missing from two runs that verify again from
+    the archive (never on the index's word); None when it cannot be made."""
     rel = f"{COMPARE_DIR}/{a_id}--{b_id}.html"
     target = root / rel
     if target.is_file():
         return rel
+    for run_id, path in ((a_id, a_path), (b_id, b_path)):
+        verification = check(root / path, public_key)
+        if not verification.ok:
+            warn(f"no compare page for {a_id} -> {b_id}: {run_id} fails verification ({verification.one_line()})")
+            return None
     try:
         render_comparison_html(compare_runs(root / a_path, root / b_path), target)
     except Exception as exc:  # a run the index calls verified but that cannot be compared: no link, a warning
@@ -90,11 +103,13 @@ def _unit(metric: str) -> tuple[float, str]:
     return _SCALE.get(unit, (1.0, unit))
 
 
-def _playbook_view(root: Path, history: PlaybookHistory, warn: Warn) -> dict[str, Any]:
+def _playbook_view(
+    root: Path, history: PlaybookHistory, warn: Warn, public_key: Ed25519PublicKey | None
+) -> dict[str, Any]:
     paths = {r.entry.run_id: r.entry.path for r in history.rows}
     links: dict[tuple[str, str], str] = {}
     for a, b in _pairs_to_compare(history):
-        link = _compare_page(root, paths[a], paths[b], a, b, warn)
+        link = _compare_page(root, paths[a], paths[b], a, b, warn, public_key)
         if link is not None:
             links[(a, b)] = link
     rows = []
@@ -157,12 +172,15 @@ def _playbook_view(root: Path, history: PlaybookHistory, warn: Warn) -> dict[str
     }
 
 
-def write_site(root: Path, *, out: Path | None = None, warn: Warn = warn_stderr) -> SiteResult:
-    """Write the archive site (default `<root>/index.html`) from the index; returns where and what it covers."""
+def write_site(
+    root: Path, *, out: Path | None = None, warn: Warn = warn_stderr, public_key: Ed25519PublicKey | None = None
+) -> SiteResult:
+    """Write the archive site (default `<root>/index.html`) from the index, runs verified with `public_key` when one
+    is configured; returns where and what it covers."""
     root = Path(root)
-    index = ArchiveIndex(root, warn)
+    index = ArchiveIndex(root, warn, public_key)
     all_histories = histories(index)
-    views = [_playbook_view(root, h, warn) for h in all_histories]
+    views = [_playbook_view(root, h, warn, public_key) for h in all_histories]
     unindexable = [{"path": u.path, "why": u.why} for u in index.unreadable()]
     html = render_html(
         "site.html.j2",
@@ -171,7 +189,13 @@ def write_site(root: Path, *, out: Path | None = None, warn: Warn = warn_stderr)
     path = Path(out) if out is not None else root / SITE_FILE
     if path.parent.resolve() != root.resolve():
         html = _rebase(html, os.path.relpath(root.resolve(), path.parent.resolve()))
-    atomic_write_text(path, html)
+    try:
+        atomic_write_text(path, html)
+    except OSError as exc:
+        raise ArchiveError(
+            f"{path}: cannot be written ({exc.strerror or exc}); expected a writable archive root with free space, "
+            "or --out elsewhere"
+        ) from None
     pages = sum(1 for _ in (root / COMPARE_DIR).glob("*.html")) if (root / COMPARE_DIR).is_dir() else 0
     return SiteResult(path, len(views), sum(len(v["rows"]) for v in views), pages)
 
@@ -191,6 +215,6 @@ def publish_run(run_dir: Path) -> Path:
 
 def refresh_site(root: Path, warn: Callable[[str], None] = warn_stderr) -> None:
     try:
-        write_site(root, warn=warn)
+        write_site(root, warn=warn, public_key=public_key_from(None))
     except Exception as exc:  # the site is derived: never the reason a finished run reports a failure
         warn(f"{root / SITE_FILE} not refreshed ({type(exc).__name__}: {exc}); `llmplay site` writes it again")

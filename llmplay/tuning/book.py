@@ -3,10 +3,13 @@ and each new trial archived before anything reads it, then shown. Every schedule
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from llmplay.archive.model import TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
 from llmplay.archive.writer import RunArchive
+from llmplay.errors import ArchiveError
 from llmplay.loadgen.probes import ProbeResult
 from llmplay.spec import Config, Playbook
 from llmplay.stats.decide import TrialSample
@@ -48,6 +51,17 @@ def slot_key(step: str | None, role: str, repeat: int, config_id: str) -> tuple[
     return (step or "", role, repeat, config_id if role == "candidate" else "")
 
 
+def trial_number(trial_id: object, run_dir: Path) -> int:
+    """The number in a trial id as llmplay writes it (t001); ArchiveError for any other (`tabc` was edited in)."""
+    found = re.fullmatch(r"t(\d{1,9})", trial_id) if isinstance(trial_id, str) else None
+    if found is None:
+        raise ArchiveError(
+            f"{run_dir}: manifest.json trials: trial_id {trial_id!r}; expected t followed by digits, like t001, as "
+            "llmplay writes them (the manifest was edited; cannot resume it)"
+        )
+    return int(found.group(1))
+
+
 @dataclass
 class TrialBook:
     """One run's trials: read back on --resume, numbered, archived, shown; one per run, shared by its scheduler."""
@@ -66,7 +80,7 @@ class TrialBook:
         for trial in self.archive.trials():
             if trial.status != TRIAL_INTERRUPTED and trial.superseded is None:
                 self.done[slot_key(trial.step, trial.role, trial.repeat, trial.config_id)] = trial
-            self.counter = max(self.counter, int(trial.trial_id.lstrip("t") or 0))
+            self.counter = max(self.counter, trial_number(trial.trial_id, self.archive.run_dir))
         return len(self.done)
 
     def earlier(self, slot: TrialSlot) -> tuple[TrialRecord, TrialSample | None] | None:

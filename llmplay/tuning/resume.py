@@ -2,6 +2,12 @@
 
 A resumed run that read the playbook file again would measure its remaining trials under whatever the file says
 now (another workload, another image) while its archive, and `verify`, still vouch for the old text and hash.
+
+Nothing of the archive is read before it verifies (archive.trust decides that, and whether the resumed run signs).
+The configuration is then resolved again from the hashed playbook copy as written (`playbook.yaml`, its `extends:`
+read where the original lay) and the recorded overrides; the resolved copy (`playbook.resolved.yaml`) must agree
+with it, or the resume is refused: a copy edited to name another `image:` can never choose what runs. Both copies
+are read only from inside the run directory, as regular files of bounded size.
 """
 
 from __future__ import annotations
@@ -16,11 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from llmplay.archive.layout import PLAYBOOK_FILE, RESOLVED_FILE
+from llmplay.archive.model import to_plain
+from llmplay.archive.paths import OutsideError, read_text_inside
 from llmplay.archive.reader import read_manifest
+from llmplay.archive.trust import ResumeTrust, resume_trust
 from llmplay.errors import ArchiveError, PlaybookError
 from llmplay.playbook.load import load_playbook
+from llmplay.redaction import REDACTED, redact
 from llmplay.spec import Playbook, frozen_map
 
 # What a resumed run keeps from its start, whatever the command line says. Not the cluster address: a restarted
@@ -32,19 +43,73 @@ SHOWN_CHANGES = 6
 
 @dataclass(frozen=True)
 class Resumed:
-    """The archived playbook to continue, its overrides, and a note when the original file changed since."""
+    """The archived playbook to continue, its overrides, a note when the original file changed since, and what
+    verification said of the archive (whether the resumed run signs it)."""
 
     playbook: Playbook
     overrides: Mapping[str, Any]
     note: str | None
+    trust: ResumeTrust | None = None
 
 
-def _archived_file(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
-    # The resolved copy first: it holds what `extends:` merged in, and the files it extended may have changed too.
-    for name in (RESOLVED_FILE, manifest["playbook"].get("file") or PLAYBOOK_FILE):
-        if (run_dir / name).is_file():
-            return run_dir / name
-    raise ArchiveError(f"{run_dir}: no archived playbook ({RESOLVED_FILE} or {PLAYBOOK_FILE}); cannot resume it")
+def _archived_text(run_dir: Path, relpath: object, *, required: bool) -> str | None:
+    """A playbook copy of the run, read only from inside it (a regular file, bounded); None when absent and not
+    required."""
+    try:
+        return read_text_inside(run_dir, relpath)
+    except OutsideError as exc:
+        if exc.missing and not required:
+            return None
+        why = "missing" if exc.missing else exc.why
+        raise ArchiveError(f"{run_dir}: the archived playbook {relpath!r}: {why}; cannot resume it") from None
+
+
+def _playbook_entry(run_dir: Path, manifest: Mapping[str, Any]) -> tuple[str, Path, str]:
+    """The manifest's playbook entry: the copy as written, where the original lay, and its recorded sha256."""
+    entry = manifest.get("playbook")
+    entry = entry if isinstance(entry, Mapping) else {}
+    relpath, path, sha256 = entry.get("file") or PLAYBOOK_FILE, entry.get("path"), entry.get("sha256")
+    if not isinstance(relpath, str) or not isinstance(path, str) or not isinstance(sha256, str):
+        raise ArchiveError(
+            f"{run_dir}: manifest.json playbook: expected file, path and sha256 as text; cannot resume it"
+        )
+    return relpath, Path(path), sha256
+
+
+def _blind(old: Any, new: Any) -> tuple[Any, Any]:
+    """The two documents with every value that either side shows redacted made equal: a redacted value is compared
+    by neither (the run uses the one resolved again, never the copy)."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        pairs = {k: _blind(old[k], new[k]) for k in old if k in new}
+        return (
+            {k: pairs[k][0] if k in pairs else v for k, v in old.items()},
+            {k: pairs[k][1] if k in pairs else v for k, v in new.items()},
+        )
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        pairs_ = [_blind(a, b) for a, b in zip(old, new, strict=True)]
+        return [a for a, _ in pairs_], [b for _, b in pairs_]
+    if any(isinstance(v, str) and REDACTED in v for v in (old, new)):
+        return REDACTED, REDACTED
+    return old, new
+
+
+def _check_resolved_copy(run_dir: Path, resolved_text: str, loaded: Playbook) -> None:
+    """PlaybookError naming where the archived resolved copy disagrees with the playbook resolved again."""
+    try:
+        archived = yaml.safe_load(resolved_text)
+    except yaml.YAMLError:
+        archived = None
+    again = redact(to_plain(loaded.resolved))
+    differ = yaml_differences(*_blind(archived, again)) if isinstance(archived, Mapping) else ["(not a mapping)"]
+    if differ:
+        shown = ", ".join(differ[:SHOWN_CHANGES]) + (
+            f" and {len(differ) - SHOWN_CHANGES} more" if len(differ) > SHOWN_CHANGES else ""
+        )
+        raise ArchiveError(
+            f"{run_dir / RESOLVED_FILE}: disagrees with {loaded.path} resolved again (at {shown}): the copy was "
+            "edited, or a file it extends changed since the run started; a resumed run measures what its first "
+            "trials measured, so it is not resumed (start a new run)"
+        )
 
 
 def _load_beside(text: str, base_dir: Path, shown_as: Path, allow_outside_extends: bool) -> Playbook:
@@ -111,20 +176,32 @@ def change_note(file: Path, archived_text: str, archived_sha256: str, archived_c
     )
 
 
-def resumed_playbook(run_dir: Path, file: Path | None = None, *, allow_outside_extends: bool = False) -> Resumed:
-    """The run's archived playbook (relative paths resolved where the original lay), its archived overrides, and a
-    note if the original file (or `file`, when given) was edited since the run started."""
+def resumed_playbook(
+    run_dir: Path,
+    file: Path | None = None,
+    *,
+    allow_outside_extends: bool = False,
+    allow_unverified: bool = False,
+    public_key: Ed25519PublicKey | None = None,
+) -> Resumed:
+    """The run's archived playbook resolved again (relative paths and `extends:` where the original lay), its
+    archived overrides, and a note if the original file (or `file`, when given) was edited since the run started.
+    ArchiveError when the archive fails verification (unless `allow_unverified`) or its resolved copy disagrees."""
     run_dir = Path(run_dir)
+    trust = resume_trust(run_dir, allow_unverified=allow_unverified, public_key=public_key)
     manifest = read_manifest(run_dir)
-    archived = _archived_file(run_dir, manifest)
-    original = Path(manifest["playbook"]["path"])
-    as_written = run_dir / (manifest["playbook"].get("file") or PLAYBOOK_FILE)
-    text = as_written.read_text(encoding="utf-8") if as_written.is_file() else archived.read_text(encoding="utf-8")
+    relpath, original, sha256 = _playbook_entry(run_dir, manifest)
+    text = _archived_text(run_dir, relpath, required=True) or ""
+    resolved_text = _archived_text(run_dir, RESOLVED_FILE, required=False)
+    as_written = run_dir / relpath
     base_dir = original.parent if original.parent.is_dir() else run_dir
-    loaded = _load_beside(archived.read_text(encoding="utf-8"), base_dir, archived, allow_outside_extends)
-    playbook = replace(loaded, text=text, sha256=manifest["playbook"]["sha256"])
-    note = change_note(file or original, text, manifest["playbook"]["sha256"], archived)
-    return Resumed(playbook, dict(manifest.get("overrides") or {}), note)
+    loaded = _load_beside(text, base_dir, as_written, allow_outside_extends)
+    if resolved_text is not None:
+        _check_resolved_copy(run_dir, resolved_text, loaded)
+    playbook = replace(loaded, text=text, sha256=sha256)
+    note = change_note(file or original, text, sha256, run_dir / (RESOLVED_FILE if resolved_text else relpath))
+    overrides = manifest.get("overrides")
+    return Resumed(playbook, dict(overrides) if isinstance(overrides, Mapping) else {}, note, trust)
 
 
 def resumed_overrides(run_dir: Path, archived: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:

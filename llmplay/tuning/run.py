@@ -66,6 +66,8 @@ class RunOptions:
     ray_address: str | None = None  # --ray: run the trials on this Ray cluster, whatever the playbook's runtime
     # Every trial a capacity search (goals.capacity), whatever the goals name: `llmplay capacity`.
     capacity: bool = False
+    # --resume: whether the continued archive is signed ($LLMPLAY_SIGNING_KEY); archive.trust decides it
+    resume_signs: bool = True
 
     def overrides(self) -> dict[str, Any]:
         out = {
@@ -233,7 +235,7 @@ class TuningRun:
     def _open_book(self) -> TrialBook:
         """The run's archive (a new one, or the one --resume continues, its finished trials read back)."""
         if self.options.resume:
-            archive = RunArchive.open(self.options.resume, secrets=self.secrets)
+            archive = RunArchive.open(self.options.resume, secrets=self.secrets, sign=self.options.resume_signs)
             book = TrialBook(archive, self.playbook, self.narrator, self._signals)
             done = book.read_earlier()
             self.narrator.report(f"resuming {archive.run_dir}: {done} trial(s) already archived")

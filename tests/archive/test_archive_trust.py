@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import stat
 import sys
 from collections.abc import Iterator
@@ -546,6 +547,133 @@ def test_mutated_archives_never_leak_never_pass_never_crash(
                     assert 'id="unverified"' in (run_dir / REPORT_FILE).read_text()
         else:
             assert report.exit_code == 0, report.output
+        assert _WATCHED["opened"] == [], _WATCHED["opened"]
+    finally:
+        _WATCHED["root"] = None
+    shutil.rmtree(base)
+
+
+# ---------------------------------------------------------------------------------------------- issue 36: every reader
+# The same mutated archives, now read by every command that acts on archives (issue #36): `run --resume` (its trials
+# handed in: no engine may start), `history`, `history --accept`, `history --check` (against a reference.json written
+# by hand, as an earlier --accept would have), `index` and `site`; then the index itself mutated in place (a column
+# of a row or a figure set to a wrong type, an edited `verified`) and history, site and index read again. None may
+# fail with an internal error or a traceback, leak the host file, or pass an archive that fails verification.
+READER_EXAMPLES = 2  # per kind: each example builds an index and a site, and resumes a run
+READER_SETTINGS = settings(
+    max_examples=READER_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    phases=(Phase.explicit, Phase.generate),
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+_INDEX_EDITS = (
+    ("runs", "verified", 1),
+    ("runs", "verified", "yes"),
+    ("runs", "config_json", "["),
+    ("runs", "gates_json", '{"x": 1}'),
+    ("runs", "goals_json", "[]"),
+    ("runs", "files_json", "7"),
+    ("runs", "status", "complete"),
+    ("runs", "problems", ""),
+    ("figures", "trial_values", "abc"),
+    ("figures", "trial_values", "1e308,1e308"),
+    ("figures", "trial_values", "nan"),
+)
+
+
+def _edit_index(root: Path, edit: tuple[str, str, Any], recompute: bool) -> None:
+    """One column of every row (or figure) set to `value`; with `recompute`, the rows' digests made to match, as
+    someone who read llmplay's code would."""
+    from llmplay.archive.index_rows import row_digest
+
+    table, column, value = edit
+    conn = sqlite3.connect(root / "index.sqlite")
+    conn.row_factory = sqlite3.Row
+    with conn:
+        conn.execute(f"UPDATE {table} SET {column} = ?", (value,))
+        if recompute:
+            for row in conn.execute("SELECT * FROM runs").fetchall():
+                figures = [
+                    tuple(f)
+                    for f in conn.execute("SELECT metric, trial_values FROM figures WHERE run_id = ?", (row["run_id"],))
+                ]
+                conn.execute(
+                    "UPDATE runs SET row_digest = ? WHERE run_id = ?", (row_digest(row, figures), row["run_id"])
+                )
+    conn.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@READER_SETTINGS
+@given(
+    drawn=mutations(),
+    edit=st.sampled_from(_INDEX_EDITS),
+    recompute=st.booleans(),
+)
+def test_mutated_archives_and_index_never_crash_history_site_index_or_resume(
+    kind: str,
+    drawn: dict[str, Any],
+    edit: tuple[str, str, Any],
+    recompute: bool,
+    tmp_path_factory: pytest.TempPathFactory,
+    team_key: tuple[Path, Path],
+):
+    from llmplay.archive.references import REFERENCE_FILE
+    from llmplay_testing.resume_runs import use_trials
+
+    m = {**drawn, "kind": kind}
+    base = tmp_path_factory.mktemp("readers")
+    host = base / "host"
+    host.mkdir()
+    outside = host / "secret.txt"
+    outside.write_text(f"root:x:0:0:{MARKER}\n")
+    root = base / "b"
+    run_dir = copy_run(shared_archive(tmp_path_factory), root)
+    private, public = team_key
+    if m["signed"]:
+        (run_dir / SIGNATURE_FILE).write_bytes(
+            signature_document((run_dir / MANIFEST).read_bytes(), load_private_key(private))
+        )
+    (run_dir.parent / REFERENCE_FILE).write_text(json.dumps({"run_id": run_dir.name, "path": "x"}))
+    _mutate(run_dir, m, outside)
+    key = ["--public-key", str(public)] if m["signed"] else []
+    archive = ["--archive", str(root)]
+
+    _WATCHED.update(root=str(host.resolve()), opened=[])
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.delenv(ENV_SIGNING_KEY, raising=False)
+            mp.delenv(ENV_PUBLIC_KEY, raising=False)
+            failed = invoke("verify", str(run_dir), *key).exit_code != 0
+            event(f"{kind}: verify {'fails' if failed else 'passes'}")
+            for args in (("history", *archive), ("index", *archive), ("site", *archive)):
+                result = invoke(*args, *key)
+                _no_leak(result, root / "index.html")
+                assert result.exit_code == 0, (args, result.output)
+            accepted = invoke("history", *archive, *key, "--accept", run_dir.name)
+            _no_leak(accepted)
+            checked = invoke("history", *archive, *key, "--check")
+            _no_leak(checked)
+            if failed:
+                assert accepted.exit_code == 1, accepted.output  # refused, or not even indexed
+                assert checked.exit_code == 1, checked.output  # a verification failure: never 0, never 4
+                assert run_dir.name in checked.output, checked.output
+            _edit_index(root, edit, recompute)
+            for args in (("history", *archive), ("index", *archive), ("site", *archive)):
+                result = invoke(*args, *key)
+                _no_leak(result, root / "index.html")
+                assert result.exit_code == 0, (edit, args, result.output)
+            if failed:
+                result = invoke("history", *archive, *key, "--accept", run_dir.name)
+                _no_leak(result)
+                assert result.exit_code == 1, (edit, result.output)  # the index's word is never taken
+            made = use_trials(mp, interrupt_at=None)
+            resumed = invoke("run", "--resume", str(run_dir), *key)
+            _no_leak(resumed)
+            if failed:
+                assert resumed.exit_code == 1 and "fails verification" in resumed.output, resumed.output
+                assert made == []  # refused before any trial was asked for
         assert _WATCHED["opened"] == [], _WATCHED["opened"]
     finally:
         _WATCHED["root"] = None

@@ -91,13 +91,14 @@ def test_rebuild_reads_each_manifest_once_and_lists_what_it_cannot_read(clones, 
     reads: list[str] = []
     import llmplay.archive.index as index_module
 
-    real = index_module.read_bytes_inside
+    real = index_module._read_run_file
 
-    def counting(run_dir, relpath, **kwargs):
-        reads.append(str(run_dir))
-        return real(run_dir, relpath, **kwargs)
+    def counting(run_dir, name, max_bytes):
+        if name == MANIFEST:  # the signature beside it is read too (its digest is part of the row)
+            reads.append(str(run_dir))
+        return real(run_dir, name, max_bytes)
 
-    monkeypatch.setattr(index_module, "read_bytes_inside", counting)
+    monkeypatch.setattr(index_module, "_read_run_file", counting)
     index = ArchiveIndex(root)
     assert index.rebuild() == 12
     assert len(reads) == 13 and len(set(reads)) == 13

@@ -172,14 +172,21 @@ def test_an_https_request_is_stamped_on_the_same_clock_as_an_http_one():
     assert sent_ns is not None and before <= sent_ns <= after
 
 
-def test_an_idle_connection_past_its_keepalive_expiry_is_not_reused():
+def test_an_idle_connection_past_its_keepalive_expiry_is_not_reused(monkeypatch):
+    # The transport's clock, moved by the test: "at once" and "expired" are then what the test says, not how long a
+    # busy machine took between two requests (a 50 ms pause between them reads as an expiry on the real clock).
+    now = [0]
+    monkeypatch.setattr("llmplay.loadgen.transport.now_ns", lambda: now[0])
+
     async def main():
         transport = StreamingTransport(limits=httpx.Limits(max_connections=None, keepalive_expiry=0.05))
         async with Server(ok()) as srv, httpx.AsyncClient(transport=transport) as client:
             await client.get(srv.url)
             await client.get(srv.url)  # at once: reused
-            await asyncio.sleep(0.15)
-            await client.get(srv.url)  # expired: a new connection
+            now[0] += 50_000_000  # idle for exactly the expiry: still reused
+            await client.get(srv.url)
+            now[0] += 50_000_001  # past it: a new connection
+            await client.get(srv.url)
             return srv.connections
 
     assert asyncio.run(main()) == 2

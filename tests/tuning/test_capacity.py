@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -16,10 +17,10 @@ from llmplay.archive.capacity import ABOVE_BOUNDS, BELOW_BOUNDS, FOUND, UNDECIDE
 from llmplay.archive.reader import ArchivedRun
 from llmplay.errors import PlaybookError
 from llmplay.loadgen.tokenizer import make_tokenizer
-from llmplay.metrics import usd_per_1m_tokens
+from llmplay.metrics import Attainment, usd_per_1m_tokens
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import CapacitySpec, LengthDist, Workload
-from llmplay.tuning.capacity import capacity_summary, crossing
+from llmplay.tuning.capacity import ProbeRun, capacity_summary, crossing, search_capacity
 from llmplay.tuning.trial import capacity_search
 from llmplay_testing.instrument import InstrumentServer
 from llmplay_testing.queueing import mmc_attainment, mmc_capacity
@@ -61,27 +62,93 @@ def test_the_truth_is_the_erlang_c_boundary():
     assert 30 < TRUTH < 33
 
 
+def within_the_time_cap(result: CapacityResult, spec: CapacitySpec) -> bool:
+    """The cap is checked before each run (the first always runs): a run starts only while the load spent so far,
+    a settle and one more probe fit. Every run lasts at least its probe, so however slowly a busy machine ran them,
+    no more runs than that were made. (The last run may end past the cap by its warm-up and drain.)"""
+    return result.runs * spec.probe_s + (result.runs - 1) * spec.settle_s <= spec.max_engine_s
+
+
+def scripted_search(spec: CapacitySpec, capacity: float, *, share_near: float | None = None) -> CapacityResult:
+    """The search on scripted probes: every one of a probe's 200 requests meets the SLO below `capacity` and misses
+    it above; `share_near` instead makes every load's share exactly that (a boundary noise never lets through).
+    Each run takes its probe plus a 2 s warm-up of engine time, as a real one does."""
+
+    def measure(load: float, replicate: int) -> ProbeRun:
+        share = share_near if share_near is not None else float(load < capacity)
+        met = np.zeros(200)
+        met[: round(200 * share)] = 1.0
+        attainment = Attainment(met, {"ttft": share}, {"ttft": 0.1 if share >= spec.attainment else 0.5}, 10.0, load)
+        return ProbeRun(load, replicate, attainment, spec.probe_s, spec.probe_s + 2.0, None)  # type: ignore[arg-type]
+
+    result, _ = search_capacity(spec, {"ttft": 0.2}, measure, settle=lambda _s: None)
+    return result
+
+
+def test_each_outcome_of_the_search_is_reported_as_such_on_scripted_probes():
+    """What the search does with what it measured, free of any machine's noise: the probe order, the bracket and
+    its interval, and each outcome in words. (The instrument tests below run the same search on real requests.)"""
+    spec = CapacitySpec("rate", 4, 128, attainment=0.9, precision=0.25, probe_s=3, settle_s=0.5, max_engine_s=200)
+    found = scripted_search(spec, TRUTH)
+    assert found.status == FOUND, found.as_dict()
+    assert list(found.run_loads[:4]) == [4, 8, 16, 32]  # doubling from the lower bound until a probe misses
+    assert found.feasible_max is not None and found.infeasible_min is not None
+    assert found.feasible_max < TRUTH <= found.infeasible_min <= found.feasible_max * (1 + spec.precision)
+    assert found.feasible_max <= found.capacity <= found.infeasible_min
+    assert found.ci[0] <= found.capacity <= found.ci[1]
+    assert found.binding == "ttft" and "TTFT breaks at" in found.binding_sentence()
+    assert "one engine start for the whole search" in found.order and within_the_time_cap(found, spec)
+
+    above = scripted_search(CapacitySpec("rate", 2, 8, attainment=0.9, probe_s=2, max_engine_s=30), TRUTH)
+    assert above.status == ABOVE_BOUNDS and above.capacity == 8 and above.censored
+    assert above.boundary_text().startswith("≥ 8 req/s") and max(above.run_loads) == 8
+
+    below = scripted_search(CapacitySpec("rate", 60, 120, attainment=0.9, probe_s=2, max_engine_s=30), TRUTH)
+    assert below.status == BELOW_BOUNDS and below.capacity is None
+    assert set(below.run_loads) == {60} and below.boundary_text().startswith("< 60 req/s")  # nothing below it
+
+    # Out of engine time before any probe missed (5 s a run: no third run fits 12 s): indeterminate, no number.
+    capped = CapacitySpec("rate", 4, 128, attainment=0.9, precision=0.25, probe_s=3, settle_s=0, max_engine_s=12)
+    out_of_time = scripted_search(capped, TRUTH)
+    assert out_of_time.status == UNDECIDED and out_of_time.capacity is None and out_of_time.run_loads == (4, 8)
+    assert out_of_time.boundary_text().startswith("indeterminate")
+    assert "not pinned within ±25%: the time cap (12 s of load) ran out" in out_of_time.notes
+    assert within_the_time_cap(out_of_time, capped)
+    figures = capacity_summary(out_of_time, usd_per_hour=1.0)
+    assert "capacity.rate" not in figures and "cost.usd_per_1m_tokens_at_slo" not in figures
+
+    # A share on the target at every load: no probe is ever decided, and the search says so.
+    noisy = CapacitySpec("rate", 16, 64, attainment=0.9, precision=0.02, probe_s=1, replicates=2, max_engine_s=60)
+    within_noise = scripted_search(noisy, TRUTH, share_near=0.9)
+    assert within_noise.status == UNDECIDED and within_noise.capacity is None
+    assert any(note.startswith("not pinned within ±2%: attainment near the target") for note in within_noise.notes)
+
+
 @pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
 def test_search_brackets_the_known_boundary_in_its_probe_order(instrument):
-    """The search's shape on a known truth: exponential probes up from the lower bound, then bisection to a bracket
-    that holds the Erlang C boundary, with an interval around its answer. How close it lands at a given precision
-    is a measurement (benchmarks/capacity.py, RESULTS.md "Capacity under SLO"), made there on long probes."""
+    """The search's shape on real requests against a known truth: from the lower bound up, a bracket with an
+    interval around its answer, or, when the machine's noise kept it from pinning the boundary in its time cap, an
+    indeterminate result that says so. Whether it pins in 90 s, and how close it lands, are measurements
+    (benchmarks/capacity.py, RESULTS.md "Capacity under SLO"), made there on long probes; the probe order and each
+    outcome's wording are checked on scripted probes above."""
     spec = CapacitySpec(
         "rate", 4, 128, attainment=TARGET, precision=0.25, probe_s=3, settle_s=0.2, max_engine_s=90, replicates=1
     )
     result = search(instrument, spec, {"ttft": TTFT_S + WAIT_S})
-    assert result.status == FOUND, result.as_dict()
-    # A coarse bound, not the precision: 3 s probes of about 90 requests each estimate attainment to a few points.
-    assert TRUTH / 1.6 <= result.capacity <= TRUTH * 1.6, (result.capacity, TRUTH)
-    assert result.binding == "ttft"
+    assert result.status in (FOUND, UNDECIDED), result.as_dict()
+    assert result.run_loads[0] == spec.low  # the exponential probe starts at the lower bound
+    assert "one engine start for the whole search" in result.order
+    assert within_the_time_cap(result, spec), result.as_dict()
+    assert result.runs == len(result.run_loads)
+    if result.status == UNDECIDED:
+        assert result.capacity is None and any("not pinned" in note for note in result.notes), result.as_dict()
+        return
+    assert result.binding == "ttft" and "TTFT breaks at" in result.binding_sentence()
     assert result.feasible_max < result.infeasible_min
     assert result.ci[0] <= result.capacity <= result.ci[1]
-    # Exponential probe first, from the lower bound up: 4, 8, 16, 32 ...
-    assert list(result.run_loads[:3]) == [4, 8, 16]
-    assert "one engine start for the whole search" in result.order
-    assert result.engine_s <= spec.max_engine_s
-    assert result.runs == len(result.run_loads)
-    assert "TTFT breaks at" in result.binding_sentence()
+    # The machine's noise only delays requests, so it can only make the search answer low: past the queue's 40 req/s
+    # no probe can meet the SLO, and an answer above that would be llmplay mis-measuring.
+    assert result.capacity <= TRUTH * 1.6, (result.capacity, TRUTH)
 
 
 @pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
@@ -118,10 +185,15 @@ def test_noise_within_the_time_cap_answers_indeterminate_not_a_number(instrument
 def test_meeting_the_slo_at_the_upper_bound_says_so(instrument):
     spec = CapacitySpec("rate", 2, 8, attainment=TARGET, precision=0.1, probe_s=2, settle_s=0.1, max_engine_s=30)
     result = search(instrument, spec, {"ttft": TTFT_S + WAIT_S}, qseed=3)
-    assert result.status == ABOVE_BOUNDS
+    assert max(result.run_loads) == 8  # never probed past the bound
+    # 8 req/s is far below the queue's boundary, but "met" at 90% needs all 48 requests of three probes within the SLO:
+    # one request held 200 ms by a busy machine leaves the top load undecided, which the search must then say.
+    assert result.status in (ABOVE_BOUNDS, UNDECIDED), result.as_dict()
+    if result.status == UNDECIDED:
+        assert result.capacity is None and result.boundary_text().startswith("indeterminate")
+        return
     assert result.capacity == 8 and result.censored
     assert result.boundary_text().startswith("≥ 8 req/s")
-    assert max(result.run_loads) == 8  # never probed past the bound
 
 
 @pytest.mark.slow  # a capacity search: probes of real seconds against the instrument
@@ -288,13 +360,18 @@ def test_capacity_command_against_an_endpoint_prints_the_boundary_and_archives_i
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Capacity under SLO" in proc.stdout
-    assert "above_bounds" in proc.stdout and "≥ 16 req/s" in proc.stdout
-    assert "binding: no SLO broke within the bounds" in proc.stdout
     run_dir = next((tmp_path / "reports" / "cap-instrument").iterdir())
     archived = ArchivedRun.open(run_dir)
     (trial,) = archived.trials()
-    assert archived.load_capacity(trial.trial_id)["status"] == ABOVE_BOUNDS
-    assert trial.summary["capacity.rate"] == 16
+    # 16 req/s is far below the queue's boundary; whether all of the top load's requests meet the SLO on a busy
+    # machine is noise (see test_meeting_the_slo_at_the_upper_bound_says_so). What is printed is what is archived.
+    status = archived.load_capacity(trial.trial_id)["status"]
+    assert status in (ABOVE_BOUNDS, UNDECIDED) and status in proc.stdout, proc.stdout
+    if status == ABOVE_BOUNDS:
+        assert "≥ 16 req/s" in proc.stdout and "binding: no SLO broke within the bounds" in proc.stdout
+        assert trial.summary["capacity.rate"] == 16
+    else:
+        assert "indeterminate" in proc.stdout and "capacity.rate" not in trial.summary
     assert ("fresh engine start per probe" in " ".join(trial.notes)) == (engine == "fresh")
     html = (run_dir / "report.html").read_text()
     assert 'id="capacity"' in html and "SLO attainment against load" in html

@@ -29,6 +29,7 @@ from llmplay_testing.cpu_runs import (
     run_dir_of,
     tiny_playbook,
     wait_for,
+    wait_for_the_measured_window,
 )
 from llmplay_testing.ray_cluster import FixedTrials, kill_raylet, local_cluster, node_running, replace_node
 
@@ -78,7 +79,7 @@ def used_pairs_on_one_node(m: dict) -> dict[int, str]:
 
 
 def test_pairs_fan_out_over_nodes_and_each_pair_stays_on_one_node(cluster, tmp_path):
-    """Scheduling alone (trials of a fixed 2 s): two pairs on two nodes take two trials' time, not four."""
+    """Scheduling alone (trials of a fixed 2 s): two pairs on two nodes run at once, each pair on one node."""
     pb = load_playbook(ray_playbook(tmp_path, repeats=2, accelerator_type="T4"))
     started = tmp_path / "started"
     started.mkdir()
@@ -87,22 +88,21 @@ def test_pairs_fan_out_over_nodes_and_each_pair_stays_on_one_node(cluster, tmp_p
         pb,
         RunOptions(archive_root=tmp_path / "r"),
         report=lines.append,
-        measure_trial=FixedTrials(pb, 2.0, started_dir=str(started)),
+        measure_trial=FixedTrials(pb, 2.0, started_dir=str(started), meet_nodes=2),
     ).execute()
     assert outcome.status == "complete", lines
     m = manifest(outcome.run_dir)
     assert len(m["trials"]) == 4 and all(t["status"] == "ok" for t in m["trials"])
     nodes = used_pairs_on_one_node(m)
     assert len(set(nodes.values())) == 2  # the two pairs ran on the two workers
-    # At once, not one after the other: the two pairs' spans (first start to last end) overlap; one after the other
-    # they could not. (Not by the whole 4 s: a node's first task waits for its worker process to start, 2-3 s here.)
-    spans: dict[int, list[float]] = {}
+    # At once, not one after the other: every trial, once started, met a trial started on the other node (each
+    # waits for it, however long a busy machine takes to start a node's worker process). Run one pair after the
+    # other, the first pair's trials would have waited for the second in vain. Overlapping timestamps would say the
+    # same only while the two workers start within a trial's length of each other, which is the machine's noise.
     for t in m["trials"]:
-        node, start = (started / t["trial_id"]).read_text().split()
+        node, _, *met = (started / t["trial_id"]).read_text().split()
         assert node == t["node"]["id"]
-        spans.setdefault(t["repeat"], []).append(float(start))
-    overlap = min(max(s) + 2.0 for s in spans.values()) - max(min(s) for s in spans.values())
-    assert overlap > 0.5, spans
+        assert met == ["met"], (t["trial_id"], sorted(f.read_text() for f in started.iterdir()))
     (verdict,) = m["verdicts"]
     assert verdict["verdict"] == "kept"
     assert "each pair on one node" in verdict["objective"]["method"]
@@ -129,9 +129,10 @@ def test_cpu_tiny_on_the_cluster_same_archive_and_report_as_one_machine(cluster,
     m = manifest(outcome.run_dir)
     assert len(m["trials"]) == 4 and all(t["status"] == "ok" for t in m["trials"]), m["trials"]
     nodes = used_pairs_on_one_node(m)
-    assert len(set(nodes.values())) == 2, nodes  # both nodes measured a pair
-    starts = sorted((t["started_utc"], t["node"]["id"]) for t in m["trials"])
-    assert starts[0][1] != starts[1][1]  # the first trial on each node started together, not one after the other
+    # Both nodes measured a pair: the pairs were handed out at once (one node holds one pair at a time). Whether the
+    # two nodes' first trials also *started* first depends on how fast each worker process and engine start on a busy
+    # machine; that they run at once is shown by test_pairs_fan_out_over_nodes_and_each_pair_stays_on_one_node.
+    assert len(set(nodes.values())) == 2, nodes
     for t in m["trials"]:  # the same records, telemetry and logs come back as on one machine
         assert t["summary"]["requests.completed"] > 0 and t["files"]["records"] and t["files"]["log"]
         assert t["engine_describe"]["runtime"] == "docker"
@@ -218,11 +219,14 @@ def test_a_pair_whose_node_is_lost_after_its_first_trial_is_measured_again_whole
 
 def test_an_unreachable_head_and_an_endpoint_runtime_are_one_line_each(tmp_path):
     path = tiny_playbook(tmp_path, steps=[])
-    t0 = time.perf_counter()
     proc = cli("run", str(path), "--archive", str(tmp_path / "reports"), "--ray", "127.0.0.1:1")
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and time.perf_counter() - t0 < 30, out
-    assert out.strip().splitlines()[-1].startswith("error: cannot join the Ray cluster at 127.0.0.1:1: "), out
+    assert proc.returncode == 1, out
+    # At once: the error is llmplay's own reachability check's (its words), not the end of Ray's join, which retries
+    # for minutes. How many seconds a busy machine takes to start the CLI and import Ray is not llmplay's to assert.
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("error: cannot join the Ray cluster at 127.0.0.1:1: "), out
+    assert last.endswith("expected its head there (ray start --head --port PORT), reachable from this machine"), out
     endpoint = tiny_playbook(tmp_path, steps=[], runtime={"kind": "endpoint", "url": "http://127.0.0.1:9"})
     proc = cli("run", str(endpoint), "--archive", str(tmp_path / "reports"), "--ray", "127.0.0.1:1")
     out, _ = proc.communicate(timeout=120)
@@ -264,9 +268,10 @@ def test_a_node_lost_mid_trial_reruns_its_pair_elsewhere_and_leaves_no_engine(
                     return c, on
             return None
 
-        container, node = wait_for(engine_on_a_worker, 120, "an engine started by a worker node")
-        wait_for(lambda: docker_client.containers.get(container.id).status == "running", 60, "the engine up")
-        time.sleep(1.5)  # inside its measured window
+        container, node = wait_for(engine_on_a_worker, 180, "an engine started by a worker node")
+        # Inside its measured window, told by the engine's counters: a fixed 1.5 s after the container ran could
+        # land before the engine was healthy on a busy machine, or after a 3 s trial on a quick one.
+        wait_for_the_measured_window(container, path)
         kill_raylet(node)
     finally:
         runner.join(timeout=400)
@@ -337,7 +342,9 @@ def test_sigint_to_the_driver_stops_every_engine_on_every_node(cluster, cpu_engi
         return len(containers_of(docker_client, run_id=manifest(run_dir)["run_id"])) == 2
 
     wait_for(engines_on_both_nodes, 180, "an engine on each node")
-    time.sleep(2)
+    # Both engines serving (30 s trials): the interrupt lands mid-trial on each node, told by the engines' counters.
+    for container in containers_of(docker_client, run_id=manifest(run_dir_of(archive))["run_id"]):
+        wait_for_the_measured_window(container, path)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 130, out
@@ -361,12 +368,12 @@ def test_a_playbook_no_node_can_host_fails_in_seconds_with_the_reason(cluster, t
         doc = yaml.safe_load(path.read_text())
         doc["runtime"] = {"kind": "ray", "address": cluster.address, **runtime}
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    t0 = time.perf_counter()
     proc = cli("run", str(path), "--archive", str(tmp_path / "reports"), "--ray", cluster.address)
     out, _ = proc.communicate(timeout=120)
-    elapsed = time.perf_counter() - t0
     assert proc.returncode == 1, out
+    # Refused by llmplay's own check of the nodes' resources before anything is submitted (its words, no archive):
+    # a task Ray cannot place would wait forever, and communicate's timeout would say so. How many seconds a busy
+    # machine takes to start the CLI and join the cluster is not llmplay's to assert.
     assert "error: no node of the Ray cluster" in out and reason in out, out
     assert "Traceback" not in out
-    assert elapsed < 30, elapsed
     assert run_dir_of(tmp_path / "reports") is None  # refused before any archive was made

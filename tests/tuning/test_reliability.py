@@ -29,10 +29,19 @@ from llmplay.loadgen.workload import build_requests
 from llmplay.playbook.load import load_playbook, load_workload
 from llmplay.report import publish_report
 from llmplay.runtime.docker import DockerRuntime
-from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
+from llmplay.runtime.labels import LABEL_PID, LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import EngineSpec, frozen_map
 from llmplay.tuning.run import RunOptions, run_playbook
-from llmplay_testing.cpu_runs import cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
+from llmplay_testing.cpu_runs import (
+    cli,
+    containers_of,
+    engine_containers,
+    reap_cli_processes,
+    run_dir_of,
+    tiny_playbook,
+    wait_for,
+    wait_for_the_measured_window,
+)
 from llmplay_testing.fault_server import FaultServer
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "reliability"
@@ -125,7 +134,8 @@ def test_1024_streams_against_random_resets_every_request_accounted_for():
         out, _ = server.communicate(timeout=30)
     stats = json.loads(out.strip().splitlines()[-1])
     kinds = assert_every_record_accounted(result.records, len(requests))
-    assert elapsed_s < 60, elapsed_s
+    # How fast a shared 2-core machine drives the storm is a measurement (this test's `elapsed_s` figure, which
+    # benchmarks/reliability.py gathers into docs/RELIABILITY.md), not an assertion: each request has its 30 s timeout.
     # Every stream the server finished arrived complete, and nothing else counted as ok.
     assert kinds["ok"] == stats["ok"], (kinds, stats)
     assert stats["peak_connections"] >= 1000, stats  # the streams really were concurrent
@@ -224,6 +234,9 @@ def test_engine_frozen_mid_trial_is_recorded_requests_never_dropped_container_re
     # serving: a bounded workload, so every prompt is built before the clock and the freeze hits requests only
     # (a duration-bound feed asks the frozen engine's tokenizer for more prompts: a failed trial, see startup).
     bound = {"num_requests": 40} if moment == "serving" else {"duration": "5s"}
+    # startup: the frozen engine's health wait runs to its timeout, so a short one keeps the test short; 20 s, since
+    # the engine must first reach "listening" within it however busy the machine is. serving: cpu-tiny's own.
+    health = "2m" if moment == "serving" else "20s"
     path = tiny_playbook(
         tmp_path,
         name=f"stall-{moment}",
@@ -231,15 +244,16 @@ def test_engine_frozen_mid_trial_is_recorded_requests_never_dropped_container_re
         request_timeout="1.5s",
         **bound,
         gates=["errors.rate < 1%"],
-        engine={"health": {"path": "/health", "timeout": "8s"}},
+        engine={"health": {"path": "/health", "timeout": health}},
     )
     archive = tmp_path / "reports"
     proc = cli("run", str(path), "--archive", str(archive))
     try:
-        container = wait_for(lambda: containers_of(docker_client, pid=proc.pid), 60, "the engine container")[0]
+        container = wait_for(lambda: engine_containers(docker_client, pid=proc.pid), 120, "the engine container")[0]
         if moment == "serving":
-            wait_for(lambda: _log_has(container, b"print_timing"), 60, "the engine answering requests")
-            time.sleep(0.5)
+            # Frozen once the client has recorded a request of the measured window, told by the engine's counters
+            # (a fixed 0.5 s after its first answer could freeze it before any measured request was recorded).
+            wait_for_the_measured_window(container, path, recorded=True)
         else:
             wait_for(lambda: _log_has(container, b"listening"), 60, "the engine listening")
         container.pause()
@@ -476,13 +490,34 @@ def test_an_exception_inside_a_trial_leaves_no_container_and_a_failed_archive(cp
     dataset.write_text('{"prompt": "a prompt the engine can answer", "output_tokens": 8}\n')
     path = tiny_playbook(tmp_path, name="exception", steps=[], num_requests=4, dataset="data.jsonl")
     proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
-    seen = []
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline:
-        if not seen and (seen := containers_of(docker_client, pid=proc.pid)):
-            dataset.write_text((DATA / "bad-dataset.jsonl").read_text())  # the engine is still loading its model
-        time.sleep(0.1)
-    out, _ = proc.communicate(timeout=60)
+    # The bad row goes in while the engine is frozen the moment Docker starts it (its start event): the trial reads
+    # the dataset only once the engine answers, so it reads the bad one. Swapped on first sight of the container
+    # instead, a quick engine could be serving the good one before the swap.
+    events = docker_client.events(
+        decode=True, filters={"type": "container", "event": "start", "label": f"{LABEL_PID}={proc.pid}"}
+    )
+    seen: list[str] = []
+
+    def swap_while_frozen() -> None:
+        for event in events:
+            if LABEL_TRIAL not in (event.get("Actor") or {}).get("Attributes", {}):
+                continue  # the preflight's `--help` container, the first time the image is checked
+            container = docker_client.containers.get(event["id"])
+            container.pause()
+            try:
+                dataset.write_text((DATA / "bad-dataset.jsonl").read_text())
+            finally:
+                container.unpause()
+            seen.append(container.id)
+            return
+
+    swapper = threading.Thread(target=swap_while_frozen, daemon=True)
+    swapper.start()
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        events.close()
+        swapper.join(10)
     assert seen, "the engine container never started: the exception must come from inside the trial"
     assert proc.returncode == 2 and "data.jsonl:2" in out, out
     assert "Traceback" not in out

@@ -13,59 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from llmplay.archive.model import TRIAL_OK, TrialRecord
 from llmplay.archive.verify import verify
-from llmplay.commands import run as run_command_module
 from llmplay.commands.run import run_command
 from llmplay.errors import PlaybookError
-from llmplay.loadgen.records import RequestRecord
-from llmplay.metrics import per_request_frame, summarize
 from llmplay.tuning.resume import yaml_differences
-from llmplay.tuning.run import run_playbook
-from llmplay.tuning.trial import TrialResult, trial_sample
-
-ROOT = Path(__file__).resolve().parents[2]
-MS = 1_000_000
-
-
-class Trials:
-    """20 streamed requests per trial; `seen` keeps (trial id, image, concurrency, duration) of every trial asked
-    for, and the trial numbered `interrupt_at` raises KeyboardInterrupt (a Ctrl-C in the middle of the run)."""
-
-    def __init__(self, playbook: Any, interrupt_at: int | None = None):
-        self.playbook, self.interrupt_at = playbook, interrupt_at
-        self.seen: list[tuple[str, str | None, int, float | None]] = []
-
-    def __call__(self, config, *, trial_id, step, role, repeat) -> TrialResult:
-        if self.interrupt_at is not None and len(self.seen) + 1 == self.interrupt_at:
-            raise KeyboardInterrupt("Ctrl-C")
-        self.seen.append((trial_id, config.engine.image, config.workload.concurrency, config.workload.duration_s))
-        records = []
-        for i in range(20):
-            sent = (1 + i) * 100 * MS
-            first = sent + int(40 * (1 + 0.02 * (i % 5)) * MS)
-            chunks = tuple(first + k * 10 * MS for k in range(8))
-            records.append(
-                RequestRecord(
-                    i, False, True, sent, sent, first, first, chunks, chunks[-1], 64, 8, "usage", "length", 200,
-                    None, None, 0.0,
-                )
-            )  # fmt: skip
-        summary = dict(summarize(records, 2.2, self.playbook.goals.slo_s).as_dict())
-        trial = TrialRecord(trial_id, config.label, step, role, repeat, TRIAL_OK, "2026-12-04T00:00:00Z", 2.2, summary)
-        frame = per_request_frame(records)
-        return TrialResult(trial, frame, sample=trial_sample(self.playbook, config, trial, frame))
-
-
-def write_playbook(path: Path, **workload: Any) -> Path:
-    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny.yaml").read_text())
-    doc["metadata"]["name"] = "resume"
-    doc["runtime"] = "process"
-    doc["trials"] = {"repeats": 2}
-    doc["steps"] = [{"name": "parallel-4", "set": {"parallel": 4}}]
-    doc["workload"].update(workload)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+from llmplay_testing.resume_runs import Trials, use_trials, write_playbook
 
 
 def manifest(run_dir: Path) -> dict:
@@ -75,15 +27,7 @@ def manifest(run_dir: Path) -> dict:
 @pytest.fixture
 def seam(monkeypatch: pytest.MonkeyPatch) -> list[Trials]:
     """run_command as the CLI calls it, its trials measured by Trials (the first run is interrupted at trial 3)."""
-    made: list[Trials] = []
-
-    def with_trials(playbook, options, **kwargs):
-        made.append(Trials(playbook, interrupt_at=3 if not made else None))
-        return run_playbook(playbook, options, measure_trial=made[-1], **kwargs)
-
-    monkeypatch.setattr(run_command_module, "run_playbook", with_trials)
-    monkeypatch.setattr(run_command_module, "publish_run", None)
-    return made
+    return use_trials(monkeypatch)
 
 
 def cli_run(file: Path | None, archive: Path, resume: Path | None = None, **given: Any) -> int:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
-import httpx
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -14,13 +12,19 @@ from click.testing import CliRunner
 from llmplay.archive.model import KEPT
 from llmplay.archive.verify import verify
 from llmplay.cli import cli as main_cli
-from llmplay.engines import get_engine
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
-from llmplay.runtime.base import wait_healthy
-from llmplay.telemetry.prom import CANONICAL, parse_metrics
 from llmplay.tuning.run import RunOptions, run_playbook
-from llmplay_testing.cpu_runs import cli, containers_of, reap_cli_processes, run_dir_of, tiny_playbook, wait_for
+from llmplay_testing.cpu_runs import (
+    cli,
+    containers_of,
+    engine_containers,
+    reap_cli_processes,
+    run_dir_of,
+    tiny_playbook,
+    wait_for,
+    wait_for_the_measured_window,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -65,11 +69,20 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
     assert outcome.status == "complete", lines
     by_step = {v.step: v for v in outcome.verdicts}
     parallel = by_step["parallel-4"]
-    assert parallel.objective.metric == "ttft.p95"
-    assert parallel.objective.rel_change < -0.3  # four slots serve four users at once: no queueing for one
+    objective = parallel.objective
+    assert objective.metric == "ttft.p95" and objective.rel_change is not None
+    # Four slots serve four users at once, where one slot queues them: the point estimate has the sign the queueing
+    # dictates, inside its own interval. How large a cut a loaded 2-core machine shows is a measurement (README's
+    # demo: -64% to -68% in 5 of 5 runs), not llmplay's to assert.
+    assert objective.rel_change < 0, objective
+    assert objective.ci_low is not None and objective.ci_high is not None
+    assert objective.ci_low <= objective.rel_change <= objective.ci_high, objective
     # The verdict follows from the archived trials; whether a guard settles within four pairs on a loaded 2-core
-    # machine is noise, not llmplay (README's demo counts how often it does). A wrong-signed verdict never is.
+    # machine is noise, not llmplay (README's demo counts how often it does). A wrong-signed verdict never is, and a
+    # keep is only ever a shown gain: an interval wholly on the better side.
     assert parallel.verdict in (KEPT, "inconclusive"), parallel.reason
+    if parallel.verdict == KEPT:
+        assert objective.ci_high < 0, objective
     assert parallel.reason
     # A step that changes nothing is an A/A: kept 2.5% of the time by design (benchmarks/RESULTS.md's real A/A),
     # so only its verdict's shape is checked here.
@@ -86,21 +99,6 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
     assert llmplay_containers(docker_client, run_id=manifest["run_id"]) == []
 
 
-def _host_port(container) -> str | None:
-    container.reload()
-    bindings = [b for found in container.attrs["NetworkSettings"]["Ports"].values() for b in found or []]
-    return bindings[0]["HostPort"] if bindings else None
-
-
-def _engine_finished_requests(port: str, output_tokens: int) -> int:
-    """Requests llama-server has finished: its predicted-token counter grows by a request's tokens when the
-    request's slot is released (cpu-tiny's outputs are a fixed length, with ignore_eos)."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    readings, _ = parse_metrics(text, get_engine("llamacpp").metric_names)
-    total = next(r.value for r in readings if r.metric == CANONICAL["generation_tokens"])
-    return int(total // output_tokens)
-
-
 @pytest.fixture(autouse=True)
 def _reap():
     yield
@@ -111,23 +109,10 @@ def _reap():
 def test_signal_mid_trial_leaves_no_container(cpu_engine, docker_client, tmp_path, sig):
     path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="30s")
     proc = cli("run", str(path), "--archive", str(tmp_path / "reports"))
-    (container,) = wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the engine container")
-    port = wait_for(lambda: _host_port(container), 60, "the engine's published port")
-    wait_healthy(
-        f"http://127.0.0.1:{port}/health", 120, proc.poll, lambda: container.logs().decode(errors="replace"), "engine"
-    )
+    (container,) = wait_for(lambda: engine_containers(docker_client, pid=proc.pid), 120, "the engine container")
     # Signal once the client has recorded a measured request, counted on the engine: a fixed wait after /health
     # held none when an engine test on the other worker had the cores.
-    workload = load_playbook(path).workload
-    users, output_tokens = workload.concurrency, int(workload.output.value)
-    wait_for(lambda: _engine_finished_requests(port, output_tokens) >= 1, 120, "the first finished request")
-    time.sleep(workload.warmup_s)  # the warm-up timer started before that request was sent: it has run out now
-    before = _engine_finished_requests(port, output_tokens)
-    # At most `users` requests were in flight then. 2 × users + 1 more finished means some user finished a request
-    # sent after the warm-up and then sent its next one, which it does only once its client recorded the first.
-    wait_for(
-        lambda: _engine_finished_requests(port, output_tokens) >= before + 2 * users + 1, 120, "a measured request"
-    )
+    wait_for_the_measured_window(container, path, recorded=True)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
@@ -157,12 +142,12 @@ def test_kill9_then_resume_completes_and_verifies(cpu_engine, docker_client, tmp
         except (json.JSONDecodeError, KeyError):
             return False  # never expected: writes are atomic; the assertion below would catch a torn file
 
-    wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the first engine container")
+    wait_for(lambda: engine_containers(docker_client, pid=proc.pid), 120, "the first engine container")
     # `llmplay gc` (every llmplay container on this host) while the run is going removes nothing of it.
     run_id = run_dir_of(archive).name
     swept = CliRunner().invoke(main_cli, ["gc"]).output
     assert not [line for line in swept.splitlines() if line.startswith("removed ") and f"(run {run_id}" in line], swept
-    wait_for(two_trials_archived, 120, "two archived trials")
+    wait_for(two_trials_archived, 300, "two archived trials")
     out = CliRunner().invoke(main_cli, ["ls", "--archive", str(archive)]).output
     assert " running " in out and "shown interrupted" not in out, out
     proc.kill()
@@ -188,9 +173,11 @@ def test_engine_killed_mid_trial_is_a_failed_trial_and_the_run_goes_on(cpu_engin
     path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="8s", repeats=1)
     archive = tmp_path / "reports"
     proc = cli("run", str(path), "--archive", str(archive))
-    container = wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the engine container")[0]
-    wait_for(lambda: run_dir_of(archive), 30, "the archive")
-    time.sleep(4)  # inside the measured window
+    container = wait_for(lambda: engine_containers(docker_client, pid=proc.pid), 120, "the engine container")[0]
+    wait_for(lambda: run_dir_of(archive), 60, "the archive")
+    # Inside the measured window, told by the engine's counters: a fixed 4 s after the archive appeared killed the
+    # engine before it was healthy when the machine was busy, which is a start failure, not this test's case.
+    wait_for_the_measured_window(container, path)
     container.kill()
     out, _ = proc.communicate(timeout=300)
     manifest = json.loads((run_dir_of(archive) / "manifest.json").read_text())
@@ -204,19 +191,25 @@ def test_engine_killed_mid_trial_is_a_failed_trial_and_the_run_goes_on(cpu_engin
 
 
 def test_sigint_then_resume_measures_the_interrupted_trial_again(cpu_engine, docker_client, tmp_path):
-    path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="3s", repeats=2)
+    # 5 s trials: the interrupt lands in the first one's measured window, however slowly the engine started.
+    path = tiny_playbook(tmp_path, steps=[{"name": "parallel-4", "set": {"parallel": 4}}], duration="5s", repeats=2)
     archive = tmp_path / "reports"
     proc = cli("run", str(path), "--archive", str(archive))
-    wait_for(lambda: llmplay_containers(docker_client, pid=proc.pid), 60, "the engine container")
-    time.sleep(1.5)
+    (container,) = wait_for(lambda: engine_containers(docker_client, pid=proc.pid), 120, "the engine container")
+    # Mid-trial, told by the engine's counters (a fixed 1.5 s after the container appeared landed in the engine's
+    # start or in its measured window: two different cases, decided by the machine's speed).
+    wait_for_the_measured_window(container, path)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     run_dir = run_dir_of(archive)
+    interrupted = [t["trial_id"] for t in json.loads((run_dir / "manifest.json").read_text())["trials"]]
     resumed = cli("run", "--resume", str(run_dir), str(path))
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode in (0, 3), out
     manifest = json.loads((run_dir / "manifest.json").read_text())
     statuses = [t["status"] for t in manifest["trials"]]
-    assert statuses.count("ok") == 4 and statuses.count("interrupted") <= 1, statuses
+    assert statuses.count("ok") == 4 and statuses.count("interrupted") == 1, statuses
+    # the interrupted trial is kept as it was, and its place measured again by another
+    assert [t["trial_id"] for t in manifest["trials"][: len(interrupted)]] == interrupted
     assert manifest["status"] == "complete" and verify(run_dir) == []
