@@ -20,7 +20,8 @@ from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.metrics import Attainment, usd_per_1m_tokens
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import CapacitySpec, LengthDist, Workload
-from llmplay.tuning.capacity import ProbeRun, capacity_summary, crossing, search_capacity
+from llmplay.stats.capacity import crossing
+from llmplay.tuning.capacity import ProbeRun, capacity_summary, search_capacity
 from llmplay.tuning.trial import capacity_search
 from llmplay_testing.instrument import InstrumentServer
 from llmplay_testing.queueing import mmc_attainment, mmc_capacity
