@@ -426,7 +426,9 @@ def apply_change(config: Config, change: Change) -> Config:
         workload = _replaced(workload, target[9:], change.value)
     elif target == "gpus":
         gpus = change.value
-        engine = replace(engine, gpus=tuple(map(str, gpus)) if isinstance(gpus, list) else cast(int | tuple[str, ...], gpus))
+        engine = replace(
+            engine, gpus=tuple(map(str, gpus)) if isinstance(gpus, list) else cast(int | tuple[str, ...], gpus)
+        )
     elif target == "extra_args":
         engine = replace(engine, extra_args=tuple(map(str, cast(list[object], change.value))))
     else:
