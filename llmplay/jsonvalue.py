@@ -1,6 +1,6 @@
 """JSON and YAML values as the type checker sees them, and the narrowing every reader of a document uses.
 
-`json.loads` and `yaml.safe_load` return values whose shape the file decides (the libraries type them `Any`);
+`json.loads` and `yaml.safe_load` return values whose shape the file decides (the libraries leave them untyped);
 llmplay takes them as `object` and narrows once, where it reads them: a value of the wrong shape reads as absent.
 """
 

@@ -6,7 +6,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -62,7 +61,7 @@ def capacity_command(
     return ExitCode.OK
 
 
-def boundary_table(rows: Sequence[tuple[str, int, CapacityResult, dict[str, Any]]]) -> Table:
+def boundary_table(rows: Sequence[tuple[str, int, CapacityResult, dict[str, float]]]) -> Table:
     """One row per search: status, the capacity with its bracket and CI, what bound it, what it cost."""
     table = Table(title="Capacity under SLO")
     for column in ("configuration", "#", "status", "capacity", "boundary CI", "feasible max", "infeasible min"):
@@ -96,7 +95,7 @@ def boundary_table(rows: Sequence[tuple[str, int, CapacityResult, dict[str, Any]
     return table
 
 
-def print_boundaries(console: Console, rows: Sequence[tuple[str, int, CapacityResult, dict[str, Any]]]) -> None:
+def print_boundaries(console: Console, rows: Sequence[tuple[str, int, CapacityResult, dict[str, float]]]) -> None:
     """The boundary table, then per search its binding constraint in words, its notes and how probes were ordered."""
     console.print(boundary_table(rows))
     for config, repeat, result, _ in rows:

@@ -128,7 +128,7 @@ def diagnose_run(
         kv_bytes = KV_DTYPE_BYTES.get(kv_dtype, 2.0)
         breakdown = memory_breakdown(facts, kv_bytes, _tokens_in_flight(config, samples), peak, capacity, device=device)
         diagnosis["memory"] = to_plain(breakdown)
-        spec = lookup_gpu(gpu["name"]) if on_gpu and gpu else None
+        spec = lookup_gpu(str(gpu.get("name"))) if on_gpu and gpu else None
         if spec is not None:
             kv_step = breakdown.kv_bytes / max(config.workload.concurrency or 1, 1)
             roofline = decode_roofline(

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
+
+from llmplay.jsonvalue import as_list, as_mapping, as_text
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class ProbeResult:
     logprobs: tuple[float, ...] | None
     error: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "prompt": self.prompt,
             "text": self.text,
@@ -30,37 +31,43 @@ class ProbeResult:
         }
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> ProbeResult:
+    def from_dict(cls, raw: Mapping[str, object]) -> ProbeResult:
         lp = raw.get("logprobs")
         return cls(
-            raw["prompt"], raw["text"], tuple(raw["tokens"]), None if lp is None else tuple(lp), raw.get("error")
+            str(raw["prompt"]),
+            str(raw["text"]),
+            tuple(str(t) for t in as_list(raw["tokens"])),
+            None if lp is None else tuple(v for v in as_list(lp) if isinstance(v, (int, float))),
+            as_text(raw.get("error")),
         )
 
 
-def _probe_request(api: str, model: str, prompt: str, max_tokens: int, top: int) -> tuple[str, dict[str, Any]]:
+def _probe_request(api: str, model: str, prompt: str, max_tokens: int, top: int) -> tuple[str, dict[str, object]]:
     # temperature 0 and a fixed seed: greedy decoding, so any change in the answer comes from the configuration.
-    common: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "seed": 0}
+    common: dict[str, object] = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "seed": 0}
     if api == "chat":
         body = {**common, "messages": [{"role": "user", "content": prompt}], "logprobs": True, "top_logprobs": top}
         return "/v1/chat/completions", body
     return "/v1/completions", {**common, "prompt": prompt, "logprobs": top}
 
 
-def _parse_answer(api: str, prompt: str, doc: Mapping[str, Any]) -> ProbeResult:
-    choice = (doc.get("choices") or [{}])[0]
-    text = (choice.get("message") or {}).get("content") if api == "chat" else choice.get("text")
-    text = text or ""
-    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+def _parse_answer(api: str, prompt: str, doc: Mapping[str, object]) -> ProbeResult:
+    choice = as_mapping((as_list(doc.get("choices")) or [{}])[0])
+    answer = as_mapping(choice.get("message")).get("content") if api == "chat" else choice.get("text")
+    text = str(answer) if answer else ""
+    logprobs_doc = as_mapping(choice.get("logprobs"))
+    content = [as_mapping(c) for c in as_list(logprobs_doc.get("content"))]
     if content:
         tokens = tuple(str(c.get("token", "")) for c in content)
         values = [c.get("logprob") for c in content]
-        logprobs = tuple(float(v) for v in values) if all(isinstance(v, (int, float)) for v in values) else None
-        return ProbeResult(prompt, text, tokens, logprobs)
-    legacy = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else None
-    if legacy and legacy.get("tokens"):  # the OpenAI completions shape: parallel tokens / token_logprobs lists
-        values = legacy.get("token_logprobs") or []
-        ok = len(values) == len(legacy["tokens"]) and all(isinstance(v, (int, float)) for v in values)
-        return ProbeResult(prompt, text, tuple(legacy["tokens"]), tuple(values) if ok else None)
+        numbers = [float(v) for v in values if isinstance(v, (int, float))]
+        return ProbeResult(prompt, text, tokens, tuple(numbers) if len(numbers) == len(values) else None)
+    legacy_tokens = as_list(logprobs_doc.get("tokens"))
+    if legacy_tokens:  # the OpenAI completions shape: parallel tokens / token_logprobs lists
+        values = as_list(logprobs_doc.get("token_logprobs"))
+        numbers = [v for v in values if isinstance(v, (int, float))]
+        ok = len(values) == len(legacy_tokens) and len(numbers) == len(values)
+        return ProbeResult(prompt, text, tuple(str(t) for t in legacy_tokens), tuple(numbers) if ok else None)
     # No token list: the text's characters stand in for tokens, so agreement still means "reproduced up to here".
     return ProbeResult(prompt, text, tuple(text), None)
 

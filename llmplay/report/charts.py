@@ -7,7 +7,7 @@ import io
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar  # Any: matplotlib's rcParams keys (see _STYLE)
 
 import matplotlib
 import numpy as np
@@ -25,7 +25,7 @@ ROLE_COLORS = {"baseline": BASELINE_COLOR, "candidate": CANDIDATE_COLOR}
 GRID = "#dddddd"
 MAX_POINTS = 400  # per line: keeps each SVG a few tens of kB, far below what a screen resolves
 # Any keys: matplotlib types rcParams keys as a Literal union that a plain str dict cannot satisfy
-_STYLE: dict[Any, Any] = {
+_STYLE: dict[Any, Any] = {  # matplotlib's rcParams keys
     "svg.fonttype": "none",  # text stays <text>, not glyph paths: small files, selectable, crisp when printed
     "svg.hashsalt": "llmplay",  # stable element ids: the same archive renders the same bytes
     "font.family": "sans-serif",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from llmplay.archive.model import CapacitySearch, TuningRow
 from llmplay.catalog import (
@@ -46,7 +45,7 @@ def _peak_memory(run: RunData, config_id: str, metrics: Mapping[str, float]) -> 
     return fmt_value("memory.peak_frac", frac) if frac is not None else NOT_MEASURED
 
 
-def _row(run: RunData, row: TuningRow, columns: list[tuple[str, str]], remarks: Remarks) -> dict[str, Any]:
+def _row(run: RunData, row: TuningRow, columns: list[tuple[str, str]], remarks: Remarks) -> dict[str, object]:
     samples = row.samples or pooled_samples(run.trials[t] for t in row.trials if t in run.trials)
     cells = []
     for metric, _ in columns:
@@ -80,7 +79,7 @@ def _row(run: RunData, row: TuningRow, columns: list[tuple[str, str]], remarks: 
     }
 
 
-def record_table(run: RunData) -> tuple[list[dict[str, Any]], list[str]]:
+def record_table(run: RunData) -> tuple[list[dict[str, object]], list[str]]:
     """The tuning record's rows, and the notes under it: why a figure is not measured, once per reason."""
     columns = record_columns(run)
     rows = run.archive.tuning_record() or run.archive.rebuilt_record()
@@ -89,7 +88,7 @@ def record_table(run: RunData) -> tuple[list[dict[str, Any]], list[str]]:
     return shown, folded_remarks(remarks)
 
 
-def _search_row(run: RunData, config: str, search: CapacitySearch) -> dict[str, Any]:
+def _search_row(run: RunData, config: str, search: CapacitySearch) -> dict[str, object]:
     trial = run.trials[search.trial_id]
     cost = value_of(trial.summary, "cost.usd_per_1m_tokens_at_slo")
     return {
@@ -107,7 +106,7 @@ def _search_row(run: RunData, config: str, search: CapacitySearch) -> dict[str, 
     }
 
 
-def capacity(run: RunData) -> dict[str, Any] | None:
+def capacity(run: RunData) -> dict[str, object] | None:
     """Per configuration: its searches' attainment against load and throughput against latency, the binding
     constraint in words, and each search's bracket; None when no trial ran a capacity search."""
     by_config: dict[str, list[CapacitySearch]] = {}

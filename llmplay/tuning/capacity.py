@@ -30,7 +30,6 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from llmplay.archive.capacity import (
     ABOVE_BOUNDS,
@@ -114,7 +113,7 @@ Measure = Callable[[float, int], ProbeRun]
 
 class _Search:
     def __init__(
-        self, spec: CapacitySpec, slo_s: Mapping[str, float], measure: Measure, settle: Callable[[float], Any]
+        self, spec: CapacitySpec, slo_s: Mapping[str, float], measure: Measure, settle: Callable[[float], object]
     ):
         self.spec, self.slo_s, self.measure, self.settle = spec, dict(slo_s), measure, settle
         self.runs: dict[float, list[ProbeRun]] = {}
@@ -365,7 +364,7 @@ def search_capacity(
     slo_s: Mapping[str, float],
     measure: Measure,
     *,
-    settle: Callable[[float], Any] = time.sleep,
+    settle: Callable[[float], object] = time.sleep,
 ) -> tuple[CapacityResult, dict[float, list[ProbeRun]]]:
     """Search the capacity with `measure(load, replicate)` running one probe; the result and every run by load."""
     search = _Search(spec, slo_s, measure, settle)
@@ -396,14 +395,11 @@ _REPLICATE_SEED_STRIDE = 7919
 def probe_workload(workload: Workload, spec: CapacitySpec, load: float, replicate: int) -> Workload:
     """The workload of one probe: the playbook's requests at `load` for probe_s, after the workload's own warm-up
     at that load (so each probe is measured in its steady state, not while the queue fills)."""
-    shape: dict[str, Any] = (
-        {"rate": float(load), "concurrency": None}
-        if spec.search == "rate"
-        else {"concurrency": int(load), "rate": None}
-    )
+    rate, concurrency = (float(load), None) if spec.search == "rate" else (None, int(load))
     return replace(
         workload,
-        **shape,
+        rate=rate,
+        concurrency=concurrency,
         duration_s=spec.probe_s,
         num_requests=None,
         sweep=(),

@@ -7,12 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from llmplay.archive.probes import archived_probes
 from llmplay.catalog import QUALITY_METRICS, label_of
 from llmplay.loadgen.probes import ProbeResult
-from llmplay.spec import Goals, Guard, QualitySpec
+from llmplay.spec import ChangeEffect, Goals, Guard, QualitySpec
 from llmplay.stats.decide import Decision
 from llmplay.stats.quality import (
     NO_PROBES,
@@ -69,7 +68,7 @@ def judge_quality(
     goals: Goals,
     baseline: Sequence[ProbeResult] | None,
     candidate: Sequence[ProbeResult] | None,
-    effects: Iterable[Any],
+    effects: Iterable[ChangeEffect],
 ) -> Decision:
     """The step's decision once its outputs are compared with the reference's (goals.quality); unchanged without it.
     A check the engine cannot measure is named with why in the verdict sentence, never read as zero."""

@@ -69,8 +69,8 @@ class RunOptions:
     # --resume: whether the continued archive is signed ($LLMPLAY_SIGNING_KEY); archive.trust decides it
     resume_signs: bool = True
 
-    def overrides(self) -> dict[str, Any]:
-        out = {
+    def overrides(self) -> dict[str, object]:
+        out: dict[str, object] = {
             k: v
             for k, v in (
                 ("repeats", self.repeats),
