@@ -275,6 +275,40 @@ def capacity(file: Path, archive_dir: str | None, repeats: int | None, allow_out
 
 
 @cli.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
+@click.option("--resume", type=_RUN_DIR, help="Continue an interrupted tuning session (its tune-... directory).")
+@click.option("--dry-run", is_flag=True, help="With --baseline: print the first round's ranking; start nothing.")
+@click.option("--baseline", type=_RUN_DIR, help="An archived run of this playbook whose diagnosis --dry-run ranks.")
+@click.option(
+    "--allow-outside-tree", "--allow-outside-extends", "allow_outside_extends", is_flag=True, help=_OUTSIDE_HELP
+)
+@handles_errors
+def tune(
+    file: Path | None,
+    archive_dir: str | None,
+    resume: Path | None,
+    dry_run: bool,
+    baseline: Path | None,
+    allow_outside_extends: bool,
+) -> None:
+    """Diagnose, choose the next single-variable step, A/B it, re-diagnose, until the goals are met or the budget
+    (tune:) is spent; writes tuned.yaml."""
+    from llmplay.commands.tune import tune_command  # deferred: loaded only when this command runs
+
+    sys.exit(
+        tune_command(
+            file,
+            archive_dir=archive_dir,
+            resume=resume,
+            dry_run=dry_run,
+            baseline=baseline,
+            allow_outside_extends=allow_outside_extends,
+        )
+    )
+
+
+@cli.command()
 @click.option("--url", required=True, help="Base URL of a running OpenAI-compatible engine, e.g. http://127.0.0.1:8080")
 @click.option(
     "--workload",
@@ -469,13 +503,13 @@ def engine() -> None:
     "version",
     default=None,
     metavar="VERSION",
-    help="Build llama.cpp from this llama-cpp-python release as llmplay/llamacpp-cpu:VERSION "
-    "(default: the pinned one, tagged :local).",
+    help="Build llama.cpp from source, from this llama-cpp-python release, as llmplay/llamacpp-cpu:VERSION "
+    "(default: llama.cpp's server prebuilt, from the xllamacpp wheel, tagged :local).",
 )
 @click.option("--force", is_flag=True, help="Rebuild even when the cache is current.")
 @handles_errors
 def build_cpu(version: str | None, force: bool) -> None:
-    """Build the embedded CPU engine image (llama.cpp + tiny model), cached under ~/.cache/llmplay."""
+    """Build the embedded CPU engine image (llama.cpp's server + tiny model), cached under ~/.cache/llmplay."""
     from llmplay.commands.engine import build_cpu_command  # deferred: loaded only when this command runs
 
     sys.exit(build_cpu_command(version=version, force=force))

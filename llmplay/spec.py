@@ -357,6 +357,19 @@ class RuntimeSpec:
 
 
 @dataclass(frozen=True)
+class TuneSpec:
+    """The playbook's `tune:` section: how far `llmplay tune` may go and what it may touch (names are engine knobs
+    or checklist remedies, engines.knobs.Remedy values)."""
+
+    engine_budget_s: float | None = None  # wall time of engine work after which no further step starts
+    max_steps: int | None = None  # most steps the tuner chooses
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    values: Mapping[str, tuple[Scalar, ...]] = field(default_factory=frozen_map)
+    retry_rejected: bool = False
+
+
+@dataclass(frozen=True)
 class Playbook:
     path: str  # absolute path of the file as given
     text: str  # the top-level file's text, archived as run
@@ -374,6 +387,7 @@ class Playbook:
     # YAML path (as `format_path` writes it) -> `FILE:LINE` for the engine's keys and each step's `set:`
     # entries, so checks after loading (the image preflight) can point at the line.
     sites: Mapping[str, str] = field(default_factory=frozen_map)
+    tune: TuneSpec | None = None  # `llmplay tune`'s budget and policy; None: not written
 
 
 @dataclass(frozen=True)

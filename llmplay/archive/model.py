@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from llmplay.engines.knobs import Direction, Remedy
 from llmplay.outcomes import FAILED as FAILED
 from llmplay.outcomes import INCONCLUSIVE as INCONCLUSIVE
 from llmplay.outcomes import KEPT as KEPT
@@ -152,6 +153,17 @@ class StepVerdict:
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A step a finding calls for, typed: which checklist remedy, which way, and why (the finding and its numbers).
+    Which knob implements it is the engine's business (its adapter's knob map)."""
+
+    remedy: Remedy
+    direction: Direction
+    finding_id: str
+    evidence: str
+
+
+@dataclass(frozen=True)
 class Finding:
     """A diagnosis finding: what the checklist rules of diagnose produce and the archive keeps."""
 
@@ -161,6 +173,7 @@ class Finding:
     evidence: str  # the numbers that triggered it
     suggestion: str  # next step(s), cheapest first (CHECKLIST §7)
     checklist_ref: str  # "§4", "§5", "§6"
+    candidates: tuple[Candidate, ...] = ()  # the suggestion's engine remedies, cheapest first
 
 
 Scalar = str | int | float | bool

@@ -5,14 +5,15 @@ from __future__ import annotations
 import click
 
 from llmplay.errors import ExitCode
-from llmplay.runtime.cpu_image import LLAMA_CPP_PYTHON_VERSION, build_cpu_engine
+from llmplay.runtime.cpu_image import build_cpu_engine
 from llmplay.runtime.vllm_image import DEFAULT_VERSION, build_vllm_cpu_engine
 
 
 def build_cpu_command(*, version: str | None = None, force: bool = False) -> int:
-    """Build (or reuse from the cache) the CPU engine image of a llama-cpp-python release and print what is ready."""
-    result = build_cpu_engine(force=force, version=version or LLAMA_CPP_PYTHON_VERSION)
-    click.echo(f"CPU engine ready: {result}")
+    """Build (or reuse from the cache) the CPU engine image (the prebuilt server, or a llama-cpp-python release built
+    from source) and print what is ready."""
+    result = build_cpu_engine(force=force, version=version)
+    click.echo(f"CPU engine ready: {result.image} ({result.engine_version}), model {result.model_path}")
     return ExitCode.OK
 
 

@@ -22,6 +22,7 @@ from llmplay.diagnose.model_facts import (
 )
 from llmplay.diagnose.roofline import Roofline, decode_roofline
 from llmplay.diagnose.rule import SchedulerFacts
+from llmplay.engines import get_engine
 from llmplay.runtime.cache import default_cache_dir
 from llmplay.runtime.cpu_image import model_path
 from llmplay.runtime.gpus import gpu_inventory
@@ -37,7 +38,7 @@ def model_file(config: Config) -> Path | None:
         for candidate in [root / "config.json", *sorted(root.glob("*.gguf"))]:
             if candidate.is_file():
                 return candidate
-    if spec.kind == "llamacpp":
+    if get_engine(spec.kind).model_in_cpu_image:
         try:
             path = model_path(default_cache_dir())
         except Exception:  # no usable cache directory: the diagnosis says the breakdown is unavailable
@@ -66,6 +67,7 @@ def scheduler_facts(config: Config) -> SchedulerFacts:
     """What the engine and the load were told, for the §6 rules."""
     args = config.engine.args
     batch = args.get("max_num_seqs") or args.get("parallel")
+    reserved = get_engine(config.engine.kind).kv_preallocated_frac
     return SchedulerFacts(
         continuous_batching=bool(args.get("cont_batching", True)),
         max_batch=int(batch) if isinstance(batch, (int, float)) and not isinstance(batch, bool) else None,
@@ -76,9 +78,7 @@ def scheduler_facts(config: Config) -> SchedulerFacts:
         prefix_caching=args.get("prefix_caching") is not False,
         shared_prefix_tokens=config.workload.prefix_tokens,
         # These engines reserve the KV pool up front, so a ~90% peak is by design, not pressure.
-        kv_preallocated_frac=float(args.get("gpu_memory_utilization") or 0.9)
-        if config.engine.kind in ("vllm", "sglang", "trtllm")
-        else None,
+        kv_preallocated_frac=float(args.get("gpu_memory_utilization") or reserved) if reserved is not None else None,
     )
 
 

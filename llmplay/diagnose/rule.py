@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from llmplay.archive.model import Finding
 from llmplay.diagnose.memory import MemoryBreakdown
 from llmplay.diagnose.roofline import Roofline
+from llmplay.diagnose.steps import Suggestion
 from llmplay.spec import Gate
 
 
@@ -155,7 +156,7 @@ class Outcome:
     severity: str  # info | warn | critical
     title: str
     evidence: str  # the numbers that triggered it
-    suggestion: str = ""  # next step(s), cheapest first (CHECKLIST §7)
+    suggestion: Suggestion = field(default_factory=Suggestion)  # next step(s), cheapest first (CHECKLIST §7)
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,10 @@ class Rule:
         if not self.condition(facts):
             return None
         said = self.finding(facts)
-        return Finding(self.id, said.severity, said.title, said.evidence, said.suggestion, self.section)
+        candidates = said.suggestion.candidates(self.id, said.evidence)
+        return Finding(
+            self.id, said.severity, said.title, said.evidence, said.suggestion.text, self.section, candidates
+        )
 
     def listing(self) -> dict[str, str]:
         """The rule as the diagnosis lists it: {id, section, title}."""

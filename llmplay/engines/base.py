@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from llmplay.engines.knobs import KnobSpec, Remedy
 from llmplay.spec import EngineSpec, Scalar
 
 
@@ -130,6 +131,15 @@ class Engine:
     # The most tokens (prompt and output) one request may hold under these knobs, None when the knobs do not say
     # (the model's own limit applies); the loader checks the workload's longest request against it.
     context_tokens: Callable[[Mapping[str, Scalar]], ContextLimit | None] = field(default=lambda _args: None)
+    # Which knob implements which checklist remedy (engines.knobs), in order of preference within a remedy.
+    knob_map: tuple[KnobSpec, ...] = ()
+    # Remedies always in effect on this engine, with no knob to turn (vLLM V1's continuous batching).
+    built_in: frozenset[Remedy] = frozenset()
+    # The engine reserves its KV pool up front (this share of GPU memory unless gpu_memory_utilization says),
+    # so a ~90% memory peak is by design, not pressure; None: it allocates as it goes.
+    kv_preallocated_frac: float | None = None
+    # The model lives in the CPU image llmplay builds (its GGUF is in the host's cache too, for the diagnosis).
+    model_in_cpu_image: bool = False
 
     def at(self, version: str | None) -> Engine:
         """This adapter with the flag and metric names of `version` (unknown or None: the current release's)."""

@@ -14,6 +14,7 @@ from llmplay.engines.base import (
     integer,
     one_of,
 )
+from llmplay.engines.knobs import Direction, KnobSpec, Remedy, Risk
 from llmplay.spec import EngineSpec, Scalar
 
 KIND = "llamacpp"
@@ -73,6 +74,81 @@ def _context_per_slot(args: Mapping[str, Scalar]) -> ContextLimit | None:
     return ContextLimit(ctx, f"ctx_size {ctx}")
 
 
+# Defaults as `llama-server --help` of the pinned release (llama-cpp-python 0.3.36's llama.cpp) prints them.
+KNOB_MAP = (
+    KnobSpec(
+        Remedy.CONTINUOUS_BATCHING,
+        "cont_batching",
+        "bool",
+        (True,),
+        True,
+        direction=Direction.ENABLE,
+        already_when=True,
+    ),
+    KnobSpec(
+        Remedy.PREFIX_CACHING, "prefix_caching", "bool", (True,), True, direction=Direction.ENABLE, already_when=True
+    ),
+    # Reuse of a cached prefix that moved (chunks of at least N tokens shifted into place); 0 turns it off.
+    KnobSpec(Remedy.PREFIX_CACHING, "cache_reuse", "int", (64, 256), 0),
+    KnobSpec(
+        Remedy.MAX_BATCH,
+        "parallel",
+        "int",
+        (2, 4, 8, 16),
+        -1,
+        Risk.MEMORY,
+        default_note="-1: auto, 4 slots with a unified KV cache",
+        also=("max_num_seqs",),
+    ),
+    KnobSpec(
+        Remedy.CONCURRENCY_CAP,
+        "parallel",
+        "int",
+        (1, 2, 4),
+        -1,
+        direction=Direction.LOWER,
+        default_note="-1: auto",
+        also=("max_num_seqs",),
+    ),
+    # --ctx-size is the KV cache over all slots: the memory a CPU engine gives it.
+    KnobSpec(
+        Remedy.KV_MEMORY,
+        "ctx_size",
+        "int",
+        (4096, 8192, 16384),
+        0,
+        Risk.MEMORY,
+        default_note="0: the model's trained context",
+    ),
+    # The logical batch is the prompt chunk one iteration processes.
+    KnobSpec(Remedy.CHUNKED_PREFILL, "batch_size", "int", (256, 512, 1024), 2048, direction=Direction.LOWER),
+    KnobSpec(
+        Remedy.CONTEXT_LENGTH,
+        "ctx_size",
+        "int",
+        (2048, 4096),
+        0,
+        direction=Direction.LOWER,
+        default_note="0: the model's",
+    ),
+    # llama.cpp has no CUDA graphs switch of its own; its kernel choice is Flash Attention.
+    KnobSpec(Remedy.CUDA_GRAPHS, "flash_attn", "choice", ("on",), "auto", direction=Direction.ENABLE),
+    KnobSpec(Remedy.KV_DTYPE, "kv_cache_dtype", "choice", ("q8_0", "q4_0"), "f16", Risk.QUALITY, Direction.QUANTIZE),
+    # Weights are quantized in the GGUF file itself: a quantized file is a `model` change the playbook names.
+    KnobSpec(
+        Remedy.WEIGHT_QUANTIZATION,
+        "model",
+        "choice",
+        (),
+        None,
+        Risk.QUALITY,
+        Direction.QUANTIZE,
+        "the GGUF file's own type",
+    ),
+    # On a CPU the instance scales up with cores.
+    KnobSpec(Remedy.SCALE_OUT, "threads", "int", (2, 4, 8), -1, Risk.HARDWARE, default_note="-1: every core"),
+)
+
 ENGINE = Engine(
     kind=KIND,
     default_image=CPU_IMAGE,
@@ -110,4 +186,6 @@ ENGINE = Engine(
     ),
     default_executable=("llama-server",),
     version_field="build_info",  # e.g. b1-0c1e570
+    knob_map=KNOB_MAP,
+    model_in_cpu_image=True,
 )

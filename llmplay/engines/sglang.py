@@ -12,6 +12,7 @@ from llmplay.engines.base import (
     max_model_len,
     one_of,
 )
+from llmplay.engines.knobs import Direction, KnobSpec, Remedy, Risk
 from llmplay.spec import EngineSpec
 
 KIND = "sglang"
@@ -24,6 +25,34 @@ def _base(spec: EngineSpec, port: int) -> list[str]:
         argv += ["--served-model-name", spec.served_model_name]
     return argv
 
+
+# Defaults as `python -m sglang.launch_server --help` of the default image prints them (None: sized at start).
+KNOB_MAP = (
+    KnobSpec(
+        Remedy.PREFIX_CACHING, "prefix_caching", "bool", (True,), True, direction=Direction.ENABLE, already_when=True
+    ),
+    KnobSpec(
+        Remedy.MAX_BATCH, "max_num_seqs", "int", (64, 128, 256, 512), None, Risk.MEMORY, default_note="from the KV pool"
+    ),
+    KnobSpec(Remedy.CONCURRENCY_CAP, "max_num_seqs", "int", (16, 32, 64), None, direction=Direction.LOWER),
+    KnobSpec(
+        Remedy.KV_MEMORY,
+        "gpu_memory_utilization",
+        "fraction",
+        (0.85, 0.9),
+        None,
+        Risk.MEMORY,
+        default_note="by GPU size",
+    ),
+    KnobSpec(
+        Remedy.CHUNKED_PREFILL, "max_num_batched_tokens", "int", (2048, 4096, 8192), None, default_note="by GPU size"
+    ),
+    KnobSpec(Remedy.CONTEXT_LENGTH, "max_model_len", "int", (2048, 4096, 8192), None, direction=Direction.LOWER),
+    KnobSpec(Remedy.CUDA_GRAPHS, "cuda_graphs", "bool", (True,), True, direction=Direction.ENABLE, already_when=True),
+    KnobSpec(Remedy.KV_DTYPE, "kv_cache_dtype", "choice", ("fp8_e5m2",), "auto", Risk.QUALITY, Direction.QUANTIZE),
+    KnobSpec(Remedy.WEIGHT_QUANTIZATION, "quantization", "choice", ("fp8",), None, Risk.QUALITY, Direction.QUANTIZE),
+    KnobSpec(Remedy.SCALE_OUT, "tensor_parallel", "int", (2, 4), 1, Risk.HARDWARE),
+)
 
 ENGINE = Engine(
     kind=KIND,
@@ -59,4 +88,7 @@ ENGINE = Engine(
     ),
     # The image has no server ENTRYPOINT; the documented command starts the module.
     entrypoint=("python3", "-m", "sglang.launch_server"),
+    knob_map=KNOB_MAP,
+    built_in=frozenset({Remedy.CONTINUOUS_BATCHING}),
+    kv_preallocated_frac=0.9,
 )

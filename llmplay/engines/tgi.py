@@ -12,6 +12,7 @@ from llmplay.engines.base import (
     max_model_len,
     one_of,
 )
+from llmplay.engines.knobs import Direction, KnobSpec, Remedy, Risk
 from llmplay.spec import EngineSpec, Scalar
 
 KIND = "tgi"
@@ -30,6 +31,24 @@ def _cuda_graphs(value: Scalar) -> list[str]:
         return ["--cuda-graphs", "0"]
     raise RefusedValue("true or false")
 
+
+# Defaults as `text-generation-launcher --help` of the default image prints them. Prefix caching is switched by
+# the PREFIX_CACHING env var (on by default since TGI 3), so it is built in here rather than a knob.
+KNOB_MAP = (
+    KnobSpec(Remedy.MAX_BATCH, "max_num_seqs", "int", (128, 256, 512), 128, Risk.MEMORY),
+    KnobSpec(Remedy.CONCURRENCY_CAP, "max_num_seqs", "int", (16, 32, 64), 128, direction=Direction.LOWER),
+    KnobSpec(Remedy.KV_MEMORY, "gpu_memory_utilization", "fraction", (0.95, 1.0), 1.0, Risk.MEMORY),
+    KnobSpec(Remedy.CHUNKED_PREFILL, "max_num_batched_tokens", "int", (2048, 4096, 8192), 4096),
+    KnobSpec(Remedy.CONTEXT_LENGTH, "max_model_len", "int", (2048, 4096, 8192), None, direction=Direction.LOWER),
+    KnobSpec(Remedy.CUDA_GRAPHS, "cuda_graphs", "bool", (True,), True, direction=Direction.ENABLE, already_when=True),
+    KnobSpec(
+        Remedy.KV_DTYPE, "kv_cache_dtype", "choice", ("fp8_e5m2", "fp8_e4m3fn"), None, Risk.QUALITY, Direction.QUANTIZE
+    ),
+    KnobSpec(
+        Remedy.WEIGHT_QUANTIZATION, "quantization", "choice", ("fp8", "eetq"), None, Risk.QUALITY, Direction.QUANTIZE
+    ),
+    KnobSpec(Remedy.SCALE_OUT, "tensor_parallel", "int", (2, 4), 1, Risk.HARDWARE),
+)
 
 ENGINE = Engine(
     kind=KIND,
@@ -72,4 +91,6 @@ ENGINE = Engine(
         waiting="tgi_queue_size",
     ),
     default_executable=("text-generation-launcher",),
+    knob_map=KNOB_MAP,
+    built_in=frozenset({Remedy.CONTINUOUS_BATCHING, Remedy.PREFIX_CACHING}),
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmplay.engines.base import Engine, MetricNames, flag_with_value, fraction, integer, max_model_len
+from llmplay.engines.knobs import Direction, KnobSpec, Remedy, Risk
 from llmplay.spec import EngineSpec
 
 KIND = "trtllm"
@@ -12,6 +13,17 @@ def _base(spec: EngineSpec, port: int) -> list[str]:
     # MODEL is positional; the served name is the model argument itself.
     return [spec.model, "--host", "0.0.0.0", "--port", str(port)]
 
+
+# Defaults as `trtllm-serve --help` of the default image prints them. Block reuse (prefix caching), the KV dtype
+# and CUDA graphs live in --extra_llm_api_options, not in knobs.
+KNOB_MAP = (
+    KnobSpec(Remedy.MAX_BATCH, "max_num_seqs", "int", (64, 128, 256, 512), 2048, Risk.MEMORY),
+    KnobSpec(Remedy.CONCURRENCY_CAP, "max_num_seqs", "int", (16, 32, 64), 2048, direction=Direction.LOWER),
+    KnobSpec(Remedy.KV_MEMORY, "gpu_memory_utilization", "fraction", (0.92, 0.95), 0.9, Risk.MEMORY),
+    KnobSpec(Remedy.CHUNKED_PREFILL, "max_num_batched_tokens", "int", (2048, 4096, 8192), 8192),
+    KnobSpec(Remedy.CONTEXT_LENGTH, "max_model_len", "int", (2048, 4096, 8192), None, direction=Direction.LOWER),
+    KnobSpec(Remedy.SCALE_OUT, "tensor_parallel", "int", (2, 4), 1, Risk.HARDWARE),
+)
 
 ENGINE = Engine(
     kind=KIND,
@@ -33,4 +45,7 @@ ENGINE = Engine(
     # trtllm-serve's /metrics is JSON iteration stats, not Prometheus text.
     metric_names=MetricNames(),
     entrypoint=("trtllm-serve",),
+    knob_map=KNOB_MAP,
+    built_in=frozenset({Remedy.CONTINUOUS_BATCHING}),
+    kv_preallocated_frac=0.9,
 )

@@ -13,6 +13,7 @@ from llmplay.engines.base import (
     max_model_len,
     one_of,
 )
+from llmplay.engines.knobs import Direction, KnobSpec, Remedy, Risk
 from llmplay.spec import EngineSpec
 
 KIND = "vllm"
@@ -38,6 +39,49 @@ _CURRENT_NAMES = MetricNames(
     prefix_cache_queries="vllm:prefix_cache_queries_total",
     prompt_tokens="vllm:prompt_tokens_total",
     generation_tokens="vllm:generation_tokens_total",
+)
+
+# Defaults as `vllm serve --help` of CHECKED_RELEASE prints them (V1: continuous batching and chunked prefill
+# always on, prefix caching on by default).
+KNOB_MAP = (
+    KnobSpec(
+        Remedy.PREFIX_CACHING, "prefix_caching", "bool", (True,), True, direction=Direction.ENABLE, already_when=True
+    ),
+    KnobSpec(
+        Remedy.MAX_BATCH, "max_num_seqs", "int", (64, 128, 256, 512), 256, Risk.MEMORY, default_note="CPU build: 128"
+    ),
+    KnobSpec(Remedy.CONCURRENCY_CAP, "max_num_seqs", "int", (16, 32, 64), 256, direction=Direction.LOWER),
+    KnobSpec(Remedy.KV_MEMORY, "gpu_memory_utilization", "fraction", (0.92, 0.95), 0.9, Risk.MEMORY),
+    KnobSpec(
+        Remedy.CHUNKED_PREFILL,
+        "max_num_batched_tokens",
+        "int",
+        (2048, 4096, 8192),
+        None,
+        default_note="chosen per usage context",
+    ),
+    KnobSpec(
+        Remedy.CONTEXT_LENGTH,
+        "max_model_len",
+        "int",
+        (2048, 4096, 8192),
+        None,
+        direction=Direction.LOWER,
+        default_note="the model's",
+    ),
+    KnobSpec(Remedy.CUDA_GRAPHS, "cuda_graphs", "bool", (True,), True, direction=Direction.ENABLE, already_when=True),
+    KnobSpec(Remedy.KV_DTYPE, "kv_cache_dtype", "choice", ("fp8",), "auto", Risk.QUALITY, Direction.QUANTIZE),
+    KnobSpec(
+        Remedy.WEIGHT_QUANTIZATION,
+        "quantization",
+        "choice",
+        ("fp8",),
+        None,
+        Risk.QUALITY,
+        Direction.QUANTIZE,
+        "the checkpoint's own",
+    ),
+    KnobSpec(Remedy.SCALE_OUT, "tensor_parallel", "int", (2, 4), 1, Risk.HARDWARE),
 )
 
 ENGINE = Engine(
@@ -70,6 +114,9 @@ ENGINE = Engine(
     metric_names=_CURRENT_NAMES,
     default_executable=("python3", "-m", "vllm.entrypoints.openai.api_server"),
     version_log_pattern=r"vLLM API server version ([0-9][\w.+-]*)",
+    knob_map=KNOB_MAP,
+    built_in=frozenset({Remedy.CONTINUOUS_BATCHING}),  # V1 schedules continuously, with no switch
+    kv_preallocated_frac=0.9,
     versions=(
         VersionRange(
             until="0.11",

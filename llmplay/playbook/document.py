@@ -199,6 +199,19 @@ class RuntimeDoc(TypedDict, total=False):
     cpus_per_trial: float
 
 
+class TuneBudgetDoc(TypedDict, total=False):
+    engine_time: Duration
+    steps: int
+
+
+class TuneDoc(TypedDict, total=False):
+    budget: TuneBudgetDoc
+    allow: list[str]
+    deny: list[str]
+    values: dict[str, list[Scalar]]
+    retry_rejected: bool
+
+
 class PlaybookDoc(TypedDict, total=False):
     apiVersion: str
     kind: str
@@ -211,3 +224,4 @@ class PlaybookDoc(TypedDict, total=False):
     trials: TrialsDoc
     cost: dict[str, Fraction]
     runtime: str | RuntimeDoc
+    tune: TuneDoc

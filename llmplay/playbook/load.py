@@ -36,6 +36,7 @@ from llmplay.playbook.problems import Problems
 from llmplay.playbook.schema import schema_problems
 from llmplay.playbook.source import API_VERSION, MAX_FILE_BYTES, located_error, read_yaml
 from llmplay.playbook.step_forms import step_properties
+from llmplay.playbook.tune import parse_tune
 from llmplay.spec import Goals, Metadata, Playbook, Workload, frozen_map
 
 
@@ -98,6 +99,7 @@ def load_playbook(
         cost=parse_cost(checked.get("cost", {}), problems),
         runtime=parse_runtime(checked.get("runtime"), problems),
         resolved=frozen_map(doc),
+        tune=parse_tune(checked["tune"], checked["engine"].get("kind"), problems) if "tune" in checked else None,
     )
     if playbook.engine.model_dir is not None:
         written = checked["engine"]["model_dir"]

@@ -14,8 +14,9 @@ from llmplay.playbook.schema import value_problems
 from llmplay.playbook.source import SourceMap, YamlPath
 from llmplay.spec import Change, Scalar, Step
 
-# What a step may set besides engine knobs (args.*), env.* and workload fields.
-ENGINE_FIELDS_SETTABLE = {"image", "gpus", "extra_args"}
+# What a step may set besides engine knobs (args.*), env.* and workload fields. `model`: another file of the same
+# model (a quantized GGUF is llama.cpp's weight quantization).
+ENGINE_FIELDS_SETTABLE = {"image", "gpus", "extra_args", "model"}
 
 
 def set_step(item: Mapping[str, object], path: YamlPath, workload_fields: Collection[str], problems: Problems) -> Step:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import fcntl
-from collections.abc import Iterator
+import hashlib
+import json
+import subprocess
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from llmplay.cache_dir import cache_root
+from llmplay.errors import InfrastructureError
+
+Log = Callable[[str], None]  # where a build step says what it does
 
 
 def default_cache_dir() -> Path:
@@ -27,3 +34,19 @@ def cache_lock(cache: Path, name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def content_key(*parts: Any) -> str:
+    """A short hash of what a cached build is made from: its folder or file name, so other inputs never share it."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_logged(argv: list[str], log_path: Path, what: str, cwd: Path | None = None) -> None:
+    """Run a build step with its output appended to `log_path`; a failure names the log and quotes its end."""
+    with open(log_path, "ab") as log:
+        log.write(f"\n$ {' '.join(argv)}\n".encode())
+        log.flush()
+        rc = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
+    if rc != 0:
+        tail = " | ".join(log_path.read_text(errors="replace").splitlines()[-5:])
+        raise InfrastructureError(f"{what} failed (exit code {rc}); see {log_path}: {tail}")

@@ -1,7 +1,8 @@
-"""The embedded CPU engine: llama-server built from the pinned llama-cpp-python sdist, a tiny random Llama
-GGUF, and the local image `llmplay/llamacpp-cpu:local` imported from a minimal root filesystem (no registry).
-Another llama-cpp-python release builds `llmplay/llamacpp-cpu:VERSION` the same way, with the same model, so a
-run can be retested on an older or newer llama.cpp.
+"""The embedded CPU engine: llama.cpp's server, a tiny random Llama GGUF, and the local image
+`llmplay/llamacpp-cpu:local` imported from a minimal root filesystem (no registry). The server is the prebuilt one
+(`llama_server`: PyPI's xllamacpp wheel, nothing compiled) where it runs, else llama-server built from the pinned
+llama-cpp-python sdist. A llama-cpp-python release named explicitly is built from source as
+`llmplay/llamacpp-cpu:VERSION`, with the same model, so a run can be retested on an older or newer llama.cpp.
 
 Everything lands under the cache directory (default ~/.cache/llmplay), keyed by content hashes, so a
 second run only checks files and the image label and takes seconds.
@@ -10,7 +11,6 @@ second run only checks files and the image label and takes seconds.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -30,8 +30,9 @@ from llmplay.engines.base import VERSION_LABEL
 from llmplay.engines.llamacpp import CPU_IMAGE, CPU_IMAGE_REPO
 from llmplay.errors import InfrastructureError
 from llmplay.hashing import sha256_file
-from llmplay.runtime import dockerd
-from llmplay.runtime.cache import cache_lock, default_cache_dir
+from llmplay.runtime import dockerd, llama_server
+from llmplay.runtime.cache import Log, cache_lock, content_key, default_cache_dir, run_logged
+from llmplay.runtime.llama_server import ServerFiles
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 CMAKE_FLAGS = (
@@ -41,7 +42,7 @@ CMAKE_FLAGS = (
     "-DBUILD_SHARED_LIBS=OFF",
     "-DGGML_NATIVE=OFF",
 )
-IMAGE_TAG = CPU_IMAGE  # the pinned release's tag, the one playbooks name
+IMAGE_TAG = CPU_IMAGE  # the default image's tag, the one playbooks name
 MODEL_IN_IMAGE = "/models/tiny.gguf"
 CONTENT_LABEL = "llmplay.content"
 VOCAB_FILE = "vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf"
@@ -65,42 +66,26 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
-Log = Callable[[str], None]
-
 
 @dataclass(frozen=True)
 class CpuEngine:
     image: str  # tag, e.g. llmplay/llamacpp-cpu:local ("" when built without the image)
     image_id: str
-    binary: Path  # host path of llama-server
+    binary: Path  # host path of llama-server (the prebuilt one's launcher, or a binary built from source)
     model_path: Path  # host path of the GGUF
     model_in_image: str  # where the image holds it
-    content_hash: str  # label on the image; changes when binary, libraries or model change
-    llama_cpp_python_version: str = LLAMA_CPP_PYTHON_VERSION
+    content_hash: str  # label on the image; changes when server, libraries or model change
+    engine_version: str  # what the image's version label says, e.g. "xllamacpp 2026.10.11549, ggml 0.26.0"
 
 
-def image_tag(version: str = LLAMA_CPP_PYTHON_VERSION) -> str:
-    """The pinned release keeps `:local`, so playbooks and archives naming it stay valid; others are tagged
-    with their release."""
-    return IMAGE_TAG if version == LLAMA_CPP_PYTHON_VERSION else f"{CPU_IMAGE_REPO}:{version}"
+def image_tag(version: str | None = None) -> str:
+    """The default image keeps `:local`, so playbooks and archives naming it stay valid; a release built from
+    source is tagged with its version."""
+    return IMAGE_TAG if version is None else f"{CPU_IMAGE_REPO}:{version}"
 
 
 def sdist_name(version: str = LLAMA_CPP_PYTHON_VERSION) -> str:
     return f"llama_cpp_python-{version}"
-
-
-def _key(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _run(argv: list[str], log_path: Path, what: str, cwd: Path | None = None) -> None:
-    with open(log_path, "ab") as log:
-        log.write(f"\n$ {' '.join(argv)}\n".encode())
-        log.flush()
-        rc = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
-    if rc != 0:
-        tail = " | ".join(log_path.read_text(errors="replace").splitlines()[-5:])
-        raise InfrastructureError(f"{what} failed (exit code {rc}); see {log_path}: {tail}")
 
 
 def build_with_docker(cache: Path, log: Log, build: Callable[[Any], tuple[str, str]]) -> tuple[str, str]:
@@ -129,8 +114,10 @@ def _apt_install(packages: list[str], log_path: Path, log: Log) -> None:
         )
         != 0
     ):
-        _run([*env_prefix, "apt-get", "update"], log_path, "apt-get update")
-        _run([*env_prefix, "apt-get", "install", "-y", *packages], log_path, f"apt-get install {' '.join(packages)}")
+        run_logged([*env_prefix, "apt-get", "update"], log_path, "apt-get update")
+        run_logged(
+            [*env_prefix, "apt-get", "install", "-y", *packages], log_path, f"apt-get install {' '.join(packages)}"
+        )
 
 
 # --- source -------------------------------------------------------------------------------------------
@@ -145,17 +132,21 @@ def sdist_path(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VE
             download = dest / f".download-{os.getpid()}"
             shutil.rmtree(download, ignore_errors=True)
             download.mkdir(parents=True)
-            log(f"downloading llama-cpp-python=={version} sdist with pip")
+            log(
+                f"downloading llama-cpp-python=={version} sdist with pip (77 MB: llama.cpp source, the tiny model's tokenizer)"
+            )
             try:
-                _run(
+                run_logged(
                     [
                         sys.executable,
                         "-m",
                         "pip",
                         "download",
                         "--no-deps",
+                        # The release itself as source, its build tools as wheels: with `:all:`, pip built each of
+                        # them from source to read the sdist's metadata (over 15 minutes on a cold machine, not 17 s).
                         "--no-binary",
-                        ":all:",
+                        "llama-cpp-python",
                         f"llama-cpp-python=={version}",
                         "-d",
                         str(download),
@@ -172,7 +163,7 @@ def sdist_path(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VE
 def _extract(tarball: Path, dest: Path, prefix: str, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
     """Extract members under `<sdist>/<prefix>` into dest; returns dest/<sdist>/<prefix>."""
     root = dest / sdist_name(version) / prefix
-    marker = root.parent / f".extracted-{_key(prefix)}"
+    marker = root.parent / f".extracted-{content_key(prefix)}"
     with cache_lock(dest, "extract"):
         if marker.exists():
             return root
@@ -201,7 +192,7 @@ def _extracted(path: Path, member: tarfile.TarInfo) -> bool:
 
 
 def binary_path(cache: Path, version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
-    return cache / "llama-server" / _key(version, CMAKE_FLAGS) / "llama-server"
+    return cache / "llama-server" / content_key(version, CMAKE_FLAGS) / "llama-server"
 
 
 def build_llama_server(
@@ -218,8 +209,8 @@ def build_llama_server(
     build = cache / "build" / binary.parent.name
     log(f"building llama-server {version} (about 8 minutes on 2 cores); log: {cache / 'build.log'}")
     t0 = time.perf_counter()
-    _run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], cache / "build.log", "cmake configure")
-    _run(
+    run_logged(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], cache / "build.log", "cmake configure")
+    run_logged(
         [
             "cmake",
             "--build",
@@ -246,7 +237,7 @@ def build_llama_server(
 
 
 def model_path(cache: Path) -> Path:
-    return cache / "models" / f"tiny-{_key(MODEL_PARAMS, VOCAB_FILE, CHAT_TEMPLATE)}.gguf"
+    return cache / "models" / f"tiny-{content_key(MODEL_PARAMS, VOCAB_FILE, CHAT_TEMPLATE)}.gguf"
 
 
 def vocab_path(cache: Path, log: Log = print) -> Path:
@@ -352,22 +343,18 @@ def _llama_contents(
 # --- the image ----------------------------------------------------------------------------------------
 
 
-def shared_libraries(binary: Path) -> list[Path]:
-    """What the dynamic loader maps for `binary` (libstdc++, libgomp, libc, ld-linux, ...), from ldd."""
-    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
-    libs = []
-    for line in out.splitlines():
-        m = re.search(r"(/\S+)\s+\(0x", line)
-        if m:
-            libs.append(Path(m.group(1)))
-    return libs
+def shared_libraries(*binaries: Path) -> list[Path]:
+    """What the dynamic loader maps for `binaries` (libstdc++, libgomp, libc, ld-linux, ...), from ldd."""
+    out = subprocess.run(["ldd", *map(str, binaries)], capture_output=True, text=True, check=True).stdout
+    return sorted({Path(m.group(1)) for m in re.finditer(r"(/\S+)\s+\(0x", out)})
 
 
-def _rootfs_tar(binary: Path, model: Path, libs: list[Path], dest: Path) -> Path:
-    """A tarball of the minimal root filesystem: /llama-server, its libraries at their paths, the model."""
+def _rootfs_tar(server: ServerFiles, model: Path, libs: list[Path], dest: Path) -> Path:
+    """A tarball of the minimal root filesystem: /llama-server, the server's files and libraries at their paths,
+    the model."""
 
     def add(tf: tarfile.TarFile, src: Path, arcname: str) -> None:
-        info = tf.gettarinfo(str(src.resolve()), arcname=arcname)
+        info = tf.gettarinfo(str(src.resolve()), arcname=arcname.lstrip("/"))
         info.uid = info.gid = 0
         info.uname = info.gname = "root"
         info.mtime = 0  # the tarball's bytes depend only on the contents
@@ -383,10 +370,10 @@ def _rootfs_tar(binary: Path, model: Path, libs: list[Path], dest: Path) -> Path
         for d in ("tmp",):
             add_dir(tf, d, 0o1777)
         add_dir(tf, "models")
-        add(tf, binary, "llama-server")
-        add(tf, model, MODEL_IN_IMAGE.lstrip("/"))
-        for lib in libs:
-            add(tf, lib, str(lib).lstrip("/"))
+        add(tf, server.executable, "llama-server")
+        add(tf, model, MODEL_IN_IMAGE)
+        for src, arcname in dict([*server.files, *((lib, str(lib)) for lib in libs)]).items():
+            add(tf, src, arcname)
     return dest
 
 
@@ -398,30 +385,25 @@ def ggml_version(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_
     return ".".join(parts.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH"))
 
 
-def engine_version(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VERSION) -> str:
-    """What the image's version label says: the source release the binary was built from."""
-    return f"llama-cpp-python {version}, ggml {ggml_version(cache, log, version)}"
+def source_server(binary: Path, cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VERSION) -> ServerFiles:
+    """A llama-server built from a llama-cpp-python release: the binary alone; its label names the source."""
+    described = f"llama-cpp-python {version}, ggml {ggml_version(cache, log, version)}"
+    return ServerFiles(binary, (), (binary,), described, ("llmplay.llama_cpp_python", version))
 
 
 def build_image(
-    client: Any,
-    binary: Path,
-    model: Path,
-    cache: Path,
-    force: bool = False,
-    log: Log = print,
-    version: str = LLAMA_CPP_PYTHON_VERSION,
+    client: Any, server: ServerFiles, model: Path, tag_name: str, cache: Path, force: bool = False, log: Log = print
 ) -> tuple[str, str]:
     """(image id, content hash); imports the image only when the tag's label differs from the contents."""
     import docker  # deferred: the docker SDK loads only when an image is built (not for --no-image)
 
-    libs = shared_libraries(binary)
-    described = engine_version(cache, log, version)
-    tag_name = image_tag(version)
-    content = _key(
-        [sha256_file(binary), sha256_file(model)] + [(str(lib), sha256_file(lib)) for lib in libs],
+    libs = shared_libraries(*server.elf)
+    files = sorted({(str(src), arcname) for src, arcname in server.files} | {(str(lib), str(lib)) for lib in libs})
+    content = content_key(
+        [sha256_file(server.executable), sha256_file(model)] + [(arc, sha256_file(Path(src))) for src, arc in files],
         MODEL_IN_IMAGE,
-        described,
+        server.version,
+        server.label,
     )
     if not force:
         try:
@@ -430,24 +412,42 @@ def build_image(
                 return image.id, content
         except docker.errors.ImageNotFound:
             pass
-    log(f"importing image {tag_name} (content {content})")
+    log(f"importing image {tag_name} ({server.version}; content {content})")
     workdir = cache / "image"
     workdir.mkdir(parents=True, exist_ok=True)
-    tar = _rootfs_tar(binary, model, libs, workdir / f"rootfs-{content}.tar")
+    tar = _rootfs_tar(server, model, libs, workdir / f"rootfs-{content}.tar")
     repo, tag = tag_name.rsplit(":", 1)
     changes = [
         'ENTRYPOINT ["/llama-server"]',
         "EXPOSE 8080",
         f"LABEL {CONTENT_LABEL}={content}",
-        f"LABEL llmplay.llama_cpp_python={version}",
-        f'LABEL {VERSION_LABEL}="{described}"',
+        f"LABEL {server.label[0]}={server.label[1]}",
+        f'LABEL {VERSION_LABEL}="{server.version}"',
         "ENV LLAMA_ARG_HOST=0.0.0.0",
     ]
-    client.api.import_image(src=str(tar), repository=repo, tag=tag, changes=changes)
-    tar.unlink()
+    try:
+        client.api.import_image(src=str(tar), repository=repo, tag=tag, changes=changes)
+    finally:
+        tar.unlink(missing_ok=True)
     image = client.images.get(tag_name)
     (workdir / "image.json").write_text(json.dumps({"tag": tag_name, "id": image.id, "content": content}, indent=1))
     return image.id, content
+
+
+def default_server(cache: Path, model: Path, force: bool = False, log: Log = print) -> ServerFiles:
+    """The prebuilt server when it runs on this CPU; otherwise the pinned llama-cpp-python release, built from source
+    (about 8 minutes on 2 cores, once)."""
+    try:
+        executable = llama_server.install(cache, force, log)
+    except InfrastructureError as exc:  # no wheel for this platform, or pip could not fetch it
+        failed: str | None = str(exc)
+    else:
+        failed = llama_server.check(executable, model, log)
+        if failed is None:
+            return llama_server.server_files(executable)
+    log(f"the prebuilt llama.cpp server does not run here: {failed}; building llama-server from source instead")
+    binary = build_llama_server(cache, force, log)
+    return source_server(binary, cache, log)
 
 
 def build_cpu_engine(
@@ -456,33 +456,39 @@ def build_cpu_engine(
     *,
     with_image: bool = True,
     log: Log = print,
-    version: str = LLAMA_CPP_PYTHON_VERSION,
+    version: str | None = None,
 ) -> CpuEngine:
-    """Binary, model and (unless with_image=False) the local image, each built only when missing or forced.
-    `version` is the llama-cpp-python release whose vendored llama.cpp is built; every release embeds the
-    same model (its tokenizer comes from the pinned sdist), so runs on two builds differ only in the engine."""
+    """Server, model and (unless with_image=False) the local image, each built only when missing or forced.
+    Without `version`: the prebuilt server, as `:local`. With one: that llama-cpp-python release's vendored llama.cpp,
+    built from source, as `:VERSION`. Every image embeds the same model (its tokenizer comes from the pinned sdist),
+    so runs on two builds differ only in the engine."""
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    binary = build_llama_server(cache, force, log, version)
     model = write_tiny_model(cache, force, log)
+    if version is None:
+        server = default_server(cache, model, force, log)
+    else:
+        server = source_server(build_llama_server(cache, force, log, version), cache, log, version)
     if not with_image:
-        return CpuEngine("", "", binary, model, MODEL_IN_IMAGE, "", version)
+        return CpuEngine("", "", server.executable, model, MODEL_IN_IMAGE, "", server.version)
+    tag = image_tag(version)
     image_id, content = build_with_docker(
-        cache, log, lambda client: build_image(client, binary, model, cache, force, log, version)
+        cache, log, lambda client: build_image(client, server, model, tag, cache, force, log)
     )
-    return CpuEngine(image_tag(version), image_id, binary, model, MODEL_IN_IMAGE, content, version)
+    return CpuEngine(tag, image_id, server.executable, model, MODEL_IN_IMAGE, content, server.version)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmplay.runtime.cpu_image", description=__doc__.splitlines()[0])
     parser.add_argument("--cache-dir", default=None, help="default: ~/.cache/llmplay (or $LLMPLAY_CACHE)")
-    parser.add_argument("--force", action="store_true", help="rebuild the binary, the model and the image")
-    parser.add_argument("--no-image", action="store_true", help="binary and model only (for the process runtime)")
+    parser.add_argument("--force", action="store_true", help="rebuild the server, the model and the image")
+    parser.add_argument("--no-image", action="store_true", help="server and model only (for the process runtime)")
     parser.add_argument(
         "--llama-cpp-python",
         dest="version",
-        default=LLAMA_CPP_PYTHON_VERSION,
-        help=f"release whose llama.cpp to build (default {LLAMA_CPP_PYTHON_VERSION}, tagged :local)",
+        default=None,
+        help="build this llama-cpp-python release's llama.cpp from source, tagged :VERSION (default: the prebuilt "
+        "server, tagged :local)",
     )
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
@@ -498,8 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     print(
-        f"image:  {eng.image or '(not built)'} {eng.image_id}\nbinary: {eng.binary}\nmodel:  {eng.model_path}"
-        f"\nready in {time.perf_counter() - t0:.1f}s"
+        f"image:  {eng.image or '(not built)'} {eng.image_id}\nserver: {eng.binary} ({eng.engine_version})"
+        f"\nmodel:  {eng.model_path}\nready in {time.perf_counter() - t0:.1f}s"
     )
     return 0
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from llmplay.cache_dir import TINY_HF_MODEL
-from llmplay.runtime.cache import default_cache_dir
-from llmplay.runtime.cpu_image import CHAT_TEMPLATE, MODEL_PARAMS, Log, _key, vocab_path
+from llmplay.runtime.cache import Log, content_key, default_cache_dir
+from llmplay.runtime.cpu_image import CHAT_TEMPLATE, MODEL_PARAMS, vocab_path
 
 KEY_FILE = ".llmplay-key"
 
@@ -134,7 +134,7 @@ def write_tiny_hf_model(cache: Path | None = None, force: bool = False, log: Log
     """The model directory in the cache, written (atomically, as a whole) when missing, stale or forced."""
     cache = cache or default_cache_dir()
     dest = model_dir(cache)
-    key = _key(MODEL_PARAMS, CHAT_TEMPLATE, "hf-1")
+    key = content_key(MODEL_PARAMS, CHAT_TEMPLATE, "hf-1")
     if not force and (dest / KEY_FILE).is_file() and (dest / KEY_FILE).read_text().strip() == key:
         return dest
     tokens, scores, types = _vocabulary(vocab_path(cache, log))

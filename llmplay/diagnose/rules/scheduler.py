@@ -17,7 +17,7 @@ NO_CONTINUOUS_BATCHING = Rule(
     "§6",
     "continuous batching off: the engine runs static batches",
     lambda f: f.scheduler.continuous_batching is False,
-    lambda f: Outcome("warn", "Continuous batching is off", "engine runs static batches", S_CONT_BATCH),
+    lambda f: Outcome("warn", "Continuous batching is off", "engine runs static batches", steps(S_CONT_BATCH)),
 )
 
 
@@ -66,7 +66,7 @@ PREFIX_CACHE_OFF = Rule(
     "§6",
     "prompts share a prefix but prefix caching is off",
     lambda f: f.scheduler.prefix_caching is False and _prefix_reuse(f)[0],
-    lambda f: Outcome("info", "Prompts share a prefix but prefix caching is off", _prefix_reuse(f)[1], S_PREFIX),
+    lambda f: Outcome("info", "Prompts share a prefix but prefix caching is off", _prefix_reuse(f)[1], steps(S_PREFIX)),
 )
 
 
@@ -89,7 +89,7 @@ PREFIX_CACHE_MISSES = Rule(
         "info",
         "Shared prefixes are not being hit in the prefix cache",
         f"prefix-cache hit rate {pct(_prefix_hit_rate(f) or 0)} where {_prefix_reuse(f)[1]}",
-        S_PREFIX,
+        steps(S_PREFIX),
     ),
 )
 

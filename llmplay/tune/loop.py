@@ -1,0 +1,316 @@
+"""`llmplay tune`: the checklist's loop. A probe of one request alone (a bound on latency gates), the baseline and the
+hand-written steps, then rounds: rank the incumbent's candidates, run the best as an ordinary step through the run
+machinery (its statistics and guards decide it), carry it if kept, diagnose the new incumbent, until a stop reason.
+
+Every round is an ordinary run archived under the tuning directory, its playbook written beside it (`round-N.yaml`);
+`trail.json` holds the decisions; `tuned.yaml` is the playbook the loop ends with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from llmplay.archive.model import Finding, RooflineFacts, StepVerdict
+from llmplay.archive.reader import ArchivedRun
+from llmplay.engines import get_engine
+from llmplay.outcomes import INCONCLUSIVE, GateResult
+from llmplay.playbook.load import load_playbook
+from llmplay.spec import Playbook, Scalar, TuneSpec
+from llmplay.tune import documents, trail
+from llmplay.tune.bounds import roofline_bound, unloaded_bound
+from llmplay.tune.history import tried_before
+from llmplay.tune.rank import Ranked, RankInput, Tried, TunePolicy, next_step, rank
+from llmplay.tune.trail import Round, Trail
+from llmplay.tuning.run import RunOutcome
+from llmplay.tuning.search import DROPPED_VS_LEADER
+
+# Runs one playbook as an ordinary run, archived under the given root.
+RunFn = Callable[[Playbook, Path], RunOutcome]
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    tune_dir: Path
+    trail: Trail
+    tuned: Path | None  # tuned.yaml, None when the loop stopped before the baseline
+
+
+def policy_of(playbook: Playbook) -> TunePolicy:
+    spec = playbook.tune or TuneSpec()
+    guarded = playbook.goals.quality is not None or any(g.metric.startswith("quality.") for g in playbook.goals.guards)
+    return TunePolicy(
+        allow=frozenset(spec.allow),
+        deny=frozenset(spec.deny),
+        quality_guarded=guarded,
+        values=dict(spec.values),
+        retry_rejected=spec.retry_rejected,
+    )
+
+
+def rank_incumbent(
+    playbook: Playbook,
+    findings: Sequence[Finding],
+    args: Mapping[str, Scalar],
+    summary: Mapping[str, float],
+    gates: Sequence[GateResult],
+    tried: Sequence[Tried],
+) -> tuple[Ranked, ...]:
+    """The ranking for an incumbent of this playbook (the loop's and --dry-run's one call)."""
+    rank_in = RankInput(findings, args, summary, gates, playbook.goals.objective, playbook.workload.concurrency)
+    return rank(rank_in, get_engine(playbook.engine.kind), tried, policy_of(playbook))
+
+
+def _final_args(run_dir: Path) -> dict[str, Scalar]:
+    """The engine knobs of a run's final configuration, as archived."""
+    run = ArchivedRun.open(run_dir)
+    final = run.info.final_config_id
+    for config in run.configs():
+        if config.config_id == final:
+            return dict(config.engine.args)
+    return {}
+
+
+class TuneLoop:
+    """One tuning session in `tune_dir`; `run` measures a playbook, `say` prints a line."""
+
+    def __init__(
+        self,
+        playbook: Playbook,
+        tune_dir: Path,
+        run: RunFn,
+        say: Say,
+        state: Trail | None = None,
+        archive_root: Path | None = None,
+    ):
+        """`archive_root`: where each round's run is archived (the tuning directory itself when None) and whose
+        earlier runs of this playbook count as history."""
+        self.playbook, self.tune_dir, self.run, self.say = playbook, tune_dir, run, say
+        self.trail = state or Trail(playbook=playbook.path)
+        self.spec = playbook.tune or TuneSpec()
+        self.archive = archive_root or tune_dir
+        self.history = tried_before(self.archive, playbook) if archive_root is not None else ()
+
+    def execute(self) -> TuneOutcome:
+        self.tune_dir.mkdir(parents=True, exist_ok=True)
+        if not self.trail.alone_run and self._probe_alone():
+            return self._finish(None)
+        if not self.trail.rounds:
+            self._baseline()
+            bound = roofline_bound(self.playbook.goals.gates, self._roofline())
+            if bound is not None:
+                self._stop(f"goal unreachable ({bound.bound}): {bound.message}", infeasible=True)
+        while not self.trail.stop:
+            self._next_round()
+        return self._finish(self.tune_dir / trail.TUNED_FILE)
+
+    # -- the parts
+    def _probe_alone(self) -> bool:
+        """Measure one request alone; True when a latency gate is below it (the loop then stops before the baseline)."""
+        path = documents.write_document(self.tune_dir / "alone.yaml", documents.alone_document(self.playbook))
+        self.say(f"tune: one request alone ({documents.ALONE_REQUESTS} requests, one at a time): {path}")
+        outcome, spent = self._measure(load_playbook(path, allow_outside_extends=True))
+        alone = {k: float(v) for k, v in outcome.final_summary.items() if isinstance(v, int | float)}
+        self.trail = replace(self.trail, alone=alone, alone_run=str(outcome.run_dir), alone_s=spent)
+        bound = unloaded_bound(self.playbook.goals.gates, alone, documents.ALONE_REQUESTS)
+        if bound is None:
+            trail.save(self.trail, self.tune_dir)
+            return False
+        self._stop(f"goal unreachable ({bound.bound}): {bound.message}", infeasible=True)
+        return True
+
+    def _baseline(self) -> None:
+        self.say("tune: round 0, the baseline and the playbook's own steps")
+        outcome, spent = self._measure(self.playbook)
+        done = Round(
+            0,
+            str(outcome.run_dir),
+            dict(self.playbook.engine.args),
+            findings=tuple(outcome.findings),
+            kept_args=_final_args(outcome.run_dir),
+            engine_s=spent,
+            summary=_figures(outcome.final_summary),
+            gates_met=_all_met(outcome.gates),
+        )
+        self.trail = self.trail.with_round(done)
+        trail.save(self.trail, self.tune_dir)
+
+    def _next_round(self) -> None:
+        last = self.trail.rounds[-1]
+        ranked = self._ranking(last)
+        number = len(self.trail.rounds)
+        self._print_ranking(number, ranked)
+        chosen = next_step(ranked)
+        stop = self._stop_reason(chosen, ranked, last)
+        if stop:
+            self._stop(stop, ranked=ranked)
+            return
+        assert chosen is not None and chosen.knob is not None  # _stop_reason
+        taken = [r.step for r in self.trail.rounds if r.step]
+        name = documents.step_name(chosen, taken)
+        step = documents.step_document(chosen, name)
+        doc = documents.round_document(self.playbook, last.kept_args, [step])
+        if any(t.knob == chosen.knob and t.verdict == INCONCLUSIVE for t in self.trail.tried()):
+            doc["trials"] = documents.more_trials(self.playbook)
+            self.say(
+                f"tune: {chosen.knob} was inconclusive before: this round allows {doc['trials']['max_repeats']} rounds"
+            )
+        path = documents.write_document(self.tune_dir / f"round-{number}.yaml", doc, _round_header(number, chosen))
+        self.say(f"tune: round {number} runs {name} ({path.name})")
+        outcome, spent = self._measure(load_playbook(path, allow_outside_extends=True))
+        verdict = outcome.verdicts[0] if outcome.verdicts else None
+        kept = verdict is not None and verdict.carried
+        behind = () if kept or verdict is None else _dropped_behind_leader(verdict, chosen.values)
+        done = Round(
+            number,
+            str(outcome.run_dir),
+            dict(last.kept_args),
+            findings=tuple(outcome.findings),
+            ranked=ranked,
+            step=name,
+            step_document=step,
+            verdict=verdict.verdict if verdict else "failed",
+            reason=verdict.reason if verdict else f"the round's run ended {outcome.status}",
+            kept_args=_final_args(outcome.run_dir) if kept else dict(last.kept_args),
+            engine_s=spent,
+            summary=_figures(outcome.final_summary) if kept or outcome.final_summary else last.summary,
+            gates_met=_all_met(outcome.gates),
+            retry_values=behind,
+        )
+        self.trail = self.trail.with_round(done)
+        self.say(f"tune: round {number}: {name} {done.verdict}: {done.reason}")
+        trail.save(self.trail, self.tune_dir)
+
+    def _ranking(self, last: Round) -> tuple[Ranked, ...]:
+        """The incumbent's ranking; after a value search whose leader was rejected (a guard, say) while it had dropped
+        other values only for trailing that leader, those values first, as their own search."""
+        if last.retry_values:
+            chosen = next(c for c in last.ranked if c.rank == 1)
+            values = ", ".join(map(repr, last.retry_values))
+            why = (
+                f"#1 of 1: {chosen.knob} → {values}; round {last.number}'s search dropped these values only for "
+                "trailing its leader, which it then rejected: they race again without it"
+            )
+            return (replace(chosen, values=last.retry_values, reason=why),)
+        gates = ArchivedRun.open(Path(last.run_dir)).gates()
+        mine = {r.run_dir for r in self.trail.rounds}
+        history = tuple(t for t in self.history if t.where.removeprefix("run ") not in {Path(d).name for d in mine})
+        tried = (*self.trail.tried(), *history)
+        return rank_incumbent(self.playbook, last.findings, last.kept_args, last.summary, gates, tried)
+
+    def _stop_reason(self, chosen: Ranked | None, ranked: Sequence[Ranked], last: Round) -> str:
+        steps_taken = sum(1 for r in self.trail.rounds if r.step)
+        if chosen is None:
+            if not ranked:
+                return "nothing left to try: no finding on the incumbent calls for a step"
+            return f"nothing left to try: all {len(ranked)} candidates skipped (see the ranking)"
+        if last.gates_met and not chosen.bears_on_binding:
+            return (
+                f"every gate met and no candidate left that bears on the objective (next would be {chosen.knob}, "
+                f"{chosen.remedy.value})"
+            )
+        if self.spec.max_steps is not None and steps_taken >= self.spec.max_steps:
+            return f"budget spent: {steps_taken} of {self.spec.max_steps} steps"
+        budget = self.spec.engine_budget_s
+        if budget is not None:
+            rounds = [r.engine_s for r in self.trail.rounds if r.step] or [self.trail.rounds[-1].engine_s]
+            expected = sum(rounds) / len(rounds)
+            if self.trail.engine_s + expected > budget:
+                return (
+                    f"budget spent: {self.trail.engine_s / 60:.1f} of {budget / 60:.1f} engine minutes, and a round "
+                    f"takes about {expected / 60:.1f}"
+                )
+        return ""
+
+    # -- helpers
+    def _measure(self, playbook: Playbook) -> tuple[RunOutcome, float]:
+        """The run's outcome and its engine time: the wall time its trials archived (engine starts included)."""
+        outcome = self.run(playbook, self.archive)
+        return outcome, sum(t.wall_s for t in ArchivedRun.open(outcome.run_dir).trials())
+
+    def _roofline(self) -> RooflineFacts | None:
+        return ArchivedRun.open(Path(self.trail.rounds[-1].run_dir)).diagnosis().roofline
+
+    def _stop(self, reason: str, *, infeasible: bool = False, ranked: Sequence[Ranked] = ()) -> None:
+        self.trail = replace(self.trail, stop=reason, infeasible=infeasible, final_ranking=tuple(ranked))
+        self.say(f"tune: stopped: {reason}")
+        trail.save(self.trail, self.tune_dir)
+
+    def _print_ranking(self, number: int, ranked: Sequence[Ranked]) -> None:
+        self.say(f"tune: round {number} ranking")
+        for line in ranking_lines(ranked):
+            self.say(f"  {line}")
+
+    def _finish(self, tuned: Path | None) -> TuneOutcome:
+        if tuned is not None:
+            tuned.write_text(documents.tuned_text(self.playbook, *self._kept_and_not()))
+            self.say(f"tune: wrote {tuned}")
+        return TuneOutcome(self.tune_dir, self.trail, tuned)
+
+    def _kept_and_not(self) -> tuple[list[documents.KeptStep], list[documents.Doc]]:
+        kept: list[documents.KeptStep] = []
+        not_kept: list[documents.Doc] = []
+        for r in self.trail.rounds:
+            if not r.step:
+                continue
+            chosen = next(c for c in r.ranked if c.rank == 1)
+            if r.verdict == "kept":
+                kept.append(documents.KeptStep(_fixed(r), f"{chosen.remedy.value}: {chosen.evidence}", r.reason))
+            else:
+                not_kept.append({"step": r.step, "knob": chosen.knob, "verdict": r.verdict, "why": r.reason})
+        skipped: dict[str, documents.Doc] = {}  # by remedy: the last round's reason
+        for ranked in [*(r.ranked for r in self.trail.rounds), self.trail.final_ranking]:
+            for c in ranked:
+                if c.skipped:
+                    skipped[c.remedy.value] = {
+                        "remedy": c.remedy.value,
+                        "knob": c.knob,
+                        "verdict": "skipped",
+                        "why": c.reason,
+                    }
+        return kept, [*not_kept, *skipped.values()]
+
+
+def _fixed(done: Round) -> documents.Doc:
+    """A kept round's step as a fixed change: a value search's winner, read off the knobs the round ended with."""
+    step = dict(done.step_document)
+    search = step.pop("search", None)
+    if search:
+        target = next(iter(search))
+        knob = target.removeprefix("args.")
+        step["set"] = {knob: done.kept_args.get(knob)}
+    return step
+
+
+def _dropped_behind_leader(verdict: StepVerdict, tried: Sequence[Scalar]) -> tuple[Scalar, ...]:
+    """A rejected search's values dropped only for trailing a leader (never judged against the incumbent)."""
+    if verdict.search is None:
+        return ()
+    behind = tuple(v.value for v in verdict.search.values if v.status == DROPPED_VS_LEADER)
+    return behind if behind and tuple(behind) != tuple(tried) else ()
+
+
+def _figures(summary: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _all_met(gates: Sequence[GateResult]) -> bool:
+    return all(g.met is True for g in gates)
+
+
+def _round_header(number: int, chosen: Ranked) -> str:
+    return f"# llmplay tune, round {number}: the incumbent's knobs and the step ranked first.\n# {chosen.reason}\n"
+
+
+def ranking_lines(ranked: Sequence[Ranked]) -> list[str]:
+    """The ranking as the console and the trail show it: ranked ones first, then each skipped one with why."""
+    lines = []
+    for c in ranked:
+        if c.skipped:
+            lines.append(f"skipped {c.remedy.value}: {c.reason}")
+        else:
+            lines.append(c.reason)
+    return lines or ["(no finding calls for a step)"]

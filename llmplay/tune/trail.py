@@ -1,0 +1,124 @@
+"""The tuner's decision trail: per round the incumbent's findings, the ranked candidates with the reason for each
+rank, the step chosen, its verdict and the engine time spent; and why the loop stopped. Written to `trail.json`
+after every round, so a reader replays every choice and `--resume` continues the same ranking."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any  # json.loads' values, read into records below
+
+from llmplay.archive.convert import finding_from
+from llmplay.archive.model import Finding, to_plain
+from llmplay.engines.knobs import Direction, Remedy, Risk
+from llmplay.spec import Scalar
+from llmplay.tune.rank import Ranked, Tried
+
+TRAIL_FILE = "trail.json"
+TUNED_FILE = "tuned.yaml"
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round: the incumbent it diagnosed, what the ranking said, and what the chosen step's A/B decided."""
+
+    number: int  # 0: the baseline and the hand-written steps
+    run_dir: str
+    incumbent: Mapping[str, Scalar]  # the engine knobs the round started from
+    findings: tuple[Finding, ...] = ()  # the incumbent's, which the ranking read (after the round: the new one's)
+    ranked: tuple[Ranked, ...] = ()
+    step: str | None = None  # the chosen step's name
+    step_document: Mapping[str, Any] = field(default_factory=dict)
+    verdict: str | None = None
+    reason: str = ""
+    kept_args: Mapping[str, Scalar] = field(default_factory=dict)  # the incumbent after the round
+    engine_s: float = 0.0
+    summary: Mapping[str, float] = field(default_factory=dict)  # the new incumbent's pooled figures
+    gates_met: bool | None = None
+    # A rejected search's values dropped only for trailing its leader: the next round races them without it.
+    retry_values: tuple[Scalar, ...] = ()
+
+
+@dataclass(frozen=True)
+class Trail:
+    playbook: str  # the playbook's path
+    rounds: tuple[Round, ...] = ()
+    alone: Mapping[str, float] = field(default_factory=dict)  # the unloaded probe's figures
+    alone_run: str = ""
+    alone_s: float = 0.0
+    stop: str = ""  # why the loop stopped ("" while it runs)
+    infeasible: bool = False
+    final_ranking: tuple[Ranked, ...] = ()  # the ranking the loop stopped on
+
+    @property
+    def engine_s(self) -> float:
+        """Wall time of engine work so far: the probe and every round, engine starts included."""
+        return self.alone_s + sum(r.engine_s for r in self.rounds)
+
+    def tried(self) -> tuple[Tried, ...]:
+        return tuple(
+            Tried(c.remedy, c.knob or "", r.verdict or "", f"round {r.number}")
+            for r in self.rounds
+            if r.step
+            for c in r.ranked
+            if c.rank == 1
+        )
+
+    def with_round(self, done: Round) -> Trail:
+        return replace(self, rounds=(*self.rounds, done))
+
+
+def save(trail: Trail, tune_dir: Path) -> None:
+    tmp = tune_dir / f"{TRAIL_FILE}.tmp"
+    tmp.write_text(json.dumps(to_plain(trail), indent=1, sort_keys=False))
+    tmp.replace(tune_dir / TRAIL_FILE)
+
+
+def load(tune_dir: Path) -> Trail:
+    raw = json.loads((tune_dir / TRAIL_FILE).read_text())
+    return Trail(
+        playbook=str(raw["playbook"]),
+        rounds=tuple(_round(r) for r in raw.get("rounds", ())),
+        alone={str(k): float(v) for k, v in dict(raw.get("alone") or {}).items()},
+        alone_run=str(raw.get("alone_run") or ""),
+        alone_s=float(raw.get("alone_s") or 0.0),
+        stop=str(raw.get("stop") or ""),
+        infeasible=bool(raw.get("infeasible")),
+        final_ranking=tuple(_ranked(c) for c in raw.get("final_ranking", ())),
+    )
+
+
+def _round(r: Mapping[str, Any]) -> Round:
+    return Round(
+        number=int(r["number"]),
+        run_dir=str(r["run_dir"]),
+        incumbent=dict(r.get("incumbent") or {}),
+        findings=tuple(finding_from(f) for f in r.get("findings", ())),
+        ranked=tuple(_ranked(c) for c in r.get("ranked", ())),
+        step=r.get("step"),
+        step_document=dict(r.get("step_document") or {}),
+        verdict=r.get("verdict"),
+        reason=str(r.get("reason") or ""),
+        kept_args=dict(r.get("kept_args") or {}),
+        engine_s=float(r.get("engine_s") or 0.0),
+        summary={str(k): float(v) for k, v in dict(r.get("summary") or {}).items()},
+        gates_met=r.get("gates_met"),
+        retry_values=tuple(r.get("retry_values") or ()),
+    )
+
+
+def _ranked(c: Mapping[str, Any]) -> Ranked:
+    return Ranked(
+        remedy=Remedy(c["remedy"]),
+        direction=Direction(c["direction"]),
+        knob=c.get("knob"),
+        values=tuple(c.get("values") or ()),
+        findings=tuple(c.get("findings") or ()),
+        evidence=str(c.get("evidence") or ""),
+        reason=str(c.get("reason") or ""),
+        rank=c.get("rank"),
+        risk=Risk(c.get("risk") or Risk.SAFE),
+        bears_on_binding=bool(c.get("bears_on_binding")),
+    )
