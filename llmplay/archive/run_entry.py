@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # an index entry is built from these; reading the index (hist
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from llmplay.archive.model import ConfigRecord, RunInfo, TrialRecord
+    from llmplay.spec import EngineSpec, Workload
 
 # Besides the goals' metrics, what every run's headline keeps per trial: cost, and the counts an error rate's
 # interval in points needs.
@@ -170,7 +171,7 @@ def _goals_of(run_dir: Path, info: RunInfo, cache: dict[str, Goals | None]) -> G
     return None
 
 
-def _without(record: object, keys: Sequence[str]) -> dict[str, Any]:
+def _without(record: EngineSpec | Workload, keys: Sequence[str]) -> dict[str, object]:
     from llmplay.archive.model import to_plain  # deferred: see the imports
 
     return {k: v for k, v in to_plain(record).items() if k not in keys}

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from llmplay.archive.model import Finding
+from llmplay.archive.model import Finding, Scalar
 from llmplay.diagnose.memory import MemoryBreakdown
 from llmplay.diagnose.roofline import Roofline
 from llmplay.diagnose.steps import Suggestion
@@ -77,9 +77,9 @@ class SchedulerFacts:
             kv_preallocated_frac=_fraction(raw.get("kv_preallocated_frac")),
         )
 
-    def to_json(self) -> dict[str, object]:
-        """The archive's `scheduler` dict: kv_preallocated_frac only for the engines that preallocate."""
-        out: dict[str, object] = {
+    def as_mapping(self) -> dict[str, Scalar | None]:
+        """The diagnosis's `scheduler` facts: kv_preallocated_frac only for the engines that preallocate."""
+        out: dict[str, Scalar | None] = {
             "continuous_batching": self.continuous_batching,
             "max_batch": self.max_batch,
             "concurrency": self.concurrency,

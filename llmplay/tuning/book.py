@@ -112,7 +112,7 @@ class TrialBook:
             capacity=result.capacity.as_dict() if result.capacity is not None else None,
         )
         if result.probes is not None:
-            self.archive.write_probes(trial_id, [p.as_dict() for p in result.probes])
+            self.archive.write_probes(trial_id, result.probes)
         self.show(result.trial)
 
     def write_interrupted(self, stopped: TrialInterrupted) -> None:
