@@ -24,8 +24,19 @@ Reported per scenario:
   gave its most-measured value (the same trials per value); /max grid: relative to a grid of max_rounds rounds
   (plus the confirmation pairs when there is a winner)
 
+With guards (`--guards`): the objective is P95 TTFT (minimised, min_effect 2 %) and output tokens/s is a guard with
+a 25 % tolerance; each value moves both (log noise sigma each, the round's drift shared). On "guard-broken" the
+TTFT gain grows with the knob (-4 -8 -12 -17 -25 %) while the last value costs 35 % of the throughput, so the best
+value that holds its guards is the fourth (-17 %, throughput -10 %); "two values" is a race of -17 % (guards
+holding) against -18 % with throughput -27 %. Reported per row:
+- right: the declared winner holds its guards (true change within tolerance) and is within min_effect of the best
+  value that does
+- rejected while shown: searches that end "rejected" although some value was shown to beat the incumbent with its
+  guards holding (its decision kept it at some look); not kept while shown: those that end without a winner at all
+
     PYTHONPATH=. .venv/bin/python benchmarks/search.py              # the table (250 searches a row, 2.5 min CPU)
     PYTHONPATH=. .venv/bin/python benchmarks/search.py --reps 100   # quicker, noisier
+    PYTHONPATH=. .venv/bin/python benchmarks/search.py --guards     # the guard rows (1,000 searches at sigma .05)
 """
 
 from __future__ import annotations
@@ -37,14 +48,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmplay.archive.model import KEPT
-from llmplay.spec import Goals, Objective
+from llmplay.archive.model import KEPT, REJECTED
+from llmplay.spec import Goals, Guard, Objective
 from llmplay.stats.decide import TrialSample
 from llmplay.tuning.search import SearchDesign, ValueSearch
 
 GOALS = Goals(objective=Objective("maximize", "throughput.output_tok_s", 0.02))
 DESIGN = SearchDesign(first_rounds=3, max_rounds=12, confirm_rounds=3, confidence=0.95)
 ROUND_DRIFT = 0.05
+GUARDED = Goals(
+    objective=Objective("minimize", "ttft.p95", 0.02), guards=(Guard("throughput.output_tok_s", 0.25, "maximize"),)
+)
+# name: (P95 TTFT change, throughput change) per value, in the knob's order
+GUARDED_CURVES = {
+    "guard-broken": ((-0.04, -0.08, -0.12, -0.17, -0.25), (0.0, -0.03, -0.06, -0.10, -0.35)),
+    "two values": ((-0.17, -0.18), (0.0, -0.27)),
+}
 
 
 def curve(shape: str, k: int) -> np.ndarray:
@@ -126,11 +145,90 @@ def scenario(shape: str, k: int, sigma: float, reps: int, seed: int, design: Sea
     }
 
 
+def _guarded_trial(ttft: float, tok_s: float) -> TrialSample:
+    return TrialSample(
+        duration_s=1.0, values={"ttft": np.array([ttft]), "output_tokens": np.array([tok_s])}, n_requests=1, n_errors=0
+    )
+
+
+@dataclass
+class GuardedOutcome:
+    winner: int | None
+    rejected: bool
+    shown: bool  # some value was shown to beat the incumbent with its guards holding
+    rounds: int
+
+
+def one_guarded_search(
+    objective: np.ndarray, guard: np.ndarray, sigma: float, rng: np.random.Generator, seed: int
+) -> GuardedOutcome:
+    values = list(range(1, len(objective) + 1))
+    search = ValueSearch(values, GUARDED, DESIGN, ordered=True, seed=seed)
+    while (rnd := search.next_round()) is not None:
+        drift = ROUND_DRIFT * rng.standard_normal()
+        for arm in rnd.arms:
+            i = None if arm.incumbent else values.index(arm.value)  # type: ignore[arg-type]
+            obj, tok = (0.0, 0.0) if i is None else (float(objective[i]), float(guard[i]))
+            noise = sigma * rng.standard_normal(2)
+            search.record(
+                rnd.number, arm, _guarded_trial(0.1 * math.exp(obj + drift + noise[0]), 1000 * math.exp(tok + noise[1]))
+            )
+    result = search.result()
+    shown = any(v.beat_at_round is not None for v in result.values)
+    winner = values.index(result.winner.value) if result.verdict == KEPT and result.winner else None  # type: ignore[arg-type]
+    return GuardedOutcome(winner, result.verdict == REJECTED, shown, result.rounds)
+
+
+def guarded_scenario(name: str, sigma: float, reps: int, seed: int) -> dict[str, float]:
+    change, guard_change = GUARDED_CURVES[name]
+    objective, guard = np.log1p(np.array(change)), np.log1p(np.array(guard_change))
+    tolerance = GUARDED.guards[0].tolerance
+    holds = guard >= math.log1p(-tolerance)
+    best = float(objective[holds].min())
+    right = holds & (objective - best <= GUARDED.objective.min_effect)
+    rng = np.random.default_rng(seed)
+    outs = [one_guarded_search(objective, guard, sigma, rng, seed * 100_000 + r) for r in range(reps)]
+    return {
+        "right": sum(o.winner is not None and bool(right[o.winner]) for o in outs) / reps,
+        "kept": sum(o.winner is not None for o in outs) / reps,
+        "rejected_shown": sum(o.rejected and o.shown for o in outs),
+        "lost_shown": sum(o.winner is None and o.shown for o in outs),
+        "rejected": sum(o.rejected for o in outs) / reps,
+        "rounds": float(np.mean([o.rounds for o in outs])),
+    }
+
+
+def guarded_table(reps: int, seed: int) -> None:
+    print(
+        f"with a throughput guard (25 %): objective P95 TTFT, min_effect {GUARDED.objective.min_effect:.0%}; "
+        f"{reps} searches a row at sigma <= .05, {max(reps // 4, 1)} at .15"
+    )
+    print(
+        f"{'curve':<13} {'sigma':>5} {'searches':>8} {'right':>6} {'kept':>6} {'rejected':>8} "
+        f"{'rejected while shown':>20} {'not kept while shown':>20} {'rounds':>6}"
+    )
+    started = time.perf_counter()
+    for name, sigma in (("guard-broken", 0.05), ("guard-broken", 0.15), ("two values", 0.02), ("two values", 0.05)):
+        n = reps if sigma <= 0.05 else max(reps // 4, 1)
+        row = guarded_scenario(name, sigma, n, seed + int(sigma * 100) + len(name))
+        print(
+            f"{name:<13} {sigma:>5.2f} {n:>8} {row['right']:>6.1%} {row['kept']:>6.1%} {row['rejected']:>8.1%} "
+            f"{int(row['rejected_shown']):>20} {int(row['lost_shown']):>20} {row['rounds']:>6.1f}",
+            flush=True,
+        )
+    print(f"({time.perf_counter() - started:.0f} s)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=250)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--guards", action="store_true", help="only the rows with a guard")
+    parser.add_argument("--guard-reps", type=int, default=1000, help="searches a guard row at sigma <= .05")
     args = parser.parse_args()
+    if args.guards:
+        guarded_table(args.guard_reps, args.seed)
+        return
     d = DESIGN
     print(
         f"value search: {args.reps} searches per row; rounds {d.first_rounds}..{d.max_rounds} + {d.confirm_rounds} "

@@ -30,6 +30,7 @@ from llmplay.archive.model import KEPT, REJECTED
 from llmplay.spec import Goals, Guard, Objective, Trials
 from llmplay.stats.decide import TrialSample, decide_step
 from llmplay.stats.intervals import Noise
+from llmplay.stats.power import t_power, z_power
 from llmplay.tuning.steps import candidate_first
 
 FIXED = Trials(repeats=3, interleave=True, sequential=False, max_repeats=3)
@@ -66,6 +67,10 @@ class Row:
     requests: int = REQUESTS  # per trial
     guard_sigma: float | None = None  # the guards' per-trial log-SD when it is not the objective's
     max_repeats: int = 6  # sequential mode's last look
+    # trials.noise: history: the archive's earlier comparable steps, this many degrees of freedom of paired noise
+    # (each metric's estimate drawn per run from its chi-square law), at this per-trial log-SD (None: today's)
+    history_df: int = 0
+    history_sigma: float | None = None
     note: str = field(default="", compare=False)
 
 
@@ -120,7 +125,13 @@ class StepOutcome:
 
 
 def _run_step(
-    rng: np.random.Generator, row: Row, trials: Trials, goals: Goals, sigma: float, borrowed: dict[str, list[Noise]]
+    rng: np.random.Generator,
+    row: Row,
+    trials: Trials,
+    goals: Goals,
+    sigma: float,
+    borrowed: dict[str, list[Noise]],
+    history: dict[str, Noise] | None = None,
 ) -> tuple[StepOutcome, dict[str, Noise]]:
     most = trials.max_repeats if trials.sequential else trials.repeats
     noise = _trial_values(rng, row, sigma, 2 * most)
@@ -135,7 +146,7 @@ def _run_step(
             (b if is_candidate else a).append(_sample(noise[t], is_candidate, row, int(errors[t]), pair))
     n = trials.repeats
     while True:
-        d = decide_step(a[:n], b[:n], goals, trials, borrowed=borrowed)
+        d = decide_step(a[:n], b[:n], goals, trials, borrowed=borrowed, history=history)
         if not (trials.sequential and d.verdict == "inconclusive" and n < trials.max_repeats):
             break
         n += 1
@@ -143,6 +154,39 @@ def _run_step(
     excludes = bool(obj and obj.ci_low is not None and obj.ci_high is not None and (obj.ci_low > 0 or obj.ci_high < 0))
     guard_reject = d.verdict == REJECTED and " tolerance" in d.reason and "beyond its" in d.reason
     return StepOutcome(d.verdict, guard_reject, excludes, n), dict(d.noise)
+
+
+def _history(rng: np.random.Generator, row: Row) -> dict[str, Noise] | None:
+    """The history's paired noise per metric as an archive of earlier steps would give it: a pair's log ratio has
+    variance 2 sigma^2, estimated with history_df degrees of freedom."""
+    if not row.history_df:
+        return None
+    sigma = row.history_sigma if row.history_sigma is not None else row.sigma
+    guard = row.guard_sigma if row.guard_sigma is not None else sigma
+    if row.history_sigma is not None and row.guard_sigma is not None:
+        guard = row.guard_sigma * row.history_sigma / row.sigma
+    out = {}
+    for metric, s in (("ttft.p95", sigma), ("throughput.output_tok_s", guard), ("tpot.p95", guard)):
+        out[metric] = Noise(2 * s * s * float(rng.chisquare(row.history_df)) / row.history_df, row.history_df)
+    return out
+
+
+def design_df(row: Row) -> int:
+    """The degrees of freedom the fixed design's objective interval can have: its own 2, the run's other steps' when
+    borrowed, the history's."""
+    pooled = row.pool or row.history_df
+    return FIXED.repeats - 1 + ((row.steps - 1) * (FIXED.repeats - 1) if pooled else 0) + row.history_df
+
+
+def oracle(row: Row) -> tuple[float, float]:
+    """(t test power at the design's degrees of freedom, known-variance power) of the fixed design's objective
+    interval excluding 0 for the row's true effect (in A/A, the level's 5 %)."""
+    se = row.sigma * np.sqrt(2.0 / FIXED.repeats)
+    gap = abs(float(np.log1p(row.objective_effect)))
+    df = design_df(row)
+    t = t_power(gap, se, df, row.confidence) + t_power(-gap, se, df, row.confidence)
+    z = z_power(gap, se, row.confidence) + z_power(-gap, se, row.confidence)
+    return t, z
 
 
 def run_row(row: Row, reps: int, seed: int) -> dict[str, dict[str, float]]:
@@ -156,16 +200,18 @@ def run_row(row: Row, reps: int, seed: int) -> dict[str, dict[str, float]]:
             sequential=base.sequential,
             max_repeats=row.max_repeats if base.sequential else base.max_repeats,
             confidence=row.confidence,
-            pool_noise=row.pool,
+            pool_noise=row.pool or bool(row.history_df),
+            noise="history" if row.history_df else ("run" if row.pool else "step"),
         )
         rng = np.random.default_rng(seed)
         outcomes: list[StepOutcome] = []
         per_step: list[list[StepOutcome]] = [[] for _ in range(row.steps)]
         for _ in range(reps):
             borrowed: dict[str, list[Noise]] = {}
+            history = _history(rng, row)
             for step in range(row.steps):
                 sigma = row.sigmas[step] if row.sigmas else row.sigma
-                outcome, noise = _run_step(rng, row, trials, goals, sigma, borrowed)
+                outcome, noise = _run_step(rng, row, trials, goals, sigma, borrowed, history)
                 per_step[step].append(outcome)
                 for metric, n in noise.items():
                     borrowed.setdefault(metric, []).append(n)
@@ -259,6 +305,60 @@ ROWS: tuple[Row, ...] = (
         modes=("fixed",),
     ),
     Row(
+        "power: -10%, sigma .05, one step, history of 30 df (45 pairs)",
+        (),
+        sigma=0.05,
+        objective_effect=-0.1,
+        history_df=30,
+        modes=("fixed",),
+    ),
+    Row(
+        "power: -10%, sigma .05, one step, history of 10 df (15 pairs)",
+        (),
+        sigma=0.05,
+        objective_effect=-0.1,
+        history_df=10,
+        modes=("fixed",),
+    ),
+    Row(
+        "power: -10%, sigma .05, 5th of 5 steps, history of 30 df",
+        (),
+        sigma=0.05,
+        objective_effect=-0.1,
+        steps=5,
+        history_df=30,
+        modes=("fixed",),
+    ),
+    Row("A/A, sigma .05, history of 30 df, noise unchanged", (), sigma=0.05, history_df=30, modes=("fixed",)),
+    Row(
+        "A/A, sigma .05, history of 30 df whose sigma is half today's",
+        (),
+        sigma=0.05,
+        history_df=30,
+        history_sigma=0.025,
+        modes=("fixed",),
+    ),
+    Row(
+        "A/A, 5 steps, history of 30 df whose sigma is half today's (5th step)",
+        (),
+        sigma=0.05,
+        steps=5,
+        history_df=30,
+        history_sigma=0.025,
+        modes=("fixed",),
+    ),
+    Row(
+        "A/A, 5 steps, history of 30 df, 5th step's sigma 3x",
+        (),
+        steps=5,
+        history_df=30,
+        sigma=0.05,
+        sigmas=(0.05, 0.05, 0.05, 0.05, 0.15),
+        modes=("fixed",),
+    ),
+    Row("A/A, AR(1) rho .5, history of 30 df", (), ar1=0.5, history_df=30),
+    Row("A/A, shipped guards (throughput 15% + errors 1pp), history of 30 df", SHIPPED, error_rate=1e-3, history_df=30),
+    Row(
         "A/A, 5 steps, no pooling, 5th step's sigma 3x",
         (),
         steps=5,
@@ -275,8 +375,8 @@ def _pct(x: float) -> str:
 def table(results: Sequence[tuple[Row, dict[str, dict[str, float]]]]) -> str:
     lines = [
         "| scenario | mode | kept | rejected | rejected through a guard | A/A false (objective CI excludes 0) "
-        "| pairs | whole run: kept / A/A false / through a guard |",
-        "|" + "---|" * 8,
+        "| pairs | whole run: kept / A/A false / through a guard | oracle: t at the design's df / known variance |",
+        "|" + "---|" * 9,
     ]
     for row, modes in results:
         for mode, r in modes.items():
@@ -285,9 +385,11 @@ def table(results: Sequence[tuple[Row, dict[str, dict[str, float]]]]) -> str:
                 if row.steps > 1
                 else ""
             )
+            t, z = oracle(row)
+            oracles = f"{_pct(t)} (df {design_df(row)}) / {_pct(z)}" if mode == "fixed" else ""
             lines.append(
                 f"| {row.label} | {mode} | {_pct(r['kept'])} | {_pct(r['rejected'])} | {_pct(r['via_guard'])} "
-                f"| {_pct(r['aa_false'])} | {r['pairs']:.2f} | {run} |"
+                f"| {_pct(r['aa_false'])} | {r['pairs']:.2f} | {run} | {oracles} |"
             )
     return "\n".join(lines)
 

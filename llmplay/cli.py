@@ -425,7 +425,17 @@ def ls(archive_dir: str | None, verify_runs: bool, public_key: Path | None) -> N
 @click.option("--archive", "archive_dir", type=click.Path(file_okay=False), help=_ARCHIVE_HELP)
 @click.option("--accept", metavar="RUN", help="Accept this run (id or path) as its playbook's reference.")
 @click.option(
-    "--check", is_flag=True, help="Judge the newest run against the accepted reference; exit 4 on regression."
+    "--check",
+    is_flag=True,
+    help="Judge the newest run against the accepted reference; exit 4 on regression, 5 when it cannot be judged.",
+)
+@click.option(
+    "--noise",
+    type=click.Choice(["trials", "history"]),
+    default="trials",
+    show_default=True,
+    help="With --check: the noise the intervals use, the two runs' own trials, or every earlier run of the "
+    "reference's configuration (then one trial tonight can be judged).",
 )
 @_ci_options
 @_public_key_option
@@ -439,6 +449,7 @@ def history(
     summary: Path | None,
     metrics: Path | None,
     public_key: Path | None,
+    noise: str,
 ) -> None:
     """Every run of a playbook (a file or its name; default all), oldest first: engine, image, host, configuration,
     headline figures with intervals, and the changes the trials show beyond the playbook's tolerances."""
@@ -447,7 +458,13 @@ def history(
     outputs = _outputs(junit, summary, metrics)
     sys.exit(
         history_command(
-            playbook, archive_dir=archive_dir, accept=accept, check=check, outputs=outputs, public_key=public_key
+            playbook,
+            archive_dir=archive_dir,
+            accept=accept,
+            check=check,
+            outputs=outputs,
+            public_key=public_key,
+            noise=noise,
         )
     )
 

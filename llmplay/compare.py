@@ -311,8 +311,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int
     return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
-def format_comparison_table(comparison: Comparison) -> str:
-    """Plain text for a terminal or a CI log: metrics, gates, verdict line."""
+def format_comparison_table(comparison: Comparison, *, verdict: bool = True) -> str:
+    """Plain text for a terminal or a CI log: metrics, gates, verdict line (left to the caller when not `verdict`)."""
     a, b = comparison.a, comparison.b
     out = [
         f"WARNING: run {side} ({(a if side == 'A' else b).run_dir}) failed verification: {problems[0]}"
@@ -356,6 +356,8 @@ def format_comparison_table(comparison: Comparison) -> str:
         out += _table(["gate", "A", "B", ""], grows, set())
     for note in comparison.notes:
         out.append(f"note: {note}")
+    if not verdict:
+        return "\n".join(out)
     out.append("")
     if comparison.has_regression:
         out.append("REGRESSION: " + "; ".join(comparison.regressions))

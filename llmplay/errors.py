@@ -13,6 +13,7 @@ class ExitCode(IntEnum):
     PLAYBOOK = 2  # the playbook (or a command-line override) is invalid
     GATES = 3  # the run completed but its final configuration misses a gate
     REGRESSION = 4  # compare / retest: the newer run regressed
+    UNJUDGED = 5  # history --check: the newest run cannot be judged (a goal not measured, too few trials)
     INTERRUPTED = 130  # SIGINT/SIGTERM; continue with --resume
 
 

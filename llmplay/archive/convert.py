@@ -169,6 +169,12 @@ def verdict_from(d: Mapping[str, Any]) -> StepVerdict:
     for key in ("changes", "trials_baseline", "trials_candidate"):
         kw[key] = tuple(d.get(key) or ())
     kw["search"] = search_from(d["search"]) if isinstance(d.get("search"), Mapping) else None
+    kw["noise"] = tuple(
+        (str(n[0]), float(n[1]), int(n[2]))
+        for n in d.get("noise") or ()
+        if isinstance(n, (list, tuple)) and len(n) == 3
+    )
+    kw["noise_runs"] = tuple(d.get("noise_runs") or ())
     return StepVerdict(**kw)
 
 
@@ -387,6 +393,7 @@ def playbook_as_run(doc: Mapping[str, Any]) -> PlaybookAsRun:
             sequential=bool(trials.get("sequential", Trials.sequential)),
             confidence=float(confidence) if _number(confidence) is not None else Trials.confidence,
             pool_noise=bool(trials.get("pool_noise", Trials.pool_noise)),
+            noise=str(trials.get("noise") or ""),
         ),
         step_descriptions={
             str(s["name"]): str(s.get("description") or "")

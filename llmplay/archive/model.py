@@ -153,6 +153,10 @@ class StepVerdict:
     more_trials_needed: int | None = None  # inconclusive: estimate to decide
     carried: bool = False  # did this step's config become the new best
     search: SearchRecord | None = None  # a search step's race (None: a step of fixed changes, or an older archive)
+    # The step's own paired noise per metric decided on: (metric, variance of per-pair log ratios, degrees of
+    # freedom), what later runs borrow (trials.noise: history); empty in older archives and unpaired steps.
+    noise: tuple[tuple[str, float, int], ...] = ()
+    noise_runs: tuple[str, ...] = ()  # the earlier runs whose noise its intervals pooled
 
 
 @dataclass(frozen=True)
@@ -387,6 +391,7 @@ class TrialsAsRun:
     sequential: bool
     confidence: float
     pool_noise: bool
+    noise: str = ""  # trials.noise as written ("" when not: step, or run with pool_noise)
 
 
 @dataclass(frozen=True)

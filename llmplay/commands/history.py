@@ -62,6 +62,7 @@ def history_command(
     check: bool = False,
     outputs: OutputFiles = NO_OUTPUTS,
     public_key: Path | None = None,
+    noise: str = "trials",
 ) -> int:
     """Print the history (of one playbook, or of every playbook); with `accept`, record that run as its playbook's
     reference first; with `check`, judge the newest run against the reference: ExitCode.REGRESSION or OK.
@@ -101,7 +102,7 @@ def history_command(
             continue
         from llmplay.history.check import check_newest  # deferred: compare pulls in pandas and matplotlib
 
-        result = check_newest(root, history, key, index.unreadable())
+        result = check_newest(root, history, key, index.unreadable(), noise)
         click.echo("\n".join(result.lines))
         worst = max(worst, result.exit_code)
         checked.append((history, result))

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
+from llmplay.archive.listing import archive_root
 from llmplay.catalog import label_of
-from llmplay.errors import ExitCode
+from llmplay.errors import ExitCode, LlmplayError
 from llmplay.plan import (
     Plan,
     SampleShortfall,
@@ -21,14 +22,32 @@ from llmplay.plan import (
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.trace import describe_trace
 from llmplay.redaction import redact_text
-from llmplay.spec import Config, LengthDist, ThinkTime, Workload
+from llmplay.spec import Config, LengthDist, Playbook, ThinkTime, Workload
+from llmplay.stats.power import plan_text
+from llmplay.tuning.history_noise import HistoryNoise, history_noise
 
 
 def plan_command(file: Path, *, allow_outside_extends: bool = False) -> int:
     """Print the playbook's plan: baseline, each step's configuration and command line, the gates, and the
-    sample-size warnings."""
-    click.echo(render_plan(build_plan(load_playbook(file, allow_outside_extends=allow_outside_extends))))
+    sample-size warnings, with what each step's pairs can show from the archive's earlier runs of it."""
+    playbook = load_playbook(file, allow_outside_extends=allow_outside_extends)
+    click.echo(render_plan(build_plan(playbook), power_line(playbook)))
     return ExitCode.OK
+
+
+def power_line(playbook: Playbook) -> str:
+    """The power a step's planned pairs have, from the noise the archive's earlier runs of this playbook measured
+    (stats.power.plan_text); says so when there is none yet."""
+    goals = playbook.goals
+    metrics = [goals.objective.metric, *(g.metric for g in goals.guards)]
+    try:
+        history = history_noise(archive_root(None), playbook, metrics, sha256=playbook.sha256, hardware=None)
+    except LlmplayError:
+        history = HistoryNoise()
+    if not history.runs:
+        return "Power: no earlier run of this playbook in the archive: each step's first pairs measure its noise"
+    source = f"{len(history.runs)} earlier run(s) of this playbook"
+    return "Power " + plan_text(goals, playbook.trials, history.noise, source).removeprefix("power ")
 
 
 def describe_length(dist: LengthDist) -> str:
@@ -124,7 +143,7 @@ def sample_size_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def render_plan(plan: Plan) -> str:
+def render_plan(plan: Plan, power: str = "") -> str:
     pb = plan.playbook
     goals = pb.goals
     lines = [
@@ -134,6 +153,7 @@ def render_plan(plan: Plan) -> str:
         f"Trials: {pb.trials.repeats} per configuration, "
         f"{'interleaved A/B' if pb.trials.interleave else 'sequential blocks'}, "
         f"each a fresh engine start{', sequential stopping' if pb.trials.sequential else ''}",
+        *([power] if power else []),
         f"Objective: {goals.objective.direction} {goals.objective.metric} (min effect {goals.objective.min_effect:.0%})",
         "Guards: " + (", ".join(f"{g.metric} within {g.tolerance_text}" for g in goals.guards) or "none"),
         "Gates:" if goals.gates else "Gates: none",

@@ -1,9 +1,9 @@
-"""`history --check`: the newest run of a playbook against its accepted reference, judged like `compare` judges.
+"""`history --check`: the newest run of a playbook against its accepted reference.
 
-The nightly job's question is whether tonight's run is worse than the one the team accepted. It is answered by
-`compare` itself (compare.compare_runs: every request of both runs' final configurations, Welch t over their
-trials, the reference's playbook deciding with its guard tolerances, objective min_effect and gates), after both
-runs verify again, so the alarm is exactly what `llmplay compare REFERENCE NEWEST` would say.
+The nightly job's question is whether tonight's run is worse than the one the team accepted. Both runs verify again;
+`compare` shows every metric side by side (compare.compare_runs, the reference's playbook and confidence), and the
+decision is history.judge's: a regression only where an interval shows it beyond a tolerance (a gate only where it
+is shown failed), and a run whose trials cannot show anything is reported as not judged, with its own exit code.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from llmplay.archive.verify import check
 from llmplay.catalog import label_of
 from llmplay.compare import Comparison, compare_runs, format_comparison_table
 from llmplay.errors import ArchiveError, ExitCode
+from llmplay.history.judge import TRIALS, GateLimit, judge
 from llmplay.history.timeline import PlaybookHistory, coinciding_changes, comparable
 
 if TYPE_CHECKING:
@@ -51,12 +52,15 @@ def check_newest(
     history: PlaybookHistory,
     public_key: Ed25519PublicKey | None = None,
     unreadable: Sequence[Unindexable] = (),
+    noise: str = TRIALS,
 ) -> CheckResult:
-    """ExitCode.REGRESSION when the newest run regressed against the accepted reference beyond a tolerance, OK
-    otherwise (the newest run is the reference, or it holds); ExitCode.INFRA when the newest run measured none of
-    a goal the reference did; ArchiveError when there is nothing to check against or a run to be read fails
-    verification (an alarm that cannot be trusted must not pass quietly). Both runs are verified again from the
-    archive, with `public_key` when one is configured: the index only says which runs they are."""
+    """ExitCode.REGRESSION when the newest run is shown to have regressed against the accepted reference beyond a
+    tolerance (or to fail a gate the reference met); ExitCode.UNJUDGED when it cannot be judged (a goal it did not
+    measure, too few trials for an interval); OK otherwise (the newest run is the reference, or it holds).
+    ArchiveError when there is nothing to check against or a run to be read fails verification (an alarm that
+    cannot be trusted must not pass quietly). Both runs are verified again from the archive, with `public_key` when
+    one is configured: the index only says which runs they are. `noise`: the runs' own trials, or the history of
+    comparable runs."""
     name = history.playbook
     if history.reference is None:
         raise ArchiveError(
@@ -92,23 +96,30 @@ def check_newest(
         lines.append(
             "note: not the same playbook version, configuration and hardware as the reference; compared anyway"
         )
-    lines.append(format_comparison_table(comparison))
+    lines.append(format_comparison_table(comparison, verdict=False))
+    gates = [GateLimit(g.gate, g.metric, g.a.op, g.a.threshold, g.a.met) for g in comparison.gates if g.a is not None]
+    judged = judge(reference, newest, gates, noise=noise, entries=[r.entry for r in history.rows])
+    lines.append("")
+    source = "the history of comparable runs" if judged.noise != TRIALS else "the two runs' trials"
+    lines.append(f"the check (noise from {source}):")
+    lines += [f"  {g.text()}" for g in judged.goals] + [f"  {g.text()}" for g in judged.gates]
+    lines += [f"note: {n}" for n in judged.notes]
     since = ", ".join(changes) if changes else "nothing recorded changed (engine, image, host, configuration)"
-    goals = reference.goals
-    judged = [
-        g.metric for g in ((goals.objective,) if goals and goals.objective else ()) + (goals.guards if goals else ())
-    ]
-    lost = [label_of(m) for m in judged if m in reference.figures and m not in newest.figures]
-    if lost and not comparison.has_regression:  # an engine that never served is no pass: nothing was judged
-        lines.append(
-            f"NOT MEASURED: the newest run {newest.run_id} measured none of {', '.join(lost)} that the reference "
-            f"did (its trials failed?); since then {since}"
-        )
-        return CheckResult(ExitCode.INFRA, tuple(lines), comparison)
-    if comparison.has_regression:
+    if judged.regressions:
         lines.append(f"REGRESSION of {newest.run_id} against the reference {reference.run_id}: since then {since}")
-        for why in comparison.regressions:
-            lines.append(f"  {why}")
+        lines += [f"  {why}" for why in judged.regressions]
         return CheckResult(ExitCode.REGRESSION, tuple(lines), comparison)
+    lost = [g.goal.metric for g in judged.goals if g.outcome is None and "did not measure" in g.why]
+    if lost:  # an engine that never served is no pass: nothing was judged
+        lines.append(
+            f"NOT MEASURED: the newest run {newest.run_id} measured none of "
+            f"{', '.join(label_of(m) for m in lost)} that the reference did (its trials failed?); since then {since}"
+        )
+    if judged.unjudged:
+        lines.append(
+            f"NOT JUDGED: {newest.run_id} against the reference {reference.run_id} cannot be judged: "
+            + "; ".join(judged.unjudged)
+        )
+        return CheckResult(ExitCode.UNJUDGED, tuple(lines), comparison)
     lines.append(f"no regression of {newest.run_id} against the reference {reference.run_id} (since then {since})")
     return CheckResult(ExitCode.OK, tuple(lines), comparison)

@@ -320,12 +320,23 @@ def parse_trials(raw: TrialsDoc, problems: Problems) -> Trials:
         repeats=raw.get("repeats", d.repeats),
         interleave=raw.get("interleave", d.interleave),
         sequential=raw.get("sequential", d.sequential),
-        max_repeats=raw.get("max_repeats", d.max_repeats),
+        max_repeats=max(raw.get("repeats", d.repeats), d.max_repeats)
+        if raw.get("max_repeats") == "auto"
+        else raw.get("max_repeats", d.max_repeats),
+        max_repeats_auto=raw.get("max_repeats") == "auto",
+        budget_s=parse_duration(raw, "budget", ("trials",), problems, 0.0) or 0.0,
         confidence=raw.get("confidence", d.confidence),
-        pool_noise=raw.get("pool_noise", d.pool_noise),
+        pool_noise=raw.get("pool_noise", d.pool_noise) or raw.get("noise") in ("run", "history"),
+        noise=raw.get("noise", "run" if raw.get("pool_noise") else d.noise),
         on_failure=raw.get("on_failure", d.on_failure),
         cooldown_s=parse_phase(raw, "cooldown", ("trials",), problems) or 0.0,
     )
+    if raw.get("max_repeats") == "auto" and not raw.get("sequential"):
+        problems.add(("trials", "max_repeats"), "max_repeats: auto without sequential: true; expected sequential: true")
+    if "budget" in raw and raw.get("max_repeats") != "auto":
+        problems.add(("trials", "budget"), "budget without max_repeats: auto; expected max_repeats: auto")
+    if raw.get("pool_noise") and raw.get("noise") == "step":
+        problems.add(("trials", "noise"), "noise: step with pool_noise: true; expected noise: run (or no pool_noise)")
     if t.max_repeats < t.repeats:
         problems.add(
             ("trials", "max_repeats"),

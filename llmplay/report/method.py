@@ -30,6 +30,15 @@ _POOLED_NOISE = (
     "more degrees of freedom when the steps' noise is alike, too narrow an interval for a step whose "
     "noise is larger than the rest's"
 )
+_NOISE_SOURCES = {
+    "step": "each step's interval rests on its own pairs alone (assumes nothing about other steps or runs)",
+    "run": "the run's steps' paired noise pooled (assumes the steps are about as noisy as each other)",
+    "history": (
+        "the paired noise of earlier runs of this playbook file on the same engine image and hardware class, pooled "
+        "with this run's steps (assumes a step now is as noisy as then; checked step by step against this run's own "
+        "noise, one-sided F test at 10%, and not used where it disagrees: that step's method says so)"
+    ),
+}
 
 # A run stopped before its first configuration was archived: every workload row says so.
 _NOT_RECORDED: Rows = [
@@ -110,8 +119,13 @@ def trial_rows(run: RunData, playbook: PlaybookAsRun) -> Rows:
         ),
         ("guards", _GUARDS),
     ]
-    if trials.pool_noise:
+    source = trials.noise or ("run" if trials.pool_noise else "step")
+    rows.append(("noise source", f"{source}: {_NOISE_SOURCES.get(source, 'as the playbook wrote it')}"))
+    if source == "run":
         rows.append(("pooled noise", _POOLED_NOISE))
+    used = sorted({r for v in run.verdicts for r in v.noise_runs})
+    if source == "history":
+        rows.append(("history runs", ", ".join(used) if used else "none pooled (no comparable earlier run agreed)"))
     return rows
 
 

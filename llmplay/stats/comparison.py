@@ -101,9 +101,10 @@ def compare_trials(
     level: float,
     paired: bool,
     borrow: Sequence[Noise] = (),
+    history: Noise | None = None,
 ) -> tuple[MetricDelta, Effect | None]:
     """The comparison and the interval it rests on (None without one); a rate's change in points beside it."""
-    delta, effect = _compare_trials(a, b, metric, level, paired, borrow)
+    delta, effect = _compare_trials(a, b, metric, level, paired, borrow, history)
     return _with_points(delta, a, b, paired), effect
 
 
@@ -114,6 +115,7 @@ def _trial_effect(
     level: float,
     paired: bool,
     borrow: Sequence[Noise],
+    history: Noise | None,
 ) -> Effect | None:
     """The interval over trials: paired over complete pairs when `paired`, Welch otherwise; None when some trial
     lacks the figure."""
@@ -126,7 +128,7 @@ def _trial_effect(
     if matched is not None and matched[0]:
         xa, xb = per_trial(matched[0], metric), per_trial(matched[1], metric)
         if xa is not None and xb is not None:
-            return paired_effect(xa, xb, level, borrow)
+            return paired_effect(xa, xb, level, borrow, history)
     elif matched is None:
         xa, xb = per_trial(a, metric), per_trial(b, metric)
         if xa is not None and xb is not None:
@@ -141,6 +143,7 @@ def _compare_trials(
     level: float,
     paired: bool,
     borrow: Sequence[Noise],
+    history: Noise | None = None,
 ) -> tuple[MetricDelta, Effect | None]:
     """The candidate's relative change against `a` on `metric`, with its interval at `level` over trials: paired
     by repeat when `paired` (interleaved A/B pairs), else Welch over independent trials.
@@ -156,7 +159,7 @@ def _compare_trials(
         return MetricDelta(
             metric, va, vb, None, None, None, better=None, n_baseline=na, n_candidate=nb, confidence=level
         ), None
-    effect = _trial_effect(a, b, metric, level, paired, borrow)
+    effect = _trial_effect(a, b, metric, level, paired, borrow, history)
     if effect is None or effect.rel is None:
         # No per-trial values to rest an interval on (or a zero baseline): the pooled change, without an interval.
         rel = (vb - va) / abs(va) if va != 0 else (0.0 if vb == 0 else math.inf)

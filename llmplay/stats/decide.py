@@ -32,6 +32,7 @@ from llmplay.spec import Gate, Goals, Trials
 from llmplay.stats.comparison import compare_metric, compare_trials, decision_units, describe_delta, unpinned_pairs
 from llmplay.stats.guards import BEYOND, HOLDS, UNSETTLED, guard_outcome, read_guards, regressed_beyond, settle_text
 from llmplay.stats.intervals import Effect, Noise, sequential_level, units_to_reach
+from llmplay.stats.power import hidden_effect
 from llmplay.stats.samples import (
     TrialSample,
     metric_value,
@@ -149,13 +150,18 @@ def _compare_step(
     goals: Goals,
     trials: Trials,
     borrowed: Mapping[str, Sequence[Noise]] | None,
+    history: Mapping[str, Noise] | None,
 ) -> _StepComparisons:
     paired = trials.interleave
     level = decision_level(trials, decision_units(a, b, paired))
     pool = borrowed if (borrowed and trials.pool_noise and paired) else {}
-    metric = goals.objective.metric
-    objective, objective_effect = compare_trials(a, b, metric, level, paired, pool.get(metric, ()))
-    guards = tuple(compare_trials(a, b, g.metric, level, paired, pool.get(g.metric, ())) for g in goals.guards)
+    past = history if (history and trials.noise == "history" and paired) else {}
+
+    def compare(metric: str) -> tuple[MetricDelta, Effect | None]:
+        return compare_trials(a, b, metric, level, paired, pool.get(metric, ()), past.get(metric))
+
+    objective, objective_effect = compare(goals.objective.metric)
+    guards = tuple(compare(g.metric) for g in goals.guards)
     record = tuple(compare_trials(a, b, m, level, paired)[0] for m in RECORD_METRICS)
     return _StepComparisons(level, paired, objective, objective_effect, guards, record)
 
@@ -173,6 +179,7 @@ def decide_step(
     *,
     failed_candidate_trials: int = 0,
     borrowed: Mapping[str, Sequence[Noise]] | None = None,
+    history: Mapping[str, Noise] | None = None,
 ) -> Decision:
     """kept / rejected / inconclusive / failed, with the one-sentence reason the report shows.
 
@@ -180,7 +187,9 @@ def decide_step(
     whether sequential mode goes on and what the final verdict is, so the two cannot disagree; guard looks sit inside
     the same sequential boundary as the objective. The guards' rejections are one family: Holm at the interval's
     one-sided level, so a null step is rejected through any of its guards at most that often over all looks.
-    `borrowed`: the other steps' noise per metric, moderating this step's paired variances (trials.pool_noise).
+    `borrowed`: the other steps' noise per metric, moderating this step's paired variances (trials.pool_noise);
+    `history`: earlier comparable runs' paired noise per metric, pooled with this run's while they agree
+    (trials.noise: history; stats.intervals.with_history).
 
     The sentence says when the objective or a guard is not measured (and why), and when a percentile rests on fewer
     requests than it needs (catalog.MIN_SAMPLES, per side over the pooled trials). A thin sample does not change the
@@ -191,7 +200,7 @@ def decide_step(
         )
     if not a:
         return Decision(FAILED, "every trial of the configuration it is compared with failed", None, (), (), None)
-    step = _compare_step(a, b, goals, trials, borrowed)
+    step = _compare_step(a, b, goals, trials, borrowed, history)
     obj, obj_effect, guard_deltas = step.objective, step.objective_effect, step.guard_deltas
     unmeasured_guards = [note for d in guard_deltas if (note := _unmeasured(d, "guard "))]
     left_out = unpinned_pairs(a, b, obj.metric) if step.paired else None
@@ -239,8 +248,11 @@ def decide_step(
     # above, it is kept once the CI's bottom clears zero.
     target = (-1.0 if lower_better else 1.0) * objective.min_effect if point < objective.min_effect else 0.0
     more = units_to_reach(obj_effect, target, cap)
+    hidden = hidden_effect(obj_effect, objective.min_effect, lower_better, trials.confidence)
     return decision(
-        INCONCLUSIVE, f"{head}; within noise, " + settle_text(more, cap, "decide"), _most([more, *read.pending])
+        INCONCLUSIVE,
+        f"{head}; within noise, " + settle_text(more, cap, "decide") + (f"; {hidden}" if hidden else ""),
+        _most([more, *read.pending]),
     )
 
 

@@ -92,8 +92,16 @@ def _positive(*arrays: np.ndarray) -> bool:
     return all(arr.size and bool(np.all(np.isfinite(arr))) and bool(np.all(arr > 0)) for arr in arrays)
 
 
-def paired_effect(a: Sequence[float], b: Sequence[float], level: float, borrow: Sequence[Noise] = ()) -> Effect:
-    """Trial r of `a` paired with trial r of `b`; with `borrow` (other steps' noise), the variance moderated."""
+def paired_effect(
+    a: Sequence[float],
+    b: Sequence[float],
+    level: float,
+    borrow: Sequence[Noise] = (),
+    history: Noise | None = None,
+) -> Effect:
+    """Trial r of `a` paired with trial r of `b`; with `borrow` (other steps' noise), the variance moderated; with
+    `history` (earlier comparable runs' noise), the variance pooled with it and the run's steps while the run's own
+    noise agrees with it (`with_history`), else its own alone."""
     va, vb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     n = int(min(va.size, vb.size))
     va, vb = va[:n], vb[:n]
@@ -106,7 +114,9 @@ def paired_effect(a: Sequence[float], b: Sequence[float], level: float, borrow: 
             return Effect(math.expm1(mean), None, None, n, PAIRED_LOG, level)
         own = Noise(float(d.var(ddof=1)), n - 1)
         var, df, method = float(own.var), float(own.df), PAIRED_LOG
-        if borrow:
+        if history is not None:
+            var, df, method = with_history(own, borrow, history)
+        elif borrow:
             var, df = moderate(own, borrow)
             method = f"{PAIRED_LOG}, variance moderated over {len(borrow) + 1} steps (df {df:.3g})"
         se = math.sqrt(var / n)
@@ -201,6 +211,39 @@ def moderate(own: Noise, others: Sequence[Noise]) -> tuple[float, float]:
     d0 = 2.0 * _trigamma_inverse(e_var)
     s0 = math.exp(e_mean + float(special.digamma(d0 / 2)) - math.log(d0 / 2))
     return (d0 * s0 + own.df * own.var) / (d0 + own.df), min(d0 + own.df, pooled_df)
+
+
+# The one-sided level at which a run's own paired noise is called larger than the history's: liberal, because
+# believing a history quieter than today narrows every interval, while refusing a right one only costs power.
+HISTORY_AGREEMENT_ALPHA = 0.10
+
+
+def pooled_noise(noises: Sequence[Noise]) -> Noise | None:
+    """Several estimates of one variance pooled by their degrees of freedom."""
+    usable = [n for n in noises if n.df >= 1]
+    df = sum(n.df for n in usable)
+    return Noise(sum(n.var * n.df for n in usable) / df, df) if df else None
+
+
+def history_agrees(run: Noise, history: Noise) -> bool:
+    """Whether the run's own noise (its steps pooled) is within what the history's allows: one-sided F test at
+    HISTORY_AGREEMENT_ALPHA (a run noisier than the history beyond chance disagrees)."""
+    if history.var <= 0 or run.df < 1:
+        return run.var <= 0
+    return float(special.fdtrc(run.df, history.df, run.var / history.var)) >= HISTORY_AGREEMENT_ALPHA
+
+
+def with_history(own: Noise, run: Sequence[Noise], history: Noise) -> tuple[float, float, str]:
+    """(variance, degrees of freedom, method) of a step's paired interval with the history's noise: pooled with the
+    run's steps and its own when the run's noise (its steps and this one pooled) agrees with the history's; its own
+    alone when it does not, with the method saying why."""
+    mine = pooled_noise([*run, own]) or own
+    if not history_agrees(mine, history):
+        why = f"{PAIRED_LOG}; history noise not used: this run's is larger beyond chance (F test)"
+        return own.var, float(own.df), why
+    both = pooled_noise([history, *run, own]) or own
+    method = f"{PAIRED_LOG}, variance pooled with the history's ({history.df} df) and this run's (df {both.df})"
+    return both.var, float(both.df), method
 
 
 # ------------------------------------------------------------------------------------------- rates of requests

@@ -41,6 +41,7 @@ from llmplay.stats.decide import evaluate_gates, pooled_summary
 from llmplay.tuning.book import ConfigTrials, TrialBook
 from llmplay.tuning.capacity import capacity_goal
 from llmplay.tuning.environment import describe_environment
+from llmplay.tuning.history_noise import history_noise
 from llmplay.tuning.preflight import preflight, run_images
 from llmplay.tuning.progress import Narrator, Reporter, stopped_by_bug
 from llmplay.tuning.schedule import MeasurementCrashed, scheduler_for
@@ -267,7 +268,22 @@ class TuningRun:
         self._preflight()
         book = self._open_book()
         archive = book.archive
-        loop = StepLoop(self.playbook, book, self.scheduler, lambda c: archive.write_config(self._config_record(c)))
+        history = None
+        if self.playbook.trials.noise == "history" and self.playbook.steps:
+            metrics = [self.playbook.goals.objective.metric, *(g.metric for g in self.playbook.goals.guards)]
+            info = archive.info
+            history = history_noise(
+                self.options.archive_root,
+                self.playbook,
+                metrics,
+                sha256=info.playbook.sha256,
+                hardware=info.environment.gpu_label,
+                exclude=info.run_id,
+            )
+            self.narrator.report(history.describe())
+        loop = StepLoop(
+            self.playbook, book, self.scheduler, lambda c: archive.write_config(self._config_record(c)), history
+        )
         final, ending = self._measure(book, loop)
         if ending.stopped is not None and not self.options.resume and not book.began:
             # Stopped before its first trial began (a signal, Docker gone): an archive of nothing would list a

@@ -19,6 +19,12 @@ Statistics are the step's own (stats.decide, stats.intervals); this module only 
   rate of a keep (keeps are judged against the incumbent alone, at the familywise level), so drops use the plain
   drop_confidence at every look; a wrong drop of a value that was in fact better is measured by the benchmark's
   "right" column, not promised.
+- Who may lead: "beats it" is always judged against the incumbent; "cannot beat the leader" only against a leader
+  whose guards are shown to hold (every guard within its tolerance in its decision against the incumbent), since a
+  leader whose guard is unsettled may yet be rejected on it. A value shown to beat the incumbent with its guards
+  holding is dropped only for a leader shown to do the same; values dropped for a leader that then leaves the race
+  against the incumbent rejoin it; and the winner is chosen among every value whose latest decision keeps it, in the
+  race or dropped for a leader, so such a value is never lost to a leader later rejected.
 - Ordered knobs (numbers) with at least BRACKET_FROM values are bracketed: the race starts with four values spread
   over the range, and a value joins when it neighbours the current leader, so a unimodal response is found
   without measuring its far side. The shape is checked every round: a value shown worse than a measured value on
@@ -33,7 +39,7 @@ Statistics are the step's own (stats.decide, stats.intervals); this module only 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -41,12 +47,14 @@ import numpy as np
 from llmplay.archive.model import FAILED, INCONCLUSIVE, KEPT, REJECTED, MetricDelta
 from llmplay.spec import Goals, Scalar, Trials
 from llmplay.stats.decide import (
+    HOLDS,
     MIN_TRIALS_TO_DECIDE,
     Decision,
     TrialSample,
     compare_metric,
     decide_step,
     decision_level,
+    guard_outcome,
     metric_value,
 )
 from llmplay.stats.intervals import Effect, paired_effect
@@ -74,6 +82,9 @@ class Arm:
     @property
     def label(self) -> str:
         return "incumbent" if self.incumbent else repr(self.value)
+
+
+_INCUMBENT = Arm(None, incumbent=True)  # the incumbent's key where values key the others (never a knob's value)
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,8 @@ class ValueOutcome:
     status: str
     left_at_round: int | None = None
     reason: str = ""
+    # The first round whose decision showed it beating the incumbent with its guards holding (None: never).
+    beat_at_round: int | None = None
 
 
 @dataclass(frozen=True)
@@ -140,13 +153,10 @@ class SearchResult:
     familywise: str
 
 
-def _objective_per_round(samples: Mapping[int, TrialSample], metric: str) -> dict[int, float]:
-    out = {}
-    for number, sample in samples.items():
-        value = metric_value([sample], metric)
-        if value is not None and math.isfinite(value) and value > 0:
-            out[number] = value
-    return out
+def _objective(sample: TrialSample, metric: str) -> float | None:
+    """A trial's objective where a log ratio can use it (finite, positive)."""
+    value = metric_value([sample], metric)
+    return value if value is not None and math.isfinite(value) and value > 0 else None
 
 
 class ValueSearch:
@@ -176,6 +186,8 @@ class ValueSearch:
         self._rng = np.random.default_rng(seed)
         self._samples: dict[Scalar | Arm, dict[int, TrialSample]] = {}
         self._incumbent: dict[int, TrialSample] = {}
+        # Each trial's objective by round, read once when recorded: the race's every look compares them again.
+        self._objective: dict[Scalar | Arm, dict[int, float]] = {}
         self._engine_s = 0.0
         self._trials = 0
         self._round = 0
@@ -190,6 +202,11 @@ class ValueSearch:
         self._done = not self.values
         self._verdict: tuple[str, str] | None = None if self.values else (FAILED, "no value to search")
         self._decisions: dict[int, Decision] = {}
+        # value -> the first round it was kept against the incumbent, and that decision: crossing the sequential
+        # boundary once is the keep (the familywise level covers every look), so later looks do not undo it
+        self._beat_at: dict[int, int] = {}
+        self._keeping: dict[int, Decision] = {}
+        self._dropped_for: dict[int, int] = {}  # value dropped against a leader -> that leader
         self.unimodal: bool | None = None
         self._enter(self._initial())
 
@@ -240,6 +257,9 @@ class ValueSearch:
         if sample is not None:
             store = self._incumbent if arm.incumbent else self._samples.setdefault(arm.value, {})
             store[number] = replace(sample, repeat=number)
+            value = _objective(sample, self.metric)
+            if value is not None:
+                self._objective.setdefault(_INCUMBENT if arm.incumbent else arm.value, {})[number] = value
         if len(self._received) == len(pending.arms):
             self._pending = None
             if pending.phase == CONFIRM:
@@ -309,8 +329,7 @@ class ValueSearch:
         """Why value i cannot beat the incumbent by min_effect, shown at drop_confidence (None: not shown). Dropping
         for futility never makes a keep more likely, so, like a drop against the leader, it needs no share of the
         error rate; it costs power only, and the search's "rejected" rests on it."""
-        a = _objective_per_round(self._incumbent, self.metric)
-        b = _objective_per_round(self._samples.get(self.values[i], {}), self.metric)
+        a, b = self._objective.get(_INCUMBENT, {}), self._objective.get(self.values[i], {})
         common = sorted(set(a) & set(b))
         if len(common) < self.design.first_rounds:
             return None
@@ -324,8 +343,7 @@ class ValueSearch:
 
     def _gain_log(self, i: int) -> float | None:
         """The mean per-pair log ratio against the incumbent, in the good direction."""
-        a = _objective_per_round(self._incumbent, self.metric)
-        b = _objective_per_round(self._samples.get(self.values[i], {}), self.metric)
+        a, b = self._objective.get(_INCUMBENT, {}), self._objective.get(self.values[i], {})
         common = sorted(set(a) & set(b))
         if not common:
             return None
@@ -334,8 +352,7 @@ class ValueSearch:
 
     def _versus(self, leader: int, other: int) -> Effect | None:
         """`other` relative to `leader` on the rounds both ran, at the sequential level of that many rounds."""
-        a = _objective_per_round(self._samples.get(self.values[leader], {}), self.metric)
-        b = _objective_per_round(self._samples.get(self.values[other], {}), self.metric)
+        a, b = self._objective.get(self.values[leader], {}), self._objective.get(self.values[other], {})
         common = sorted(set(a) & set(b))
         if len(common) < self.design.first_rounds:
             return None
@@ -356,10 +373,36 @@ class ValueSearch:
         self._active.remove(i)
         self._status[i] = (status, number, reason)
 
+    def _kept(self, i: int) -> bool:
+        """Shown at some look to beat the incumbent with every guard within its tolerance, and not rejected since
+        (a rejected value leaves the race and is never a candidate)."""
+        return i in self._keeping
+
+    def _guards_hold(self, i: int) -> bool:
+        """Every guard shown within its tolerance in the value's latest decision against the incumbent (trivially
+        without guards): only such a value may lead, since a leader with a guard unsettled may yet be rejected."""
+        if not self.goals.guards:
+            return True
+        decision = self._decisions.get(i)
+        if decision is None or len(decision.guards) != len(self.goals.guards):
+            return False
+        return all(
+            guard_outcome(delta, g.direction == "minimize", g.tolerance, g.absolute) == HOLDS
+            for g, delta in zip(self.goals.guards, decision.guards, strict=True)
+        )
+
+    def _leave_against_incumbent(self, i: int, number: int, reason: str) -> None:
+        """Value i leaves the race against the incumbent; the values dropped only for it, as their leader, rejoin."""
+        self._drop(i, DROPPED_VS_INCUMBENT, number, reason)
+        for j, leader in list(self._dropped_for.items()):
+            if leader == i:
+                del self._dropped_for[j]
+                self._active.append(j)
+                self._status[j] = (IN_RACE, None, "")
+
     # ------------------------------------------------------------------------------------------ after a round
-    def _after_race(self, number: int) -> None:
-        trials = self._race_trials()
-        ready = [i for i in self._active if len(self._pairs(i)[0]) >= self.design.first_rounds]
+    def _judge(self, number: int, ready: Sequence[int], trials: Trials) -> None:
+        """Each ready value against the incumbent: its decision, and its exit when rejected or futile."""
         for i in ready:
             a, b = self._pairs(i)
             if not self._may_decide(a, b, trials):
@@ -367,18 +410,39 @@ class ValueSearch:
                 continue
             judged = decide_step(a, b, self.goals, trials)
             self._decisions[i] = judged
-            if judged.verdict == REJECTED:
-                self._drop(i, DROPPED_VS_INCUMBENT, number, judged.reason)
-        for i in [i for i in ready if i in self._active]:
+            if judged.verdict == KEPT:
+                self._beat_at.setdefault(i, number)
+                self._keeping.setdefault(i, judged)
+            elif judged.verdict == REJECTED:
+                self._keeping.pop(i, None)
+                self._leave_against_incumbent(i, number, judged.reason)
+        for i in [i for i in ready if i in self._active and i not in self._keeping]:
             futile = self._futile(i)
             if futile:
-                self._drop(i, DROPPED_VS_INCUMBENT, number, futile)
+                self._leave_against_incumbent(i, number, futile)
+
+    def _race_leader(self, number: int, ready: Sequence[int]) -> None:
+        """Drop the values shown unable to beat the leader by min_effect: the best value whose guards are shown to
+        hold; a value kept against the incumbent only for a leader kept as well."""
+        scored = [(g, i) for i in self._active if self._guards_hold(i) and (g := self._gain_log(i)) is not None]
+        if not scored:
+            return
+        leader = max(scored)[1]
+        leader_kept = self._kept(leader)
+        for i in list(self._active):
+            if i == leader or i not in ready or (self._kept(i) and not leader_kept):
+                continue
+            if self._shown_worse(self._versus(leader, i), self.indifference):
+                self._drop(i, DROPPED_VS_LEADER, number, self._drop_reason(leader))
+                self._dropped_for[i] = leader
+
+    def _after_race(self, number: int) -> None:
+        trials = self._race_trials()
+        ready = [i for i in self._active if len(self._pairs(i)[0]) >= self.design.first_rounds]
+        self._judge(number, ready, trials)
+        self._race_leader(number, ready)
         scored = [(g, i) for i in self._active if (g := self._gain_log(i)) is not None]
         leader = max(scored)[1] if scored else None
-        if leader is not None:
-            for i in list(self._active):
-                if i != leader and i in ready and self._shown_worse(self._versus(leader, i), self.indifference):
-                    self._drop(i, DROPPED_VS_LEADER, number, self._drop_reason(leader))
         if self.ordered and self.design.bracket:
             self._bracket(leader)
         if not self._active:
@@ -392,22 +456,26 @@ class ValueSearch:
         out_of_rounds = all(self._rounds_in[i] >= self.design.max_rounds for i in self._active)
         if only is None and not out_of_rounds:
             return
-        pick = only if only is not None else leader
+        # The winner: the best value whose latest decision keeps it, in the race or dropped only for a leader.
+        kept = [
+            (g, i)
+            for i in (*self._active, *self._dropped_for)
+            if self._kept(i) and (g := self._gain_log(i)) is not None
+        ]
+        pick = max(kept)[1] if kept else (only if only is not None else leader)
         if pick is None:
             self._finish(INCONCLUSIVE, "no value has a measured objective", None)
             return
-        decision = self._decisions.get(pick)
-        if decision is None and self._pairs(pick)[0]:
-            decision = decide_step(*self._pairs(pick), self.goals, trials)  # its advice on more pairs is needed
-            self._decisions[pick] = decision
-        kept = decision is not None and decision.verdict == KEPT
-        if kept:
+        if not kept and self._decisions.get(pick) is None and self._pairs(pick)[0]:
+            self._decisions[pick] = decide_step(*self._pairs(pick), self.goals, trials)  # its advice on more pairs
+        if self._kept(pick):
             self._winner = pick
             if self.design.confirm_rounds > 0:
                 self._confirm_from = self._round + 1
             else:
                 self._after_confirm()
         elif self._rounds_in[pick] >= self.design.max_rounds:
+            decision = self._decisions.get(pick)
             why = decision.reason if decision else "too few pairs"
             self._finish(INCONCLUSIVE, f"{self.values[pick]!r} leads but does not beat the incumbent: {why}", pick)
 
@@ -450,7 +518,7 @@ class ValueSearch:
         assert winner is not None
         # The keep was decided by the race; the confirmation pairs only measure the gain, so that estimate is not
         # read only where it helped keep the value (which would bias it up whenever the keep was marginal).
-        self._finish(KEPT, self._decisions[winner].reason, winner)
+        self._finish(KEPT, self._keeping[winner].reason, winner)
 
     def _finish(self, verdict: str, reason: str, pick: int | None) -> None:
         self._verdict = (verdict, reason)
@@ -488,7 +556,7 @@ class ValueSearch:
                 status = WINNER
             elif status == IN_RACE and self._decisions.get(i) and self._decisions[i].verdict == KEPT:
                 status = BEATS
-            outcomes.append(ValueOutcome(value, len(a), effect, status, at, why))
+            outcomes.append(ValueOutcome(value, len(a), effect, status, at, why, self._beat_at.get(i)))
         gain, method = self._gain() if kept else (None, "no winner")
         per_trial = self._engine_s / self._trials if self._trials else 0.0
         most = max((len(self._samples.get(v, {})) for v in self.values), default=0)
@@ -498,7 +566,9 @@ class ValueSearch:
             verdict=verdict,
             winner=Arm(self.values[self._winner]) if kept and self._winner is not None else None,
             reason=reason,
-            decision=self._decisions.get(self._winner) if self._winner is not None else None,
+            decision=(self._keeping if kept else self._decisions).get(self._winner)
+            if self._winner is not None
+            else None,
             gain=gain,
             gain_method=method,
             values=tuple(outcomes),

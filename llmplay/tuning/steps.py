@@ -12,10 +12,12 @@ from dataclasses import replace
 from llmplay.archive.model import FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, MetricDelta, StepVerdict, TrialRecord, TuningRow
 from llmplay.archive.probes import load_probes
 from llmplay.catalog import CAPACITY_METRICS, RECORD_METRICS, SAMPLE_COUNT_KEYS
-from llmplay.spec import ChangeEffect, Config, Playbook, Step
+from llmplay.spec import ChangeEffect, Config, Playbook, Step, Trials
 from llmplay.stats.decide import Decision, TrialSample, decide_step, pooled_summary
-from llmplay.stats.intervals import Noise
+from llmplay.stats.intervals import Noise, pooled_noise
+from llmplay.stats.power import auto_pairs, plan_text
 from llmplay.tuning.book import ConfigTrials, TrialBook, TrialSlot
+from llmplay.tuning.history_noise import HistoryNoise
 from llmplay.tuning.kinds import kind_of
 from llmplay.tuning.progress import step_line, verdict_line
 from llmplay.tuning.quality import judge_quality, speed_goals
@@ -41,8 +43,12 @@ class StepLoop:
         book: TrialBook,
         scheduler: TrialScheduler,
         write_config: Callable[[Config], None],
+        history: HistoryNoise | None = None,
     ):
         self.playbook, self.book, self.scheduler, self.write_config = playbook, book, scheduler, write_config
+        self.history = history  # earlier comparable runs' step noise (trials.noise: history)
+        self.trials = playbook.trials  # the step's own: max_repeats sized per step when auto
+        self._wall_s: list[float] = []  # each measured trial's engine time, what a budget is spent in
         self.verdicts: list[StepVerdict] = []
         # Each decided step's own noise per metric, what later steps borrow when trials.pool_noise is on.
         self.noise: dict[str, list[Noise]] = {}
@@ -71,6 +77,8 @@ class StepLoop:
         cand, reference = ConfigTrials(candidate), ConfigTrials(best.config)
         head = f"step {index}/{len(self.playbook.steps)} {step.name}"
         self.book.narrator.say(f"the header line of step {step.name}", lambda: step_line(head, effects))
+        self.book.narrator.say(f"the power line of step {step.name}", self._power_line)
+        self.trials = self._sized()
         self._measure_pair(reference, cand, step)
         decision = self._decide(reference, cand)
         decision = judge_quality(decision, self.playbook.goals, reference.probes, cand.probes, effects)
@@ -93,6 +101,8 @@ class StepLoop:
             trials_candidate=tuple(cand.trial_ids),
             more_trials_needed=decision.more_trials_needed,
             carried=carried,
+            noise=tuple((m, n.var, n.df) for m, n in decision.noise.items()),
+            noise_runs=self.history.runs if self.history is not None and _pooled_history(decision) else (),
         )
         self.book.archive.write_verdict(verdict)
         self.verdicts.append(verdict)
@@ -115,7 +125,7 @@ class StepLoop:
     def _measure_pair(self, reference: ConfigTrials, cand: ConfigTrials, step: Step) -> None:
         """A B, B A, B A, A B ... in an order drawn per pair (candidate_first), or A A B B; in sequential mode, more
         pairs until the verdict is no longer inconclusive. A pair is the unit a scheduler keeps on one machine."""
-        trials = self.playbook.trials
+        trials = self.trials
         sides = [(reference, "baseline"), (cand, "candidate")]
 
         def pair(r: int) -> list[TrialSlot]:
@@ -143,15 +153,43 @@ class StepLoop:
             reference.samples,
             cand.samples,
             speed_goals(self.playbook.goals),
-            self.playbook.trials,
+            self.trials,
             failed_candidate_trials=cand.failed,
             borrowed=self.noise,
+            history=self.history.noise if self.history is not None else None,
         )
         return _node_blocks(decision, reference, cand)
+
+    def _power_line(self) -> str:
+        """What the planned pairs can show, from the noise known before the step: the history's, else the run's
+        earlier steps' (stats.power.plan_text)."""
+        source = "the history and this run" if self.history is not None and self.history.runs else "this run's steps"
+        return "     " + plan_text(self.playbook.goals, self.playbook.trials, self._known_noise(), source)
+
+    def _known_noise(self) -> dict[str, Noise]:
+        history = self.history.noise if self.history is not None else {}
+        known = {}
+        for metric in {*history, *self.noise}:
+            pooled = pooled_noise([*self.noise.get(metric, ()), *([history[metric]] if metric in history else [])])
+            if pooled is not None:
+                known[metric] = pooled
+        return known
+
+    def _sized(self) -> Trials:
+        """The step's trials: the playbook's, with max_repeats sized for power when it is auto."""
+        trials = self.playbook.trials
+        if not trials.max_repeats_auto:
+            return trials
+        trial_s = sum(self._wall_s) / len(self._wall_s) if self._wall_s else 0.0
+        pairs, why = auto_pairs(self.playbook.goals, trials, self._known_noise(), trial_s)
+        self.book.narrator.say("the pairs max_repeats auto sized", lambda: f"     {why}")
+        return replace(trials, max_repeats=pairs)
 
     def count(self, target: ConfigTrials, trial: TrialRecord, sample: TrialSample | None) -> None:
         """One measured trial counted into its configuration (and the run stopped if the playbook says so)."""
         target.trial_ids.append(trial.trial_id)
+        if trial.wall_s:
+            self._wall_s.append(float(trial.wall_s))
         if trial.node.get("id"):
             target.nodes[trial.repeat] = trial.node["id"]
         if target.probes is None and trial.status == TRIAL_OK:
@@ -162,6 +200,11 @@ class StepLoop:
             target.samples.append(sample)
         if trial.status == TRIAL_FAILED and self.playbook.trials.on_failure == "stop":
             raise StopRun(f"trial {trial.trial_id} failed and on_failure is stop: {trial.error}")
+
+
+def _pooled_history(decision: Decision) -> bool:
+    """Whether a paired interval of the decision pooled the history's noise (its method says so)."""
+    return any("history's" in (d.method or "") for d in (decision.objective, *decision.guards) if d is not None)
 
 
 def _node_blocks(decision: Decision, reference: ConfigTrials, cand: ConfigTrials) -> Decision:

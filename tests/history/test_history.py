@@ -327,7 +327,7 @@ def test_the_ci_job_file_runs_retest_then_check():
     job = yaml.safe_load((Path(__file__).resolve().parents[2] / "docs/ci/nightly-retest.gitlab-ci.yml").read_text())
     script = job["nightly-engine-retest"]["script"]
     assert "llmplay retest" in " ".join(script) and "llmplay history" in script[-1]
-    assert script[-1].endswith('"$PLAYBOOK" --check')
+    assert script[-1].endswith('"$PLAYBOOK" --check --noise history')
     commands = " ".join(script)
     assert commands.index("llmplay retest") < commands.index("--check")
 
@@ -346,7 +346,7 @@ def test_check_fails_when_the_newest_run_measured_nothing(checked, tmp_path):
     manifest["manifest_sha256"] = manifest_sha256(manifest)
     (newest / MANIFEST).write_text(json.dumps(manifest))
     code, output = history_cli("--check", "--archive", str(root))
-    assert code == ExitCode.INFRA and f"NOT MEASURED: the newest run {repeat.name}" in output
+    assert code == ExitCode.UNJUDGED and f"NOT MEASURED: the newest run {repeat.name}" in output
 
 
 def test_a_read_only_archive_is_indexed_in_memory(clones, tmp_path, monkeypatch):
@@ -361,3 +361,34 @@ def test_a_read_only_archive_is_indexed_in_memory(clones, tmp_path, monkeypatch)
     runs, warnings = runs_with_warnings(root)
     assert len(runs) == 12 and "indexing the manifests in memory for this command" in warnings[-1]
     assert not (root / INDEX_FILE).exists()
+
+
+def keep_one_trial(run_dir: Path) -> None:
+    """Tonight's run as a nightly job with one trial would archive it (the manifest re-hashed: it verifies)."""
+    from llmplay.archive.verify import manifest_sha256
+
+    manifest = json.loads((run_dir / MANIFEST).read_text())
+    manifest["trials"] = manifest["trials"][:1]
+    manifest["manifest_sha256"] = manifest_sha256(manifest)
+    (run_dir / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(("upgrade", "judged_code"), [(True, ExitCode.REGRESSION), (False, ExitCode.OK)])
+def test_a_one_trial_run_is_not_judged_on_its_trials_and_is_judged_against_the_history(tmp_path, upgrade, judged_code):
+    """One trial tonight: no interval from the two runs' trials, so never "no regression" (exit 5, saying why);
+    against five earlier runs of the reference's build (--noise history) the same trial is judged: the upgrade's
+    +60% P95 TTFT is shown beyond the 10% min_effect, a repeat of the reference build is not."""
+    root = tmp_path / "reports"
+    runs = make_history_archive(root, 7, upgrade_at=6 if upgrade else 99)
+    keep_one_trial(runs[-1])
+    assert history_cli(PLAYBOOK_NAME, "--accept", runs[0].name, "--archive", str(root))[0] == 0
+    code, output = history_cli(PLAYBOOK_NAME, "--check", "--archive", str(root))
+    assert code == ExitCode.UNJUDGED, output
+    assert "NOT JUDGED" in output and "too few trials: the reference has 3 and the newest run 1" in output
+    assert "no regression" not in output
+    code, output = history_cli(PLAYBOOK_NAME, "--check", "--noise", "history", "--archive", str(root))
+    assert code == judged_code, output
+    assert "history noise from 6 run(s) of the reference's configuration" in output
+    assert "would be caught 80% of the time" in output
+    if upgrade:
+        assert "REGRESSION" in output and "objective P95 TTFT +" in output and "beyond its 10% tolerance" in output

@@ -142,6 +142,38 @@ def test_a_guard_shown_beyond_its_tolerance_drops_the_value():
     assert "beyond its 5% tolerance" in dropped.reason
 
 
+def test_a_value_that_beats_the_incumbent_is_never_lost_to_a_leader_rejected_on_its_guard():
+    """The issue's race: value 1 is 17 % faster to first token with throughput intact, value 2 18 % faster but 27 %
+    lower throughput against a 25 % guard. Value 2 leads on the objective while its guard is unsettled; it may not
+    drop value 1, and once rejected on the guard it leaves value 1 the winner."""
+    goals = Goals(
+        objective=Objective("minimize", "ttft.p95", 0.02), guards=(Guard("throughput.output_tok_s", 0.25, "maximize"),)
+    )
+    change = {1: (-0.17, 0.0), 2: (-0.18, -0.27)}
+    for seed in range(4):
+        search = ValueSearch([1, 2], goals, DESIGN, ordered=True, seed=seed)
+        rng = np.random.default_rng(seed)
+        while (rnd := search.next_round()) is not None:
+            drift = 0.05 * rng.standard_normal()
+            for arm in rnd.arms:
+                ttft, tok = (0.0, 0.0) if arm.incumbent else change[arm.value]  # type: ignore[index]
+                z = 0.02 * rng.standard_normal(2)
+                sample = TrialSample(
+                    duration_s=1.0,
+                    values={
+                        "ttft": np.array([0.1 * math.exp(math.log1p(ttft) + drift + z[0])]),
+                        "output_tokens": np.array([1000 * math.exp(math.log1p(tok) + z[1])]),
+                    },
+                    n_requests=1,
+                    n_errors=0,
+                )
+                search.record(rnd.number, arm, sample)
+        result = search.result()
+        assert result.verdict == KEPT and result.winner == Arm(1), result.reason
+        one = next(v for v in result.values if v.value == 1)
+        assert one.beat_at_round is not None and one.status == WINNER
+
+
 def test_failed_trials_leave_their_pairs_out_and_engine_time_is_counted():
     values = [1, 2]
     search = ValueSearch(values, GOALS, DESIGN, ordered=True, seed=8)

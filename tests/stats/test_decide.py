@@ -282,7 +282,7 @@ def test_more_trials_use_the_threshold_that_decides(monkeypatch):
     monkeypatch.setattr(decide, "compare_trials", _fixed(near))
     d = decide_step(a, b, goals(), TRIALS)
     assert d.verdict == INCONCLUSIVE and "18 more" not in d.reason and d.more_trials_needed is None
-    assert d.reason.endswith("within noise, not decidable within 50 more trial(s) per side")
+    assert "within noise, not decidable within 50 more trial(s) per side; an effect smaller than" in d.reason
     # Above min_effect, keeping needs the CI's bottom above zero: the half-width must shrink from ~5 points to 4.
     far = MetricDelta("throughput.output_tok_s", 100.0, 104.0, 0.04, -0.01, 0.08)
     monkeypatch.setattr(decide, "compare_trials", _fixed(far))

@@ -6,13 +6,16 @@ known effects); the plan, decisions, archive and report are the real ones.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from llmplay.archive.verify import verify
+from llmplay.commands.plan import plan_command
 from llmplay.playbook.load import load_playbook
+from llmplay.report.html import render_report
 from llmplay.stats.decide import TrialSample
 from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.steps import candidate_first
@@ -124,3 +127,49 @@ def test_sequential_mode_stops_as_soon_as_decided(tmp_path):
     assert 2 <= noop_trials <= 5
     if verdicts["noop"].verdict == "inconclusive":
         assert noop_trials == 5
+
+
+class PairedTrials(SyntheticTrials):
+    """The same trials, each sample carrying its pair's repeat as the runner's real samples do."""
+
+    def __call__(self, config, *, trial_id, step, role, repeat) -> TrialResult:
+        result = super().__call__(config, trial_id=trial_id, step=step, role=role, repeat=repeat)
+        return replace(result, sample=replace(result.sample, repeat=repeat))
+
+
+def test_history_noise_from_an_earlier_run_of_the_same_playbook(tmp_path, monkeypatch, capsys):
+    """trials.noise: history: the first run has no history (its steps pool their own noise, as noise: run) and
+    archives each step's noise; the second run in the same archive names the first as its history, prints what
+    each step's pairs can show before measuring it, and pools the history's noise while its own agrees."""
+    path = synthetic_playbook(tmp_path, repeats=3, noise="history")
+    lines: list[str] = []
+    outcomes = []
+    for _ in range(2):
+        lines.clear()
+        run = TuningRun(
+            load_playbook(path),
+            RunOptions(archive_root=tmp_path / "r"),
+            report=lines.append,
+            measure_trial=PairedTrials(),
+        )
+        outcomes.append(run.execute())
+    first, second = outcomes
+    assert all(v.noise and {m for m, _, _ in v.noise} >= {"ttft.p95"} for v in first.verdicts)
+    assert not any(v.noise_runs for v in first.verdicts)
+    assert f"noise: history of 1 comparable run(s) ({first.run_dir.name})" in "\n".join(lines)
+    power = [line for line in lines if "power (80%, noise from the history and this run)" in line]
+    assert len(power) == 2 and "could not be told from noise" in power[0], lines
+    # Each step's objective interval either pooled the history or says why not (the F test is at 10%: the
+    # run ids draw each pair's order, so which happens varies from run to run).
+    methods = [v.objective.method or "" for v in second.verdicts]
+    assert all("pooled with the history's" in m or "history noise not used" in m for m in methods), methods
+    assert any(v.noise_runs == (first.run_dir.name,) for v in second.verdicts)
+    assert verify(second.run_dir) == []
+    report = render_report(second.run_dir).read_text()
+    assert "noise source" in report and first.run_dir.name in report  # the method section lists the runs
+    monkeypatch.setenv("LLMPLAY_ARCHIVE", str(tmp_path / "r"))
+    plan_command(path)
+    planned = capsys.readouterr().out
+    assert (
+        "Power (80%, noise from 2 earlier run(s) of this playbook): with 3 pair(s) an effect on P95 TTFT" in planned
+    ), planned[:900]
