@@ -109,7 +109,7 @@ class SearchValue:
 
 @dataclass(frozen=True)
 class SearchRecord:
-    """How a search step chose its value (tuning.search): every value raced against the incumbent in rounds that
+    """How a search step chose its value (stats.search): every value raced against the incumbent in rounds that
     share one request sequence, the winner's gain re-estimated from pairs that did not select it, and the engine
     time the race cost against a full grid."""
 

@@ -316,13 +316,12 @@ def parse_steps(raw: list[StepDoc], path: YamlPath, problems: Problems) -> tuple
 def parse_trials(raw: TrialsDoc, problems: Problems) -> Trials:
     """Repeats and their policy, with defaults from Trials."""
     d = Trials()
+    written_max = raw.get("max_repeats", d.max_repeats)
     t = Trials(
         repeats=raw.get("repeats", d.repeats),
         interleave=raw.get("interleave", d.interleave),
         sequential=raw.get("sequential", d.sequential),
-        max_repeats=max(raw.get("repeats", d.repeats), d.max_repeats)
-        if raw.get("max_repeats") == "auto"
-        else raw.get("max_repeats", d.max_repeats),
+        max_repeats=written_max if isinstance(written_max, int) else max(raw.get("repeats", d.repeats), d.max_repeats),
         max_repeats_auto=raw.get("max_repeats") == "auto",
         budget_s=parse_duration(raw, "budget", ("trials",), problems, 0.0) or 0.0,
         confidence=raw.get("confidence", d.confidence),

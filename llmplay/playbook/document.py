@@ -8,7 +8,7 @@ found nothing, and the converters take the sections from there. A key the schema
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from llmplay.spec import Scalar
 
@@ -182,9 +182,11 @@ class TrialsDoc(TypedDict, total=False):
     repeats: int
     interleave: bool
     sequential: bool
-    max_repeats: int
+    max_repeats: int | Literal["auto"]
+    budget: Duration
     confidence: float
     pool_noise: bool
+    noise: str
     on_failure: str
     cooldown: Duration
 

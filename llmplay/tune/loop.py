@@ -19,13 +19,13 @@ from llmplay.engines import get_engine
 from llmplay.outcomes import INCONCLUSIVE, GateResult
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Playbook, Scalar, TuneSpec
+from llmplay.stats.search import DROPPED_VS_LEADER
 from llmplay.tune import documents, trail
 from llmplay.tune.bounds import roofline_bound, unloaded_bound
 from llmplay.tune.history import tried_before
 from llmplay.tune.rank import Ranked, RankInput, Tried, TunePolicy, next_step, rank
 from llmplay.tune.trail import Round, Trail
 from llmplay.tuning.run import RunOutcome
-from llmplay.tuning.search import DROPPED_VS_LEADER
 
 # Runs one playbook as an ordinary run, archived under the given root.
 RunFn = Callable[[Playbook, Path], RunOutcome]
