@@ -13,11 +13,10 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+from llmplay.archive.capacity import FOUND, UNITS, CapacityResult, ProbeVerdict
 from llmplay.archive.layout import PLAYBOOK_FILE
 from llmplay.archive.model import (
     Candidate,
-    CapacityProbe,
-    CapacitySearch,
     ConfigRecord,
     Diagnosis,
     Environment,
@@ -40,7 +39,17 @@ from llmplay.archive.model import (
     TuningRow,
 )
 from llmplay.engines.knobs import Direction, Remedy
-from llmplay.spec import EngineSpec, LengthDist, Objective, ThinkTime, TraceFacts, TraceSpec, Trials, Workload
+from llmplay.spec import (
+    CapacitySpec,
+    EngineSpec,
+    LengthDist,
+    Objective,
+    ThinkTime,
+    TraceFacts,
+    TraceSpec,
+    Trials,
+    Workload,
+)
 from llmplay.units import parse_fraction
 
 
@@ -273,34 +282,76 @@ def diagnosis_from(d: Mapping[str, Any]) -> Diagnosis:
 
 
 # ---------------------------------------------------------------------------------------------- capacity searches
-def _probe_from(d: Mapping[str, Any]) -> CapacityProbe:
-    return CapacityProbe(
-        load=float(d["load"]),
+def _figures(value: object) -> dict[str, float]:
+    return {str(k): number for k, v in mapping(value).items() if (number := _number(v)) is not None}
+
+
+def _probe_from(d: Mapping[str, object]) -> ProbeVerdict:
+    """One probed load as capacity.json holds it; a figure an older llmplay did not keep is None (or 0 runs)."""
+    return ProbeVerdict(
+        load=float(_number(d.get("load")) or 0.0),
+        first_run=_whole(d.get("first_run")) or 0,
+        runs=_whole(d.get("runs")) or 0,
+        n_requests=_whole(d.get("n_requests")) or 0,
         attainment=_number(d.get("attainment")),
         ci_low=_number(d.get("ci_low")),
         ci_high=_number(d.get("ci_high")),
+        verdict=str(d.get("verdict") or ""),
+        per_slo=_figures(d.get("per_slo")),
+        at_quantile_s={str(k): _number(v) for k, v in mapping(d.get("at_quantile_s")).items()},
         output_tok_s=_number(d.get("output_tok_s")),
-        at_quantile_s={str(k): float(v) for k, v in mapping(d.get("at_quantile_s")).items() if _number(v) is not None},
+        req_s=_number(d.get("req_s")),
+        engine_s=_number(d.get("engine_s")) or 0.0,
+        batches=tuple(float(b) for b in _items(d.get("batches")) if _number(b) is not None),
     )
 
 
-def capacity_from(trial_id: str, d: Mapping[str, Any]) -> CapacitySearch:
+def _limits(value: object) -> dict[str, dict[str, float | None]]:
+    return {str(k): {str(n): _number(x) for n, x in mapping(v).items()} for k, v in mapping(value).items()}
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def capacity_from(d: Mapping[str, object]) -> CapacityResult:
+    """A trial's capacity search (capacity.json) as the one record of a search, older shapes included: a search
+    without `search` is named by its unit, one without bounds is bounded by its probes, one without an estimate
+    keeps the capacity it archived, and its bracket and binding SLO keep the words it archived."""
+    unit = str(d.get("unit") or "")
+    search = str(d.get("search") or next((k for k, u in UNITS.items() if u == unit), "rate"))
+    probes = tuple(_probe_from(mapping(p)) for p in _items(d.get("probes")))
+    loads = [p.load for p in probes] or [0.0]
+    bounds = [*_items(d.get("bounds")), None, None][:2]
     band = [*_items(d.get("boundary_ci")), None, None][:2]
-    return CapacitySearch(
-        trial_id=trial_id,
-        target=float(d["target"]),
-        unit=str(d.get("unit", "")),
-        status=str(d["status"]),
-        slo_s={str(k): float(v) for k, v in mapping(d.get("slo_s")).items()},
-        capacity=_number(d.get("capacity")),
-        boundary_ci=(_number(band[0]), _number(band[1])),
-        boundary_text=str(d.get("boundary_text", "")),
-        binding_sentence=str(d.get("binding_sentence", "")),
-        runs=int(d.get("runs", 0)),
-        engine_s=float(d.get("engine_s", 0.0)),
-        order=str(d.get("order", "")),
+    status = str(d["status"])
+    estimate = _number(d.get("estimate"))
+    if estimate is None and "estimate" not in d and status == FOUND:
+        estimate = _number(d.get("capacity"))  # archived before the fitted estimate: its capacity as it said
+    return CapacityResult(
+        search=search,
+        status=status,
+        target=float(_number(d["target"]) or 0.0),
+        confidence=_number(d.get("confidence")) or CapacitySpec.confidence,
+        precision=_number(d.get("precision")) or CapacitySpec.precision,
+        low=_or(_number(bounds[0]), min(loads)),
+        high=_or(_number(bounds[1]), max(loads)),
+        slo_s=_figures(d.get("slo_s")),
+        feasible_max=_number(d.get("feasible_max")),
+        infeasible_min=_number(d.get("infeasible_min")),
+        probes=probes,
+        runs=_whole(d.get("runs")) or 0,
+        engine_s=_number(d.get("engine_s")) or 0.0,
+        binding=_text(d.get("binding")),
+        binding_value_s=_number(d.get("binding_value_s")),
+        order=str(d.get("order") or ""),
+        run_loads=tuple(float(x) for x in _items(d.get("run_loads")) if _number(x) is not None),
         notes=tuple(str(n) for n in _items(d.get("notes"))),
-        probes=tuple(_probe_from(mapping(p)) for p in _items(d.get("probes"))),
+        per_slo_limits=_limits(d.get("per_slo_limits")),
+        estimate=estimate,
+        ci=(_number(band[0]), _number(band[1])),
+        said_boundary=str(d.get("boundary_text") or ""),
+        said_binding=str(d.get("binding_sentence") or ""),
     )
 
 

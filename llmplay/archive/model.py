@@ -259,38 +259,6 @@ class TuningRow:
 
 
 @dataclass(frozen=True)
-class CapacityProbe:
-    """One load a capacity search measured (tuning.capacity.ProbeVerdict as archived)."""
-
-    load: float
-    attainment: float | None = None  # share of requests meeting every SLO
-    ci_low: float | None = None
-    ci_high: float | None = None
-    output_tok_s: float | None = None
-    at_quantile_s: Mapping[str, float] = field(default_factory=dict)  # per SLO, its latency at the target quantile
-
-
-@dataclass(frozen=True)
-class CapacitySearch:
-    """A trial's capacity search as archived (trials/<id>/capacity.json): every probe, the bracket, what binds."""
-
-    trial_id: str
-    target: float
-    unit: str
-    status: str
-    slo_s: Mapping[str, float] = field(default_factory=dict)
-    capacity: float | None = None
-    boundary_ci: tuple[float | None, float | None] = (None, None)
-    boundary_text: str = ""
-    binding_sentence: str = ""
-    runs: int = 0
-    engine_s: float = 0.0
-    order: str = ""
-    notes: tuple[str, ...] = ()
-    probes: tuple[CapacityProbe, ...] = ()
-
-
-@dataclass(frozen=True)
 class TrialRequests:
     """One trial's measured requests as the charts need them (computed by llmplay.metrics in the reader)."""
 

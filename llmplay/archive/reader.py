@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from llmplay.archive.capacity import CapacityResult
 from llmplay.archive.convert import (
     capacity_from,
     config_from,
@@ -26,7 +27,6 @@ from llmplay.archive.convert import (
 from llmplay.archive.layout import MANIFEST, RESOLVED_FILE, SCHEMA_ID, SIGNATURE_FILE
 from llmplay.archive.model import (
     TRIAL_OK,
-    CapacitySearch,
     ConfigRecord,
     Diagnosis,
     EngineFacts,
@@ -268,7 +268,7 @@ class ArchivedRun:
         relpath = self._file_of(trial_id, "telemetry")
         return None if relpath is None else self._read_frame(relpath)
 
-    def load_capacity(self, trial_id: str) -> dict[str, Any] | None:
+    def capacity_search(self, trial_id: str) -> CapacityResult | None:
         """The capacity search a trial archived (every probe, the bracket, the binding SLO); None when it ran none."""
         relpath = self._file_of(trial_id, "capacity")
         if not relpath:
@@ -281,11 +281,7 @@ class ArchivedRun:
             raise self._inside_error(exc) from None
         except ValueError as exc:
             raise ArchiveError(f"{self.run_dir / str(relpath)}: not readable JSON ({exc})") from None
-        return dict(found) if isinstance(found, dict) else None
-
-    def capacity_search(self, trial_id: str) -> CapacitySearch | None:
-        found = self.load_capacity(trial_id)
-        return None if found is None else capacity_from(trial_id, found)
+        return capacity_from(found) if isinstance(found, dict) else None
 
     def requests(self, trial_id: str) -> TrialRequests:
         """The trial's measured requests as the charts need them (empty when it archived none)."""

@@ -25,6 +25,7 @@ import pandas as pd
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from llmplay.archive.capacity import CapacityResult
 from llmplay.archive.index import index_finished_run
 from llmplay.archive.layout import (
     ENV_ARCHIVE,
@@ -355,7 +356,7 @@ class RunArchive(ArchivedRun):
         records: pd.DataFrame | None,
         telemetry: pd.DataFrame | None,
         engine_log: str,
-        capacity: Mapping[str, object] | None = None,
+        capacity: CapacityResult | None = None,
     ) -> None:
         """The trial's record and raw data; `capacity` is its capacity search (every probe), when it ran one."""
         base = f"trials/{safe_name(trial.trial_id)}"
@@ -364,7 +365,7 @@ class RunArchive(ArchivedRun):
             files["capacity"] = f"{base}/capacity.json"
             self._write_text(
                 files["capacity"],
-                json.dumps(self._redact(dict(capacity), files["capacity"]), indent=1, ensure_ascii=False) + "\n",
+                json.dumps(self._redact(capacity.as_dict(), files["capacity"]), indent=1, ensure_ascii=False) + "\n",
             )
         if records is not None:
             files["records"] = self._write_frame(f"{base}/requests", records)

@@ -51,9 +51,9 @@ def capacity_command(
     archived = ArchivedRun.open(outcome.run_dir)
     rows = []
     for trial in archived.trials():
-        found = archived.load_capacity(trial.trial_id)
+        found = archived.capacity_search(trial.trial_id)
         if found is not None:
-            rows.append((trial.config_id, trial.repeat, CapacityResult.from_dict(found), dict(trial.summary)))
+            rows.append((trial.config_id, trial.repeat, found, dict(trial.summary)))
     print_boundaries(console, rows)
     console.print(f"archive {outcome.run_dir}; report: {outcome.run_dir / 'report.html'}", markup=False)
     if outcome.status != "complete" or not rows:

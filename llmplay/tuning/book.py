@@ -109,7 +109,7 @@ class TrialBook:
             result.records,
             result.telemetry,
             result.engine_log,
-            capacity=result.capacity.as_dict() if result.capacity is not None else None,
+            capacity=result.capacity,
         )
         if result.probes is not None:
             self.archive.write_probes(trial_id, result.probes)
