@@ -39,6 +39,10 @@ from llmplay.archive.model import (
     TuningRow,
 )
 from llmplay.engines.knobs import Direction, Remedy
+from llmplay.jsonvalue import as_list as _items
+from llmplay.jsonvalue import as_mapping as mapping
+from llmplay.jsonvalue import as_number as _number
+from llmplay.jsonvalue import as_text as _text
 from llmplay.spec import (
     CapacitySpec,
     EngineSpec,
@@ -54,26 +58,9 @@ from llmplay.units import parse_fraction
 
 
 # ---------------------------------------------------------------------------------------------- JSON values
-def mapping(value: object) -> Mapping[str, object]:
-    """A JSON object, or an empty one for anything else (absent, null, a damaged field)."""
-    return value if isinstance(value, Mapping) else {}
-
-
-def _items(value: object) -> list[object]:
-    return list(value) if isinstance(value, (list, tuple)) else []
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _whole(value: object) -> int | None:
     number = _number(value)
     return None if number is None else int(number)
-
-
-def _text(value: object) -> str | None:
-    return None if value is None else str(value)
 
 
 def _scalars(value: object) -> dict[str, Scalar]:

@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llmplay.archive.layout import RESOLVED_FILE
 from llmplay.archive.paths import MAX_TEXT_BYTES, OutsideError, inside
@@ -120,7 +120,7 @@ class RunEntry:
     hardware: str
     config_id: str
     config_fingerprint: str
-    config: Mapping[str, Any]
+    config: Mapping[str, object]
     goals: Goals | None
     gates: tuple[GateState, ...]
     verified: bool
@@ -177,7 +177,7 @@ def _without(record: EngineSpec | Workload, keys: Sequence[str]) -> dict[str, ob
     return {k: v for k, v in to_plain(record).items() if k not in keys}
 
 
-def _configuration(configs: Sequence[ConfigRecord], final: str) -> dict[str, Any]:
+def _configuration(configs: Sequence[ConfigRecord], final: str) -> dict[str, object]:
     """What makes the final configuration that configuration: the engine without its image (an upgrade re-tests the
     same configuration) and the workload without its measurement length. Built from the typed records, so a run
     archived before a setting existed reads with the value it then had (archive.convert), not without the setting:
