@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any  # Any: playbook documents as PyYAML reads and writes them (untyped)
 
 import yaml
 

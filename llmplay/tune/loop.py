@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from llmplay.archive.model import Finding, RooflineFacts, StepVerdict
 from llmplay.archive.reader import ArchivedRun
@@ -293,7 +292,7 @@ def _dropped_behind_leader(verdict: StepVerdict, tried: Sequence[Scalar]) -> tup
     return behind if behind and tuple(behind) != tuple(tried) else ()
 
 
-def _figures(summary: Mapping[str, Any]) -> dict[str, float]:
+def _figures(summary: Mapping[str, object]) -> dict[str, float]:
     return {k: float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
