@@ -1,5 +1,5 @@
 """How well a value search finds a knob's best value: simulated response curves with known optima, raced by
-`tuning.search.ValueSearch` itself, driven round by round exactly as the runner drives it.
+`stats.search.ValueSearch` itself, driven round by round exactly as the runner drives it.
 
 Each simulated search is one `search:` step. The incumbent (the configuration so far) has objective 1; value i of
 the knob has exp(mu_i), a throughput to maximise with min_effect 2 % and confidence 95 %. Every trial's objective is
@@ -51,7 +51,7 @@ import numpy as np
 from llmplay.archive.model import KEPT, REJECTED
 from llmplay.spec import Goals, Guard, Objective
 from llmplay.stats.decide import TrialSample
-from llmplay.tuning.search import SearchDesign, ValueSearch
+from llmplay.stats.search import SearchDesign, ValueSearch
 
 GOALS = Goals(objective=Objective("maximize", "throughput.output_tok_s", 0.02))
 DESIGN = SearchDesign(first_rounds=3, max_rounds=12, confirm_rounds=3, confidence=0.95)

@@ -1,5 +1,5 @@
 """How well `llmplay tune` chooses: simulated engines with known response surfaces, tuned by the real loop
-(`tuning.tune.loop.TuneLoop` over `run_playbook`: the real statistics, guards, diagnosis, ranking and archive; only
+(`tune.loop.TuneLoop` over `run_playbook`: the real statistics, guards, diagnosis, ranking and archive; only
 the engine is simulated, through the run's `measure_trial` seam, `llmplay_testing.simulated`).
 
 Scenarios (each a playbook whose baseline has one problem, and a surface saying what every knob setting truly does):
@@ -42,8 +42,8 @@ from llmplay.engines import get_engine
 from llmplay.engines.knobs import Risk
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Scalar
+from llmplay.tune.loop import TuneLoop
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
-from llmplay.tuning.tune.loop import TuneLoop
 from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
 
 MIN_EFFECT = 0.10

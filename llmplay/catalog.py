@@ -6,7 +6,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from llmplay import units
 
@@ -93,7 +92,7 @@ for _info in (
 _TURN_METRIC = re.compile(r"^ttft_turn\.([1-9][0-9]*)\.(p50|mean)$")
 
 
-def turn_ttft_p50s(summary: Mapping[str, Any]) -> list[tuple[int, float]]:
+def turn_ttft_p50s(summary: Mapping[str, float | None]) -> list[tuple[int, float]]:
     """(turn, P50 TTFT s) of each turn a summary measured, in turn order; a turn whose requests all fell in the
     warm-up has none."""
     turns = []
@@ -123,7 +122,7 @@ CAPACITY_METRICS: tuple[str, ...] = (
 # Rates of requests (count over count, and 0 is a normal value): a guard on one takes percentage points, decided with
 # an interval for a difference of two proportions over the pooled requests (stats.intervals.newcombe_difference).
 RATE_METRICS: tuple[str, ...] = ("errors.rate",)
-# The greedy-probe figures (tuning.quality): measured per configuration against the baseline's answers, outside the
+# The greedy-probe figures (stats.quality): measured per configuration against the baseline's answers, outside the
 # timed window; their tolerances are absolute in the metric's unit, not relative.
 QUALITY_METRICS: tuple[str, ...] = ("quality.exact_match", "quality.token_agreement", "quality.logprob_shift")
 # The metrics the archive keeps for the tuning record: each configuration's row and each step's deltas
@@ -339,7 +338,7 @@ def sample_count_key(metric: str) -> str | None:
     return f"{family}.n" if family in _LATENCY_LABELS or family == "ttfo" else None
 
 
-def thin_sample(metric: str, summary: Mapping[str, Any]) -> str | None:
+def thin_sample(metric: str, summary: Mapping[str, float | None]) -> str | None:
     """A warning when a percentile rests on too few requests to mean anything, e.g. "P95 TTFT from 2 request(s)
     (needs at least 20)"; None when the sample is large enough or empty, the metric is no percentile, or no count
     is known."""
@@ -424,7 +423,7 @@ def measured(value: object) -> float | None:
     return float(value)
 
 
-def figure(metric: str, summary: Mapping[str, Any]) -> str:
+def figure(metric: str, summary: Mapping[str, float | None]) -> str:
     """One figure as a console line shows it: "12.0 ms", or "not measured (why)" when the summary lacks it."""
     value = measured(summary.get(metric))
     if value is None:
@@ -432,7 +431,7 @@ def figure(metric: str, summary: Mapping[str, Any]) -> str:
     return fmt_full(metric, value)
 
 
-def thin_warning(metric: str, summary: Mapping[str, Any]) -> str | None:
+def thin_warning(metric: str, summary: Mapping[str, float | None]) -> str | None:
     """The warning when a measured percentile rests on too few requests; None otherwise."""
     key = sample_count_key(metric)
     count = measured(summary.get(key)) if key else None

@@ -6,14 +6,17 @@ import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import click
 
 from llmplay import __version__
 from llmplay.errors import ExitCode, LlmplayError
 
-F = TypeVar("F", bound=Callable[..., Any])
+if TYPE_CHECKING:
+    from llmplay.outputs.files import OutputFiles
+
+F = TypeVar("F", bound=Callable[..., object])
 
 _RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 _ARCHIVE_HELP = "Archive root (default $LLMPLAY_ARCHIVE or ./reports)."
@@ -62,7 +65,7 @@ def _ci_options(func: F) -> F:
     )(func)
 
 
-def _outputs(junit: Path | None, summary: Path | None, metrics: Path | None) -> Any:
+def _outputs(junit: Path | None, summary: Path | None, metrics: Path | None) -> OutputFiles:
     from llmplay.outputs.files import OutputFiles  # deferred with the command it belongs to
 
     return OutputFiles(junit, summary, metrics)
@@ -87,7 +90,7 @@ def handles_errors(func: F) -> F:
     """Known errors become one line on stderr and their exit code, an interrupt exit 130; --debug shows the traceback."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: object, **kwargs: object) -> object:
         ctx = click.get_current_context()
         try:
             return func(*args, **kwargs)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -28,7 +27,7 @@ from llmplay.metrics import usd_per_hour_from_cost
 from llmplay.playbook.load import load_playbook
 from llmplay.report import charts
 from llmplay.report.html import render_html
-from llmplay.spec import Goals, Trials
+from llmplay.spec import Goals, Playbook, Trials
 from llmplay.stats import TrialSample, compare_metric, describe_delta, regressed_beyond, sample_from_records
 
 
@@ -85,7 +84,7 @@ class Comparison:
     gates: tuple[GateComparison, ...]
     objective: MetricComparison | None
     notes: tuple[str, ...] = ()
-    cdf: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # for the HTML: per metric, per side, values
+    cdf: Mapping[str, Mapping[str, object]] = field(default_factory=dict)  # for the HTML: per metric, per side, values
     confidence: float = Trials.confidence  # run A's trials.confidence: the level of every interval
     # ("A" or "B", what verification found) for a run compared anyway (--unverified); empty when both verify
     unverified: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -111,7 +110,7 @@ class Comparison:
 
 
 # ---------------------------------------------------------------------------------------------- inputs
-def _playbook_of(archive: ArchivedRun) -> tuple[Any | None, str | None]:
+def _playbook_of(archive: ArchivedRun) -> tuple[Playbook | None, str | None]:
     """Run A's playbook from its archive (resolved first, then as written); never a path outside the run."""
     errors = []
     for relpath in (RESOLVED_FILE, archive.info.playbook.file):
@@ -262,7 +261,7 @@ def _gate_rows(archive_a: ArchivedRun, archive_b: ArchivedRun) -> list[GateCompa
     return rows
 
 
-def _cdf(samples_a: list[TrialSample], samples_b: list[TrialSample]) -> dict[str, dict[str, Any]]:
+def _cdf(samples_a: list[TrialSample], samples_b: list[TrialSample]) -> dict[str, dict[str, object]]:
     return {
         name: {
             "A": np.concatenate([s.values.get(head, np.array([])) for s in samples_a]) if samples_a else [],

@@ -29,7 +29,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
@@ -135,7 +135,7 @@ def per_request_arrays(records: Records) -> dict[str, np.ndarray]:
     }
 
 
-def per_request_frame(records: Sequence[RequestRecord]) -> Any:
+def per_request_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
     """The per-request table a trial archives: every record column, plus each request's ttft_s, ttft_content_s
     and e2el_s (sent → first token message / first text / last token message; NA where that never happened) and
     schedule_lag_s (scheduled → sent)."""
@@ -247,10 +247,10 @@ class Summary:
     def __getitem__(self, key: str) -> float | int | None:
         return self.values[key]
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: float | None = None) -> float | int | None:
         return self.values.get(key, default)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """Metrics plus the facts a reader needs to trust them."""
         return {
             "metrics": self.as_dict(),
@@ -356,7 +356,7 @@ def request_timeline(records: Records) -> dict[str, np.ndarray]:
     """
     measured = measured_requests(records)
     sends = np.sort(np.asarray([r.sent_ns for r in measured], dtype=float))
-    # Any request that ended without an error, timed to its first token or not (an old archive's frame may lack
+    # Every request that ended without an error, timed to its first token or not (an old archive's frame may lack
     # the first-token column): the timeline charts when requests finished.
     done = [r for r in measured if r.ok and r.end_ns is not None]
     start = sends[0] if sends.size else 0.0
@@ -415,7 +415,7 @@ def prefix_reuse_figures(records: Sequence[RequestRecord]) -> dict[str, float | 
     return values
 
 
-def engine_prefix_reuse(summary: Mapping[str, Any]) -> dict[str, float]:
+def engine_prefix_reuse(summary: Mapping[str, object]) -> dict[str, float]:
     """prefix_reuse.achieved from the engine's /metrics counters (vLLM's prefix-cache hits ÷ queries over the
     measured window, telemetry's engine.prefix_cache_hit_rate) where the responses themselves did not say."""
     rate = summary.get("engine.prefix_cache_hit_rate")
@@ -424,7 +424,7 @@ def engine_prefix_reuse(summary: Mapping[str, Any]) -> dict[str, float]:
     return {}
 
 
-def prefix_reuse_text(summary: Mapping[str, Any]) -> str | None:
+def prefix_reuse_text(summary: Mapping[str, object]) -> str | None:
     """ "prefix reuse 62% expected, 58% achieved" for a trial's console line; None when the workload reuses nothing
     and the engine reported no hits."""
     expected, achieved = summary.get("prefix_reuse.expected"), summary.get("prefix_reuse.achieved")

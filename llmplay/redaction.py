@@ -7,7 +7,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import overload
 
 from llmplay.errors import PlaybookError
 
@@ -100,12 +100,12 @@ def random_runs(value: str) -> list[str]:
     return found
 
 
-def shaped_secrets(obj: Any) -> list[str]:
+def shaped_secrets(obj: object) -> list[str]:
     """Values under an `env` or `extra_args` key anywhere in `obj` that look like a credential by their shape (a
     random-looking run), whatever the name they sit under: a configuration's free text holds no such thing unless
     it is one. They are then blanked wherever they appear (a docker line repeats them), like known secrets."""
     found: list[str] = []
-    stack: list[tuple[Any, bool]] = [(obj, False)]
+    stack: list[tuple[object, bool]] = [(obj, False)]
     while stack:
         node, in_config = stack.pop()
         if isinstance(node, str):
@@ -172,13 +172,13 @@ def secret_values(env: Mapping[str, str]) -> list[str]:
     return out
 
 
-def referenced_values(values: Any, environ: Mapping[str, str] | None = None) -> list[str]:
+def referenced_values(values: object, environ: Mapping[str, str] | None = None) -> list[str]:
     """The values of every `${env:NAME}` found in `values` (strings, nested mappings/sequences): whatever
     a playbook pulls from the environment is secret, whatever the key it lands under is called."""
     source = os.environ if environ is None else environ
     names: set[str] = set()
 
-    def walk(obj: Any) -> None:
+    def walk(obj: object) -> None:
         if isinstance(obj, str):
             names.update(ENV_REF.findall(obj))
         elif isinstance(obj, Mapping):
@@ -201,7 +201,17 @@ def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
     return URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
 
 
-def redact(obj: Any, secrets: Sequence[str] = (), found: list[str] | None = None, where: str = "") -> Any:
+@overload
+def redact(
+    obj: Mapping[str, object], secrets: Sequence[str] = (), found: list[str] | None = None, where: str = ""
+) -> dict[str, object]: ...
+@overload
+def redact(
+    obj: list[object] | tuple[object, ...], secrets: Sequence[str] = (), found: list[str] | None = None, where: str = ""
+) -> list[object]: ...
+@overload
+def redact(obj: object, secrets: Sequence[str] = (), found: list[str] | None = None, where: str = "") -> object: ...
+def redact(obj: object, secrets: Sequence[str] = (), found: list[str] | None = None, where: str = "") -> object:
     """Deep copy with secret-named keys and secret values blanked; keeps `${env:X}` references (they are not secret).
 
     Blanked too, by shape: tokens in a known format anywhere, and random-looking values under `env` or
@@ -211,9 +221,9 @@ def redact(obj: Any, secrets: Sequence[str] = (), found: list[str] | None = None
     return _redact(obj, secrets, [] if found is None else found, where)
 
 
-def _redact(obj: Any, secrets: Sequence[str], found: list[str], where: str) -> Any:
+def _redact(obj: object, secrets: Sequence[str], found: list[str], where: str) -> object:
     if isinstance(obj, Mapping):
-        out = {}
+        out: dict[object, object] = {}
         for key, value in obj.items():
             path = f"{where}.{key}" if where else str(key)
             if (

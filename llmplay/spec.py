@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Protocol, TypeVar, cast
 
 Scalar = str | int | float | bool | None
+V = TypeVar("V")
 
 
-def frozen_map(d: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+def frozen_map(d: Mapping[str, V] | None = None) -> Mapping[str, V]:
     """A read-only copy, so a frozen dataclass holding it stays frozen."""
     return MappingProxyType(dict(d or {}))
 
@@ -244,7 +245,12 @@ class Change:
     `args.<knob>`, `image`, `gpus`, `env.<NAME>`, `workload.<field>`, `extra_args`."""
 
     target: str
-    value: Any
+    value: object  # as the playbook wrote it, checked by the loader against its key's schema entry
+
+    @property
+    def knob_value(self) -> Scalar:
+        """The value of an `args.` change: a scalar, as the loader checked every knob value is."""
+        return cast(Scalar, self.value)
 
 
 class StepChoice(Protocol):
@@ -384,7 +390,7 @@ class Playbook:
     trials: Trials
     cost: Cost
     runtime: RuntimeSpec
-    resolved: Mapping[str, Any]  # the merged document after `extends:`, for the archive
+    resolved: Mapping[str, object]  # the merged document after `extends:`, for the archive
     # YAML path (as `format_path` writes it) -> `FILE:LINE` for the engine's keys and each step's `set:`
     # entries, so checks after loading (the image preflight) can point at the line.
     sites: Mapping[str, str] = field(default_factory=frozen_map)
@@ -405,19 +411,19 @@ class ChangeEffect:
     """What one change did: the value in effect before and the one after."""
 
     target: str
-    old: Any
-    new: Any
+    old: object
+    new: object
 
     def describe(self) -> str:
         return f"{self.target}: {show_value(self.old)} -> {show_value(self.new)}"
 
 
-def show_value(value: Any) -> str:
+def show_value(value: object) -> str:
     """A value as plans and messages show it; None is the engine's default."""
     return "(engine default)" if value is None else repr(value)
 
 
-def current_value(config: Config, target: str) -> Any:
+def current_value(config: Config, target: str) -> object:
     """The value `target` (a Change's dotted path) has in `config`."""
     if target.startswith("args."):
         return config.engine.args.get(target[5:])
@@ -432,20 +438,31 @@ def apply_change(config: Config, change: Change) -> Config:
     """A new configuration with one change applied; `config` is left as it was."""
     engine, workload, target = config.engine, config.workload, change.target
     if target.startswith("args."):
-        engine = engine.with_knob(target[5:], change.value)
+        engine = engine.with_knob(target[5:], change.knob_value)
     elif target.startswith("env."):
         env = dict(engine.env)
         env[target[4:]] = str(change.value)
         engine = replace(engine, env=frozen_map(env))
     elif target.startswith("workload."):
-        workload = replace(workload, **{target[9:]: change.value})
+        workload = _replaced(workload, target[9:], change.value)
     elif target == "gpus":
-        engine = replace(engine, gpus=tuple(map(str, change.value)) if isinstance(change.value, list) else change.value)
+        gpus = change.value
+        engine = replace(
+            engine, gpus=tuple(map(str, gpus)) if isinstance(gpus, list) else cast(int | tuple[str, ...], gpus)
+        )
     elif target == "extra_args":
-        engine = replace(engine, extra_args=tuple(map(str, change.value)))
+        engine = replace(engine, extra_args=tuple(map(str, cast(list[object], change.value))))
     else:
-        engine = replace(engine, **{target: change.value})
+        engine = _replaced(engine, target, change.value)
     return Config(config.label, engine, workload)
+
+
+D = TypeVar("D", EngineSpec, Workload)
+
+
+def _replaced(record: D, name: str, value: object) -> D:
+    """`record` with the field a step names (at run time) set to the value the loader checked for it."""
+    return replace(record, **{name: value})  # type: ignore[arg-type]  # the field is named at run time
 
 
 def apply_step(config: Config, step: Step) -> tuple[Config, tuple[ChangeEffect, ...]]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from llmplay.archive.layout import MANIFEST
-from llmplay.archive.model import ConfigRecord, GateResult, TrialRecord
+from llmplay.archive.model import ConfigRecord, Diagnosis, GateResult, TrialRecord
 from llmplay.archive.verify import manifest_sha256
 from llmplay.archive.writer import RunArchive
 from llmplay.playbook.load import load_playbook
@@ -127,7 +127,7 @@ def template_run(root: Path, *, playbook_text: str = PLAYBOOK_TEXT) -> Path:
         final_config_id="baseline",
         gates=gates,
         findings=[],
-        diagnosis={},
+        diagnosis=Diagnosis(),
         tuning_record=[],
     )
     return archive.run_dir

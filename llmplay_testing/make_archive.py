@@ -26,6 +26,7 @@ from llmplay.archive.model import (
     RuleChecked,
     StepVerdict,
     TrialRecord,
+    TuningRow,
 )
 from llmplay.archive.writer import RunArchive
 from llmplay.catalog import RECORD_METRICS
@@ -411,7 +412,7 @@ def make_archive(
         vals = [s[metric] for s in by_config[cid] if metric in s]
         return float(np.mean(vals))
 
-    def row(cid: str, trials: list[str], verdict: StepVerdict | None, failed: int = 0) -> dict[str, Any]:
+    def row(cid: str, trials: list[str], verdict: StepVerdict | None, failed: int = 0) -> TuningRow:
         # The runner's own row, so report tests read the shape a real run writes.
         return tuning_record_row(cid, trials, failed, samples.get(cid, []), verdict)
 

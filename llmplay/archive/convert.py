@@ -11,13 +11,12 @@ import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any
+from typing import Any  # json.loads' values, copied into records as archived (see _as_archived)
 
+from llmplay.archive.capacity import FOUND, UNITS, CapacityResult, ProbeVerdict
 from llmplay.archive.layout import PLAYBOOK_FILE
 from llmplay.archive.model import (
     Candidate,
-    CapacityProbe,
-    CapacitySearch,
     ConfigRecord,
     Diagnosis,
     Environment,
@@ -40,34 +39,31 @@ from llmplay.archive.model import (
     TuningRow,
 )
 from llmplay.engines.knobs import Direction, Remedy
-from llmplay.spec import EngineSpec, LengthDist, Objective, ThinkTime, TraceFacts, TraceSpec, Trials, Workload
+from llmplay.jsonvalue import as_list as _items
+from llmplay.jsonvalue import as_mapping as mapping
+from llmplay.jsonvalue import as_number as _number
+from llmplay.jsonvalue import as_text as _text
+from llmplay.spec import (
+    CapacitySpec,
+    EngineSpec,
+    LengthDist,
+    Objective,
+    ThinkTime,
+    TraceFacts,
+    TraceSpec,
+    Trials,
+    Workload,
+)
 from llmplay.units import parse_fraction
 
 
 # ---------------------------------------------------------------------------------------------- JSON values
-def mapping(value: Any) -> Mapping[str, Any]:
-    """A JSON object, or an empty one for anything else (absent, null, a damaged field)."""
-    return value if isinstance(value, Mapping) else {}
-
-
-def _items(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else []
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _whole(value: Any) -> int | None:
+def _whole(value: object) -> int | None:
     number = _number(value)
     return None if number is None else int(number)
 
 
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _scalars(value: Any) -> dict[str, Scalar]:
+def _scalars(value: object) -> dict[str, Scalar]:
     """Facts by name, without the ones not given (null), which are left out rather than shown as "None"."""
     return {
         str(k): v if isinstance(v, (str, int, float, bool)) else str(v)
@@ -76,20 +72,30 @@ def _scalars(value: Any) -> dict[str, Scalar]:
     }
 
 
-def _known(cls: type, d: Mapping[str, Any]) -> dict[str, Any]:
+def _figures(value: object) -> dict[str, float]:
+    return {str(k): number for k, v in mapping(value).items() if (number := _number(v)) is not None}
+
+
+def _as_archived(values: Mapping[str, object]) -> dict[str, Any]:  # Any: json.loads' values, checked by the schema
+    """Fields copied as archived: the manifest schema (verify) checked their JSON types, so a record's constructor
+    takes them as they are."""
+    return dict(values)
+
+
+def _known(cls: type, d: Mapping[str, object]) -> dict[str, Any]:  # Any: as _as_archived
     """The keys of `d` that are fields of the dataclass `cls` (a newer llmplay's extra keys are ignored)."""
     return {f.name: d[f.name] for f in fields(cls) if f.name in d}
 
 
 # ---------------------------------------------------------------------------------------------- trials and steps
-def delta_from(d: Mapping[str, Any] | None) -> MetricDelta | None:
+def delta_from(d: object) -> MetricDelta | None:
     if d is None:
         return None
-    values: dict[str, Any] = {k: d.get(k) for k in MetricDelta.__dataclass_fields__}
-    return MetricDelta(**values)
+    values = {k: mapping(d).get(k) for k in MetricDelta.__dataclass_fields__}
+    return MetricDelta(**_as_archived(values))
 
 
-def trial_from(d: Mapping[str, Any]) -> TrialRecord:
+def trial_from(d: Mapping[str, object]) -> TrialRecord:
     kw = _known(TrialRecord, d)
     kw["summary"] = {k: v for k, v in mapping(d.get("summary")).items() if v is not None}
     kw["notes"] = tuple(_items(d.get("notes")))
@@ -101,7 +107,7 @@ def trial_from(d: Mapping[str, Any]) -> TrialRecord:
     return TrialRecord(**kw)
 
 
-def _length_from(value: Any, default: LengthDist) -> LengthDist:
+def _length_from(value: object, default: LengthDist) -> LengthDist:
     if not isinstance(value, Mapping) or "kind" not in value:
         return default
     kw = _known(LengthDist, value)
@@ -110,7 +116,7 @@ def _length_from(value: Any, default: LengthDist) -> LengthDist:
     return LengthDist(**kw)
 
 
-def engine_from(d: Mapping[str, Any]) -> EngineSpec:
+def engine_from(d: Mapping[str, object]) -> EngineSpec:
     kw = _known(EngineSpec, d)
     kw.setdefault("kind", "")
     kw.setdefault("model", "")
@@ -122,7 +128,7 @@ def engine_from(d: Mapping[str, Any]) -> EngineSpec:
     return EngineSpec(**kw)
 
 
-def _trace_from(value: Any) -> TraceSpec | None:
+def _trace_from(value: object) -> TraceSpec | None:
     """workload.trace as archived, its window's facts included; None before traces were replayed, or damaged."""
     d = mapping(value)
     if not isinstance(d.get("file"), str) or not isinstance(d.get("format"), str):
@@ -136,12 +142,12 @@ def _trace_from(value: Any) -> TraceSpec | None:
     return TraceSpec(**kw)
 
 
-def _think_time_from(value: Any) -> ThinkTime:
+def _think_time_from(value: object) -> ThinkTime:
     d = mapping(value)
     return ThinkTime(**_known(ThinkTime, d)) if "kind" in d else ThinkTime()
 
 
-def workload_from(d: Mapping[str, Any]) -> Workload:
+def workload_from(d: Mapping[str, object]) -> Workload:
     kw = _known(Workload, d)
     kw["input"] = _length_from(kw.get("input"), Workload.input)
     kw["output"] = _length_from(kw.get("output"), Workload.output)
@@ -151,65 +157,62 @@ def workload_from(d: Mapping[str, Any]) -> Workload:
     return Workload(**kw)
 
 
-def config_from(d: Mapping[str, Any]) -> ConfigRecord:
+def config_from(d: Mapping[str, object]) -> ConfigRecord:
     return ConfigRecord(
-        config_id=d["config_id"],
+        config_id=str(d["config_id"]),
         engine=engine_from(mapping(d.get("engine"))),
         workload=workload_from(mapping(d.get("workload"))),
-        command=tuple(d.get("command") or ()),
-        docker_command=d.get("docker_command") or "",
+        command=tuple(str(a) for a in _items(d.get("command"))),
+        docker_command=str(d.get("docker_command") or ""),
     )
 
 
-def verdict_from(d: Mapping[str, Any]) -> StepVerdict:
+def verdict_from(d: Mapping[str, object]) -> StepVerdict:
     kw = _known(StepVerdict, d)
     kw["objective"] = delta_from(d.get("objective"))
-    kw["guards"] = tuple(delta_from(g) for g in d.get("guards") or ())
-    kw["deltas"] = tuple(delta_from(g) for g in d.get("deltas") or ())
+    kw["guards"] = tuple(delta_from(g) for g in _items(d.get("guards")))
+    kw["deltas"] = tuple(delta_from(g) for g in _items(d.get("deltas")))
     for key in ("changes", "trials_baseline", "trials_candidate"):
-        kw[key] = tuple(d.get(key) or ())
-    kw["search"] = search_from(d["search"]) if isinstance(d.get("search"), Mapping) else None
+        kw[key] = tuple(_items(d.get(key)))
+    kw["search"] = search_from(mapping(d["search"])) if isinstance(d.get("search"), Mapping) else None
     kw["noise"] = tuple(
         (str(n[0]), float(n[1]), int(n[2]))
-        for n in d.get("noise") or ()
+        for n in _items(d.get("noise"))
         if isinstance(n, (list, tuple)) and len(n) == 3
     )
-    kw["noise_runs"] = tuple(d.get("noise_runs") or ())
+    kw["noise_runs"] = tuple(_items(d.get("noise_runs")))
     return StepVerdict(**kw)
 
 
-def _search_value_from(d: Mapping[str, Any]) -> SearchValue:
+def _search_value_from(d: Mapping[str, object]) -> SearchValue:
     kw = _known(SearchValue, d)
     kw["effect"] = delta_from(d.get("effect"))
     kw["trials"] = tuple(_items(d.get("trials")))
-    kw["metrics"] = {str(k): float(v) for k, v in mapping(d.get("metrics")).items() if _number(v) is not None}
+    kw["metrics"] = _figures(d.get("metrics"))
     return SearchValue(**kw)
 
 
-def search_from(d: Mapping[str, Any]) -> SearchRecord:
+def search_from(d: Mapping[str, object]) -> SearchRecord:
     """A search step's race as archived (absent from archives older than the search step)."""
     kw = _known(SearchRecord, d)
     kw["values"] = tuple(_search_value_from(mapping(v)) for v in _items(d.get("values")))
-    kw["incumbent_metrics"] = {
-        str(k): float(v) for k, v in mapping(d.get("incumbent_metrics")).items() if _number(v) is not None
-    }
+    kw["incumbent_metrics"] = _figures(d.get("incumbent_metrics"))
     kw["gain"] = delta_from(d.get("gain"))
     return SearchRecord(**kw)
 
 
-def gate_from(d: Mapping[str, Any]) -> GateResult:
-    values: dict[str, Any] = {k: d.get(k) for k in GateResult.__dataclass_fields__}
-    return GateResult(**values)
+def gate_from(d: Mapping[str, object]) -> GateResult:
+    return GateResult(**_as_archived({k: d.get(k) for k in GateResult.__dataclass_fields__}))
 
 
-def tuning_row_from(d: Mapping[str, Any]) -> TuningRow:
+def tuning_row_from(d: Mapping[str, object]) -> TuningRow:
     """A tuning-record row; rows archived before request counts were kept have no `samples`."""
     return TuningRow(
         config_id=str(d.get("config_id", "?")),
         trials=tuple(str(t) for t in _items(d.get("trials"))),
-        metrics={str(k): float(v) for k, v in mapping(d.get("metrics")).items() if _number(v) is not None},
-        failed_trials=int(d.get("failed_trials") or 0),
-        samples={str(k): int(v) for k, v in mapping(d.get("samples")).items() if _number(v) is not None},
+        metrics=_figures(d.get("metrics")),
+        failed_trials=_whole(d.get("failed_trials")) or 0,
+        samples={str(k): int(n) for k, v in mapping(d.get("samples")).items() if (n := _number(v)) is not None},
         step=_text(d.get("step")),
         verdict=_text(d.get("verdict")),
         reason=str(d.get("reason") or ""),
@@ -219,12 +222,12 @@ def tuning_row_from(d: Mapping[str, Any]) -> TuningRow:
 
 
 # ---------------------------------------------------------------------------------------------- the diagnosis
-def finding_from(d: Mapping[str, Any]) -> Finding:
+def finding_from(d: Mapping[str, object]) -> Finding:
     text = {k: str(d.get(k) or "") for k in Finding.__dataclass_fields__ if k != "candidates"}
     return Finding(**text, candidates=tuple(c for raw in _items(d.get("candidates")) if (c := _candidate(raw))))
 
 
-def _candidate(d: Any) -> Candidate | None:
+def _candidate(d: object) -> Candidate | None:
     """An archived candidate step; one naming a remedy or direction this llmplay does not know is left out."""
     if not isinstance(d, Mapping):
         return None
@@ -235,10 +238,10 @@ def _candidate(d: Any) -> Candidate | None:
     return Candidate(remedy, direction, str(d.get("finding_id") or ""), str(d.get("evidence") or ""))
 
 
-def _memory_from(d: Mapping[str, Any]) -> MemoryFacts | None:
+def _memory_from(d: Mapping[str, object]) -> MemoryFacts | None:
     if not d:
         return None
-    kw: dict[str, Any] = {f.name: _number(d.get(f.name)) for f in fields(MemoryFacts) if f.type == "float | None"}
+    kw = {f.name: _number(d.get(f.name)) for f in fields(MemoryFacts) if f.type == "float | None"}
     return MemoryFacts(
         **kw,
         device=str(d.get("device") or MemoryFacts.device),
@@ -246,15 +249,15 @@ def _memory_from(d: Mapping[str, Any]) -> MemoryFacts | None:
     )
 
 
-def _roofline_from(d: Mapping[str, Any]) -> RooflineFacts | None:
+def _roofline_from(d: Mapping[str, object]) -> RooflineFacts | None:
     floor = _number(d.get("floor_s"))
     if not floor:  # no bandwidth figure for the GPU: no floor, nothing to draw
         return None
-    kw: dict[str, Any] = {f.name: _number(d.get(f.name)) for f in fields(RooflineFacts) if f.type == "float | None"}
+    kw = {f.name: _number(d.get(f.name)) for f in fields(RooflineFacts) if f.type == "float | None"}
     return RooflineFacts(floor_s=floor, **kw, bandwidth_source=str(d.get("bandwidth_source") or ""))
 
 
-def diagnosis_from(d: Mapping[str, Any]) -> Diagnosis:
+def diagnosis_from(d: Mapping[str, object]) -> Diagnosis:
     """The diagnosis beside the findings; `rules` (the checklist rules evaluated) is absent in older archives."""
     rules = d.get("rules")
     return Diagnosis(
@@ -273,39 +276,77 @@ def diagnosis_from(d: Mapping[str, Any]) -> Diagnosis:
 
 
 # ---------------------------------------------------------------------------------------------- capacity searches
-def _probe_from(d: Mapping[str, Any]) -> CapacityProbe:
-    return CapacityProbe(
-        load=float(d["load"]),
+def _probe_from(d: Mapping[str, object]) -> ProbeVerdict:
+    """One probed load as capacity.json holds it; a figure an older llmplay did not keep is None (or 0 runs)."""
+    return ProbeVerdict(
+        load=float(_number(d.get("load")) or 0.0),
+        first_run=_whole(d.get("first_run")) or 0,
+        runs=_whole(d.get("runs")) or 0,
+        n_requests=_whole(d.get("n_requests")) or 0,
         attainment=_number(d.get("attainment")),
         ci_low=_number(d.get("ci_low")),
         ci_high=_number(d.get("ci_high")),
+        verdict=str(d.get("verdict") or ""),
+        per_slo=_figures(d.get("per_slo")),
+        at_quantile_s={str(k): _number(v) for k, v in mapping(d.get("at_quantile_s")).items()},
         output_tok_s=_number(d.get("output_tok_s")),
-        at_quantile_s={str(k): float(v) for k, v in mapping(d.get("at_quantile_s")).items() if _number(v) is not None},
+        req_s=_number(d.get("req_s")),
+        engine_s=_number(d.get("engine_s")) or 0.0,
+        batches=tuple(n for b in _items(d.get("batches")) if (n := _number(b)) is not None),
     )
 
 
-def capacity_from(trial_id: str, d: Mapping[str, Any]) -> CapacitySearch:
+def _limits(value: object) -> dict[str, dict[str, float | None]]:
+    return {str(k): {str(n): _number(x) for n, x in mapping(v).items()} for k, v in mapping(value).items()}
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def capacity_from(d: Mapping[str, object]) -> CapacityResult:
+    """A trial's capacity search (capacity.json) as the one record of a search, older shapes included: a search
+    without `search` is named by its unit, one without bounds is bounded by its probes, one without an estimate
+    keeps the capacity it archived, and its bracket and binding SLO keep the words it archived."""
+    unit = str(d.get("unit") or "")
+    search = str(d.get("search") or next((k for k, u in UNITS.items() if u == unit), "rate"))
+    probes = tuple(_probe_from(mapping(p)) for p in _items(d.get("probes")))
+    loads = [p.load for p in probes] or [0.0]
+    bounds = [*_items(d.get("bounds")), None, None][:2]
     band = [*_items(d.get("boundary_ci")), None, None][:2]
-    return CapacitySearch(
-        trial_id=trial_id,
-        target=float(d["target"]),
-        unit=str(d.get("unit", "")),
-        status=str(d["status"]),
-        slo_s={str(k): float(v) for k, v in mapping(d.get("slo_s")).items()},
-        capacity=_number(d.get("capacity")),
-        boundary_ci=(_number(band[0]), _number(band[1])),
-        boundary_text=str(d.get("boundary_text", "")),
-        binding_sentence=str(d.get("binding_sentence", "")),
-        runs=int(d.get("runs", 0)),
-        engine_s=float(d.get("engine_s", 0.0)),
-        order=str(d.get("order", "")),
+    status = str(d["status"])
+    estimate = _number(d.get("estimate"))
+    if estimate is None and "estimate" not in d and status == FOUND:
+        estimate = _number(d.get("capacity"))  # archived before the fitted estimate: its capacity as it said
+    return CapacityResult(
+        search=search,
+        status=status,
+        target=float(_number(d["target"]) or 0.0),
+        confidence=_number(d.get("confidence")) or CapacitySpec.confidence,
+        precision=_number(d.get("precision")) or CapacitySpec.precision,
+        low=_or(_number(bounds[0]), min(loads)),
+        high=_or(_number(bounds[1]), max(loads)),
+        slo_s=_figures(d.get("slo_s")),
+        feasible_max=_number(d.get("feasible_max")),
+        infeasible_min=_number(d.get("infeasible_min")),
+        probes=probes,
+        runs=_whole(d.get("runs")) or 0,
+        engine_s=_number(d.get("engine_s")) or 0.0,
+        binding=_text(d.get("binding")),
+        binding_value_s=_number(d.get("binding_value_s")),
+        order=str(d.get("order") or ""),
+        run_loads=tuple(n for x in _items(d.get("run_loads")) if (n := _number(x)) is not None),
         notes=tuple(str(n) for n in _items(d.get("notes"))),
-        probes=tuple(_probe_from(mapping(p)) for p in _items(d.get("probes"))),
+        per_slo_limits=_limits(d.get("per_slo_limits")),
+        estimate=estimate,
+        ci=(_number(band[0]), _number(band[1])),
+        said_boundary=str(d.get("boundary_text") or ""),
+        said_binding=str(d.get("binding_sentence") or ""),
     )
 
 
 # ---------------------------------------------------------------------------------------------- the run
-def _gpu_from(value: Any) -> GpuInfo | None:
+def _gpu_from(value: object) -> GpuInfo | None:
     if not isinstance(value, Mapping):
         return None
     return GpuInfo(
@@ -317,7 +358,7 @@ def _gpu_from(value: Any) -> GpuInfo | None:
     )
 
 
-def environment_from(env: Mapping[str, Any]) -> Environment:
+def environment_from(env: Mapping[str, object]) -> Environment:
     docker = env.get("docker")
     if isinstance(docker, Mapping):  # some llmplay versions kept Docker's whole version document
         docker = docker.get("version") or docker.get("server") or json.dumps(docker)
@@ -329,12 +370,12 @@ def environment_from(env: Mapping[str, Any]) -> Environment:
         llmplay_version=_text(env.get("llmplay_version")),
         python=str(env.get("python", "")),
         docker=str(docker) if docker else None,
-        seed=env.get("seed") if isinstance(env.get("seed"), (int, str)) else None,
+        seed=seed if isinstance(seed := env.get("seed"), (int, str)) else None,
         gpu=_gpu_from(env.get("gpu")),
     )
 
 
-def run_info_from(m: Mapping[str, Any]) -> RunInfo:
+def run_info_from(m: Mapping[str, object]) -> RunInfo:
     playbook = mapping(m.get("playbook"))
     overrides = mapping(m.get("overrides"))
     repeats, only = overrides.get("repeats"), overrides.get("only")
@@ -350,7 +391,7 @@ def run_info_from(m: Mapping[str, Any]) -> RunInfo:
         ),
         environment=environment_from(mapping(m.get("environment"))),
         status=str(m.get("status") or "?"),
-        exit_code=m.get("exit_code") if isinstance(m.get("exit_code"), int) else None,
+        exit_code=code if isinstance(code := m.get("exit_code"), int) else None,
         final_config_id=_text(m.get("final_config_id")),
         finished_utc=str(m.get("finished_utc", "")),
         overrides=dict(overrides),
@@ -367,7 +408,7 @@ def run_info_from(m: Mapping[str, Any]) -> RunInfo:
 
 
 # ---------------------------------------------------------------------------------------------- the archived playbook
-def playbook_as_run(doc: Mapping[str, Any]) -> PlaybookAsRun:
+def playbook_as_run(doc: Mapping[str, object]) -> PlaybookAsRun:
     """What the report quotes of the archived playbook's YAML document, tolerant of anything it finds there."""
     goals = mapping(doc.get("goals"))
     objective = mapping(goals.get("objective"))
@@ -391,7 +432,7 @@ def playbook_as_run(doc: Mapping[str, Any]) -> PlaybookAsRun:
             repeats=Trials.repeats if (count := _whole(repeats)) is None else count,
             interleave=bool(trials.get("interleave", Trials.interleave)),
             sequential=bool(trials.get("sequential", Trials.sequential)),
-            confidence=float(confidence) if _number(confidence) is not None else Trials.confidence,
+            confidence=level if (level := _number(confidence)) is not None else Trials.confidence,
             pool_noise=bool(trials.get("pool_noise", Trials.pool_noise)),
             noise=str(trials.get("noise") or ""),
         ),

@@ -107,7 +107,7 @@ class _Seen:
 
 def _read_run_file(run_dir: Path, name: str, max_bytes: int) -> bytes:
     """A file directly in a run directory that `run_directories` found (so no symlink itself): opened without
-    following a link, a regular file, bounded. Anything else goes through the containment rule for its message."""
+    following a link, a regular file, bounded. Every other file goes through the containment rule for its message."""
     path = os.path.join(run_dir, name)
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):  # a link is never even opened here: the rule says where it leads

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar, cast
 
 from llmplay.archive.run_entry import ABSURD, GateState, Goals, RunEntry
 
@@ -99,7 +99,7 @@ class DamagedRow(ValueError):
     """A row that does not parse back into an entry (edited, or written by a bug)."""
 
 
-def row_digest(values: Mapping[str, Any] | sqlite3.Row, figures: Sequence[tuple[str, str]]) -> str:
+def row_digest(values: Mapping[str, object] | sqlite3.Row, figures: Sequence[tuple[str, str]]) -> str:
     """sha256 of a row's stored values (all but row_digest) and its figures as stored, in a fixed order."""
     body = [f"{c}={values[c]!r}" for c in RUN_COLUMNS if c != "row_digest"]
     body += [f"{m}={t!r}" for m, t in sorted(figures)]
@@ -107,7 +107,7 @@ def row_digest(values: Mapping[str, Any] | sqlite3.Row, figures: Sequence[tuple[
 
 
 def insert(conn: sqlite3.Connection, entry: RunEntry) -> None:
-    values: dict[str, Any] = {
+    values: dict[str, object] = {
         **{c: getattr(entry, c) for c in RUN_COLUMNS if hasattr(entry, c)},
         "config_json": json.dumps(entry.config, sort_keys=True),
         "goals_json": entry.goals.to_json() if entry.goals else None,
@@ -142,30 +142,42 @@ def trial_values(text: object) -> tuple[float, ...] | None:
     return values if all(-ABSURD <= v <= ABSURD for v in values) else None
 
 
+T = TypeVar("T")
+
+
 class JsonCache:
     """Runs of one playbook repeat the same goals, configuration and gates texts: each is parsed once per read."""
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[str, str | None], Any] = {}
+        self._seen: dict[tuple[str, str | None], object] = {}
 
-    def get(self, kind: str, text: str | None) -> Any:
+    def _parsed(self, kind: str, text: str | None, parse: Callable[[str | None], T]) -> T:
         key = (kind, text)
         if key not in self._seen:
             try:
-                if kind == "goals":
-                    self._seen[key] = Goals.from_json(text)
-                elif kind == "gates":
-                    self._seen[key] = tuple(GateState(**g) for g in json.loads(text or "[]"))
-                elif kind == "files":
-                    self._seen[key] = tuple(str(f) for f in json.loads(text or "[]"))
-                else:
-                    config = json.loads(text or "{}")
-                    if not isinstance(config, dict):
-                        raise TypeError(f"a {type(config).__name__}, expected an object")
-                    self._seen[key] = config
+                self._seen[key] = parse(text)
             except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
                 raise DamagedRow(f"{kind} not readable ({type(exc).__name__}: {exc})") from None
-        return self._seen[key]
+        return cast(T, self._seen[key])  # stored above by this same `parse`, under this kind
+
+    def goals(self, text: str | None) -> Goals | None:
+        return self._parsed("goals", text, Goals.from_json)
+
+    def gates(self, text: str | None) -> tuple[GateState, ...]:
+        return self._parsed("gates", text, lambda t: tuple(GateState(**g) for g in json.loads(t or "[]")))
+
+    def files(self, text: str | None) -> tuple[str, ...]:
+        return self._parsed("files", text, lambda t: tuple(str(f) for f in json.loads(t or "[]")))
+
+    def config(self, text: str | None) -> dict[str, object]:
+        return self._parsed("config", text, _config_object)
+
+
+def _config_object(text: str | None) -> dict[str, object]:
+    config = json.loads(text or "{}")
+    if not isinstance(config, dict):
+        raise TypeError(f"a {type(config).__name__}, expected an object")
+    return config
 
 
 def entry_from_row(row: sqlite3.Row, figures: Mapping[str, tuple[float, ...]], parsed: JsonCache) -> RunEntry:
@@ -189,15 +201,15 @@ def entry_from_row(row: sqlite3.Row, figures: Mapping[str, tuple[float, ...]], p
             hardware=row["hardware"],
             config_id=row["config_id"],
             config_fingerprint=row["config_fingerprint"],
-            config=parsed.get("config", row["config_json"]),
-            goals=parsed.get("goals", row["goals_json"]),
-            gates=parsed.get("gates", row["gates_json"]),
+            config=parsed.config(row["config_json"]),
+            goals=parsed.goals(row["goals_json"]),
+            gates=parsed.gates(row["gates_json"]),
             verified=row["verified"] == 1,
             problems=tuple(p for p in problems.split("\n") if p),
             figures=figures,
             manifest_digest=row["manifest_digest"],
             signature_digest=row["signature_digest"],
-            files=parsed.get("files", row["files_json"]),
+            files=parsed.files(row["files_json"]),
             files_digest=row["files_digest"],
             verified_with=row["verified_with"],
         )

@@ -17,6 +17,7 @@ MANIFEST = "manifest.json"
 PLAYBOOK_FILE = "playbook.yaml"
 RESOLVED_FILE = "playbook.resolved.yaml"  # after `extends:`: loadable without the files it extended
 REPORT_FILE = "report.html"  # rendered from the archive, so not hashed: `llmplay report` rewrites it
+PROBES_FILE = "probes.json"  # a trial's greedy probe answers (goals.quality), under trials/<trial_id>/
 SIGNATURE_FILE = "manifest.sig"  # detached Ed25519 signature over manifest.json's bytes (archive.signing)
 STATUSES = ("running", "complete", "failed", "interrupted")
 ENV_ARCHIVE = "LLMPLAY_ARCHIVE"

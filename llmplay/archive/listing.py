@@ -6,15 +6,33 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from llmplay.archive.layout import ENV_ARCHIVE, MANIFEST, SCHEMA_ID, run_directories
 from llmplay.archive.paths import MAX_MANIFEST_BYTES, read_bytes_inside
 from llmplay.archive.reader import ArchivedRun
 from llmplay.errors import ArchiveError
+from llmplay.jsonvalue import as_list, as_mapping
 
 
-def _unreadable(run_dir: Path, why: str) -> dict[str, Any]:
+class ListedRun(TypedDict, total=False):
+    """One run as `llmplay ls` lists it; `why` only for an unreadable one, `stale` and `overridden` for the others."""
+
+    playbook: str
+    version: str
+    date: str
+    status: str
+    stale: bool
+    engine: str
+    gpu: str
+    gates: str
+    path: str
+    run_id: str
+    overridden: bool
+    why: str
+
+
+def _unreadable(run_dir: Path, why: str) -> ListedRun:
     return {
         "playbook": run_dir.parent.name,
         "version": "",
@@ -29,8 +47,8 @@ def _unreadable(run_dir: Path, why: str) -> dict[str, Any]:
     }
 
 
-def _row(run_dir: Path, m: dict[str, Any]) -> dict[str, Any]:
-    gates: list[Any] = m["gates"] if isinstance(m.get("gates"), list) else []
+def _row(run_dir: Path, m: dict[str, object]) -> ListedRun:
+    gates = as_list(m.get("gates"))
     met = sum(1 for g in gates if isinstance(g, Mapping) and g.get("met") is True)
     archived = ArchivedRun(run_dir, {"run_id": run_dir.name, **m})
     info = archived.info
@@ -50,13 +68,13 @@ def _row(run_dir: Path, m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def list_runs(root: Path) -> list[dict[str, Any]]:
+def list_runs(root: Path) -> list[ListedRun]:
     """One row per run under root, newest first: playbook, date, status, engine, GPU, gates met, path.
 
     A listing reads manifests only (verifying every run would hash every file); a manifest that cannot be read,
     or that leaves its run directory through a symlink, is listed as "unreadable". A run or playbook folder that is
     itself a symlink is skipped (`linked_runs` names them), as the index skips it."""
-    rows: list[dict[str, Any]] = []
+    rows: list[ListedRun] = []
     for _, run_dir in run_directories(Path(root)).found:
         try:
             m = json.loads(read_bytes_inside(run_dir, MANIFEST, max_bytes=MAX_MANIFEST_BYTES).decode("utf-8"))
@@ -67,7 +85,7 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
             rows.append(_unreadable(run_dir, str(exc)))
         except (TypeError, KeyError, AttributeError) as exc:  # a field of the wrong type: damaged, not a crash
             rows.append(_unreadable(run_dir, f"damaged manifest ({type(exc).__name__}: {exc})"))
-    rows.sort(key=lambda r: (r["date"], r["run_id"]), reverse=True)
+    rows.sort(key=lambda r: (r.get("date", ""), r.get("run_id", "")), reverse=True)
     return rows
 
 
@@ -76,7 +94,7 @@ def linked_runs(root: Path) -> tuple[str, ...]:
     return run_directories(Path(root)).linked
 
 
-def still_running(manifest: dict[str, Any]) -> bool:
+def still_running(manifest: Mapping[str, object]) -> bool:
     """Whether the process writing a "running" archive still lives. A run killed with -9 never marks its archive
     interrupted, and a reader must not rewrite it, so this is judged here, at every listing: by the owner the
     manifest names (host, pid, start time), else by the run's lock in this host's registry; a run on another host,
@@ -85,7 +103,7 @@ def still_running(manifest: dict[str, Any]) -> bool:
     from llmplay.runtime.live_runs import lock_held
     from llmplay.runtime.owner import Owner  # deferred: as above
 
-    owner = Owner.from_dict(manifest.get("owner"))
+    owner = Owner.from_dict(as_mapping(manifest.get("owner")))
     if owner is not None:
         return owner.alive() is not False
     return lock_held(str(manifest.get("run_id", ""))) is not False

@@ -8,8 +8,8 @@ the report, compare and the console read nothing else.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from llmplay.outcomes import GateResult as GateResult
 from llmplay.outcomes import MetricDelta as MetricDelta
 from llmplay.spec import EngineSpec, Workload
 from llmplay.spec import Scalar as KnobValue  # a knob's value: None is the engine default
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 TRIAL_OK, TRIAL_FAILED, TRIAL_INTERRUPTED = "ok", "failed", "interrupted"
 
@@ -57,7 +60,7 @@ class TrialRecord:
     started_utc: str
     wall_s: float
     summary: Mapping[str, float]  # flat metric paths -> value (load + telemetry + cost); absent = not measured
-    engine_describe: Mapping[str, Any] = field(default_factory=dict)  # version, image digest, command, container id
+    engine_describe: Mapping[str, object] = field(default_factory=dict)  # version, image digest, command, container id
     error: str | None = None  # failure cause, one line
     files: Mapping[str, str] = field(default_factory=dict)  # role -> relative path: records, telemetry, log
     notes: tuple[str, ...] = ()  # e.g. "no NVML: ...", "output tokens counted, not from usage"
@@ -69,7 +72,7 @@ class TrialRecord:
     # Other llmplay runs live on this host at some time during the trial (run_id, playbook, pid, host): they
     # competed for its CPUs and GPUs, so its figures may be slower and noisier than on a quiet machine.
     # Empty: none; None: not looked for (a cluster trial, a host registry that could not be read).
-    shared_with: tuple[Mapping[str, Any], ...] | None = None
+    shared_with: tuple[Mapping[str, object], ...] | None = None
 
     @property
     def sharing(self) -> tuple[SharedRun, ...]:
@@ -106,7 +109,7 @@ class SearchValue:
 
 @dataclass(frozen=True)
 class SearchRecord:
-    """How a search step chose its value (tuning.search): every value raced against the incumbent in rounds that
+    """How a search step chose its value (stats.search): every value raced against the incumbent in rounds that
     share one request sequence, the winner's gain re-estimated from pairs that did not select it, and the engine
     time the race cost against a full grid."""
 
@@ -233,7 +236,7 @@ class Diagnosis:
     model: Mapping[str, Scalar] = field(default_factory=dict)  # facts the engine or model file gave, by name
     memory: MemoryFacts | None = None
     roofline: RooflineFacts | None = None
-    scheduler: Mapping[str, Scalar] = field(default_factory=dict)
+    scheduler: Mapping[str, Scalar | None] = field(default_factory=dict)  # None: not known for this engine
     rules: tuple[RuleChecked, ...] | None = None  # None: an archive from before the rules were listed
 
 
@@ -253,38 +256,6 @@ class TuningRow:
     compared_with: str = ""
     changes: tuple[str, ...] = ()
     rebuilt: bool = False  # not archived (an interrupted run): rebuilt by the reader from its trials' summaries
-
-
-@dataclass(frozen=True)
-class CapacityProbe:
-    """One load a capacity search measured (tuning.capacity.ProbeVerdict as archived)."""
-
-    load: float
-    attainment: float | None = None  # share of requests meeting every SLO
-    ci_low: float | None = None
-    ci_high: float | None = None
-    output_tok_s: float | None = None
-    at_quantile_s: Mapping[str, float] = field(default_factory=dict)  # per SLO, its latency at the target quantile
-
-
-@dataclass(frozen=True)
-class CapacitySearch:
-    """A trial's capacity search as archived (trials/<id>/capacity.json): every probe, the bracket, what binds."""
-
-    trial_id: str
-    target: float
-    unit: str
-    status: str
-    slo_s: Mapping[str, float] = field(default_factory=dict)
-    capacity: float | None = None
-    boundary_ci: tuple[float | None, float | None] = (None, None)
-    boundary_text: str = ""
-    binding_sentence: str = ""
-    runs: int = 0
-    engine_s: float = 0.0
-    order: str = ""
-    notes: tuple[str, ...] = ()
-    probes: tuple[CapacityProbe, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -367,7 +338,7 @@ class RunInfo:
     exit_code: int | None = None
     final_config_id: str | None = None
     finished_utc: str = ""
-    overrides: Mapping[str, Any] = field(default_factory=dict)  # command-line overrides as given (JSON values)
+    overrides: Mapping[str, object] = field(default_factory=dict)  # command-line overrides as given (JSON values)
     repeats_override: int | None = None  # overrides' "repeats", when it is a number
     image_override: str | None = None  # overrides' "image": the run re-tested the playbook on another engine image
     only_override: tuple[str, ...] = ()  # overrides' "only": the steps run alone
@@ -404,9 +375,15 @@ class PlaybookAsRun:
     step_descriptions: Mapping[str, str]
 
 
-def to_plain(obj: Any) -> Any:
+@overload
+def to_plain(obj: DataclassInstance | Mapping[str, object]) -> dict[str, object]: ...
+@overload
+def to_plain(obj: list[object] | tuple[object, ...]) -> list[object]: ...
+@overload
+def to_plain(obj: object) -> object: ...
+def to_plain(obj: object) -> object:
     """Dataclasses, mappings and tuples -> JSON-ready values."""
-    if hasattr(obj, "__dataclass_fields__"):
+    if is_dataclass(obj):
         # Not dataclasses.asdict: it deep-copies, and the frozen mappings (mappingproxy) cannot be copied.
         return {f.name: to_plain(getattr(obj, f.name)) for f in fields(obj)}
     if isinstance(obj, Mapping):

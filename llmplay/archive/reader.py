@@ -6,11 +6,12 @@ import importlib.util
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
 
+from llmplay.archive.capacity import CapacityResult
 from llmplay.archive.convert import (
     capacity_from,
     config_from,
@@ -26,7 +27,6 @@ from llmplay.archive.convert import (
 from llmplay.archive.layout import MANIFEST, RESOLVED_FILE, SCHEMA_ID, SIGNATURE_FILE
 from llmplay.archive.model import (
     TRIAL_OK,
-    CapacitySearch,
     ConfigRecord,
     Diagnosis,
     EngineFacts,
@@ -49,10 +49,14 @@ from llmplay.archive.paths import (
 )
 from llmplay.catalog import REPORT_RECORD_COLUMNS
 from llmplay.errors import ArchiveError
+from llmplay.jsonvalue import as_list as _items
+from llmplay.jsonvalue import as_mapping as mapping
 from llmplay.metrics import per_request_arrays, request_timeline
 
 if TYPE_CHECKING:  # imported where a frame is read: describing a run (history, the index, list) needs no pandas
     import pandas as pd
+
+    from llmplay.metrics import Records
 
 
 def have_pyarrow() -> bool:
@@ -82,12 +86,12 @@ def engine_facts(trials: Sequence[TrialRecord], configs: Sequence[ConfigRecord],
 def requests_from(records: pd.DataFrame | None) -> TrialRequests:
     """A records frame as the charts need it; tolerant of missing or extra columns (what cannot be computed is
     empty), and of no frame at all."""
-    rows: Any = records if records is not None and len(records) else ()
+    rows: Records = records if records is not None and len(records) else ()
     return TrialRequests(per_request_arrays(rows), request_timeline(rows))
 
 
 # ---------------------------------------------------------------------------------------------- the archived run
-def read_manifest(run_dir: Path) -> dict[str, Any]:
+def read_manifest(run_dir: Path) -> dict[str, object]:
     """The manifest of an existing run directory, or an ArchiveError saying why it is not one."""
     if not run_dir.is_dir():
         raise ArchiveError(f"{run_dir}: no such directory; expected a run directory made by llmplay run")
@@ -100,7 +104,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     return manifest_from(run_dir, data)
 
 
-def manifest_from(run_dir: Path, data: bytes) -> dict[str, Any]:
+def manifest_from(run_dir: Path, data: bytes) -> dict[str, object]:
     """The manifest from its bytes (read once by a caller that also verifies them), or an ArchiveError saying why
     they are not an llmplay manifest."""
     path = run_dir / MANIFEST
@@ -122,18 +126,18 @@ def manifest_from(run_dir: Path, data: bytes) -> dict[str, Any]:
 class ArchivedRun:
     """One run directory, read-only: what the report, compare and --resume read through."""
 
-    def __init__(self, run_dir: Path, manifest: dict[str, Any]):
+    def __init__(self, run_dir: Path, manifest: dict[str, object]):
         self.run_dir = Path(run_dir)
         self._manifest = manifest
-        self.run_id: str = manifest["run_id"]
+        self.run_id = str(manifest["run_id"])
 
     @classmethod
     def open(cls, run_dir: Path) -> ArchivedRun:
         return cls(Path(run_dir), read_manifest(Path(run_dir)))
 
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> dict[str, object]:
         """A deep copy: callers may change it without touching the archive."""
-        copy: dict[str, Any] = json.loads(json.dumps(self._manifest))
+        copy: dict[str, object] = json.loads(json.dumps(self._manifest))
         return copy
 
     def signed(self) -> bool:
@@ -146,22 +150,22 @@ class ArchivedRun:
         return run_info_from(self._manifest)
 
     def trials(self) -> list[TrialRecord]:
-        return [trial_from(t) for t in self._manifest.get("trials", [])]
+        return [trial_from(mapping(t)) for t in _items(self._manifest.get("trials"))]
 
     def configs(self) -> list[ConfigRecord]:
-        return [config_from(c) for c in self._manifest.get("configs", [])]
+        return [config_from(mapping(c)) for c in _items(self._manifest.get("configs"))]
 
     def verdicts(self) -> list[StepVerdict]:
-        return [verdict_from(v) for v in self._manifest.get("verdicts", [])]
+        return [verdict_from(mapping(v)) for v in _items(self._manifest.get("verdicts"))]
 
     def gates(self) -> list[GateResult]:
-        return [gate_from(g) for g in self._manifest.get("gates", [])]
+        return [gate_from(mapping(g)) for g in _items(self._manifest.get("gates"))]
 
     def findings(self) -> list[Finding]:
-        return [finding_from(f) for f in self._manifest.get("findings", [])]
+        return [finding_from(mapping(f)) for f in _items(self._manifest.get("findings"))]
 
     def diagnosis(self) -> Diagnosis:
-        return diagnosis_from(self._manifest.get("diagnosis") or {})
+        return diagnosis_from(mapping(self._manifest.get("diagnosis")))
 
     def engine_facts(self) -> EngineFacts:
         return engine_facts(self.trials(), self.configs(), self.info.final_config_id)
@@ -174,7 +178,7 @@ class ArchivedRun:
         return final, trials
 
     def tuning_record(self) -> list[TuningRow]:
-        return [tuning_row_from(r) for r in self._manifest.get("tuning_record") or []]
+        return [tuning_row_from(mapping(r)) for r in _items(self._manifest.get("tuning_record"))]
 
     def rebuilt_record(self) -> list[TuningRow]:
         """For a run interrupted before its tuning record was written: one row per configuration from its trials'
@@ -203,8 +207,8 @@ class ArchivedRun:
                 return playbook_as_run(doc)
         return playbook_as_run({})
 
-    def _trial_dict(self, trial_id: str) -> dict[str, Any]:
-        for trial in self._manifest.get("trials", []):
+    def _trial_dict(self, trial_id: str) -> dict[str, object]:
+        for trial in map(mapping, _items(self._manifest.get("trials"))):
             if trial.get("trial_id") == trial_id:
                 return dict(trial)
         raise ArchiveError(f"{self.run_dir}: no trial {trial_id!r} in {MANIFEST}")
@@ -268,7 +272,7 @@ class ArchivedRun:
         relpath = self._file_of(trial_id, "telemetry")
         return None if relpath is None else self._read_frame(relpath)
 
-    def load_capacity(self, trial_id: str) -> dict[str, Any] | None:
+    def capacity_search(self, trial_id: str) -> CapacityResult | None:
         """The capacity search a trial archived (every probe, the bracket, the binding SLO); None when it ran none."""
         relpath = self._file_of(trial_id, "capacity")
         if not relpath:
@@ -281,11 +285,7 @@ class ArchivedRun:
             raise self._inside_error(exc) from None
         except ValueError as exc:
             raise ArchiveError(f"{self.run_dir / str(relpath)}: not readable JSON ({exc})") from None
-        return dict(found) if isinstance(found, dict) else None
-
-    def capacity_search(self, trial_id: str) -> CapacitySearch | None:
-        found = self.load_capacity(trial_id)
-        return None if found is None else capacity_from(trial_id, found)
+        return capacity_from(found) if isinstance(found, dict) else None
 
     def requests(self, trial_id: str) -> TrialRequests:
         """The trial's measured requests as the charts need them (empty when it archived none)."""

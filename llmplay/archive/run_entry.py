@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llmplay.archive.layout import RESOLVED_FILE
 from llmplay.archive.paths import MAX_TEXT_BYTES, OutsideError, inside
@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # an index entry is built from these; reading the index (hist
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from llmplay.archive.model import ConfigRecord, RunInfo, TrialRecord
+    from llmplay.spec import EngineSpec, Workload
 
 # Besides the goals' metrics, what every run's headline keeps per trial: cost, and the counts an error rate's
 # interval in points needs.
@@ -119,7 +120,7 @@ class RunEntry:
     hardware: str
     config_id: str
     config_fingerprint: str
-    config: Mapping[str, Any]
+    config: Mapping[str, object]
     goals: Goals | None
     gates: tuple[GateState, ...]
     verified: bool
@@ -170,13 +171,13 @@ def _goals_of(run_dir: Path, info: RunInfo, cache: dict[str, Goals | None]) -> G
     return None
 
 
-def _without(record: object, keys: Sequence[str]) -> dict[str, Any]:
+def _without(record: EngineSpec | Workload, keys: Sequence[str]) -> dict[str, object]:
     from llmplay.archive.model import to_plain  # deferred: see the imports
 
     return {k: v for k, v in to_plain(record).items() if k not in keys}
 
 
-def _configuration(configs: Sequence[ConfigRecord], final: str) -> dict[str, Any]:
+def _configuration(configs: Sequence[ConfigRecord], final: str) -> dict[str, object]:
     """What makes the final configuration that configuration: the engine without its image (an upgrade re-tests the
     same configuration) and the workload without its measurement length. Built from the typed records, so a run
     archived before a setting existed reads with the value it then had (archive.convert), not without the setting:

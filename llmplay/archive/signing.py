@@ -14,7 +14,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -156,7 +155,7 @@ class Signature:
 def parse_signature(data: bytes) -> Signature:
     """manifest.sig's bytes as a Signature, or ArchiveError naming what is wrong with it."""
     try:
-        doc: Any = json.loads(data.decode("utf-8"))
+        doc: object = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ArchiveError(f"{SIGNATURE_FILE}: not readable JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SIGNATURE_SCHEMA or doc.get("algorithm") != ALGORITHM:

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -30,17 +29,17 @@ UNSIGNED = "unsigned: integrity only"
 _UNLISTED_OK = (MANIFEST, SIGNATURE_FILE, REPORT_FILE)
 
 
-def manifest_schema() -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads(resources.files("llmplay").joinpath("schemas/manifest.v1.json").read_text())
+def manifest_schema() -> dict[str, object]:
+    schema: dict[str, object] = json.loads(resources.files("llmplay").joinpath("schemas/manifest.v1.json").read_text())
     return schema
 
 
-def _document_order(error: jsonschema.ValidationError) -> list[tuple[int, Any]]:
+def _document_order(error: jsonschema.ValidationError) -> list[tuple[int, object]]:
     # an index and a key at the same depth would not compare (a field edited from a list to an object)
     return [(1, p) if isinstance(p, str) else (0, p) for p in error.absolute_path]
 
 
-def schema_problems(manifest: Any) -> list[str]:
+def schema_problems(manifest: object) -> list[str]:
     """One line per place the manifest breaks its schema, in document order."""
     validator = jsonschema.Draft202012Validator(manifest_schema())
     out = []
@@ -50,7 +49,7 @@ def schema_problems(manifest: Any) -> list[str]:
     return out
 
 
-def manifest_sha256(manifest: Mapping[str, Any]) -> str:
+def manifest_sha256(manifest: Mapping[str, object]) -> str:
     """The manifest's own hash: sha256 of its canonical JSON without the `manifest_sha256` key.
 
     Raises ValueError for a non-finite number (never written by llmplay, so such a manifest was edited)."""
@@ -85,9 +84,9 @@ def _sha256_inside(run_dir: Path, relpath: str) -> str:
     return digest.hexdigest()
 
 
-def _referenced_paths(manifest: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def _referenced_paths(manifest: Mapping[str, object]) -> list[tuple[str, object]]:
     """Every path the manifest tells a reader to open, with where it says so."""
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, object]] = []
     playbook = manifest.get("playbook")
     if isinstance(playbook, Mapping) and playbook.get("file") is not None:
         out.append(("playbook.file", playbook["file"]))
@@ -100,7 +99,7 @@ def _referenced_paths(manifest: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return out
 
 
-def _unlisted(run_dir: Path, listed: Mapping[str, Any]) -> list[str]:
+def _unlisted(run_dir: Path, listed: Mapping[str, object]) -> list[str]:
     """Whatever sits in the run directory that no hash covers; symlinked directories are never walked into."""
     problems = []
     for here, dirs, files in os.walk(run_dir):  # followlinks=False: a link to / is one entry, not the host's tree
@@ -173,7 +172,7 @@ def check_read(run_dir: Path, data: bytes, public_key: Ed25519PublicKey | None =
         actual = None
     if stored != actual:
         problems.append(f"{MANIFEST}: changed after llmplay wrote it (its manifest_sha256 does not match its content)")
-    listed: dict[str, Any] = manifest["files"] if isinstance(manifest.get("files"), dict) else {}
+    listed: dict[str, object] = manifest["files"] if isinstance(manifest.get("files"), dict) else {}
     for relpath, digest in sorted(listed.items()):
         if relpath == REPORT_FILE:
             continue  # rendered from the archive and rewritten by `llmplay report`: listed by older versions only
@@ -182,9 +181,9 @@ def check_read(run_dir: Path, data: bytes, public_key: Ed25519PublicKey | None =
                 problems.append(f"{relpath}: changed (sha256 differs from {MANIFEST})")
         except OutsideError as exc:
             problems.append(f"{relpath}: missing (listed in {MANIFEST})" if exc.missing else str(exc))
-    for where, relpath in _referenced_paths(manifest):
-        if not isinstance(relpath, str) or relpath not in listed or relpath == REPORT_FILE:
-            problems.append(f"{where}: {relpath!r} is not a file listed in {MANIFEST} files (no hash covers it)")
+    for where, referenced in _referenced_paths(manifest):
+        if not isinstance(referenced, str) or referenced not in listed or referenced == REPORT_FILE:
+            problems.append(f"{where}: {referenced!r} is not a file listed in {MANIFEST} files (no hash covers it)")
     problems += _unlisted(root, listed)
     expected = fingerprint(public_key) if public_key is not None else None
     signature, sig_problems = _signature(root, data, public_key, expected)

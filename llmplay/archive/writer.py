@@ -19,18 +19,20 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast, overload
 
 import pandas as pd
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from llmplay.archive.capacity import CapacityResult
 from llmplay.archive.index import index_finished_run
 from llmplay.archive.layout import (
     ENV_ARCHIVE,
     ENV_SIGNING_KEY,
     MANIFEST,
     PLAYBOOK_FILE,
+    PROBES_FILE,
     RESOLVED_FILE,
     SCHEMA_ID,
     SIGNATURE_FILE,
@@ -42,8 +44,10 @@ from llmplay.archive.model import (
     Diagnosis,
     Finding,
     GateResult,
+    RooflineFacts,
     StepVerdict,
     TrialRecord,
+    TuningRow,
     to_plain,
 )
 from llmplay.archive.reader import ArchivedRun, have_pyarrow, read_manifest
@@ -51,7 +55,12 @@ from llmplay.archive.signing import signature_document, signing_key_from_env
 from llmplay.archive.verify import manifest_sha256, schema_problems
 from llmplay.errors import ArchiveError
 from llmplay.hashing import sha256_file
+from llmplay.loadgen.probes import ProbeResult
 from llmplay.redaction import redact, redact_text, redact_yaml_text
+from llmplay.runtime.owner import Owner
+
+if TYPE_CHECKING:
+    from llmplay.spec import Playbook
 
 _TMP_PREFIX = ".tmp-"
 
@@ -77,7 +86,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     _atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def _finite(obj: Any) -> Any:
+@overload
+def _finite(obj: Mapping[str, object]) -> dict[str, object]: ...
+@overload
+def _finite(obj: object) -> object: ...
+def _finite(obj: object) -> object:
     """JSON-ready: NaN/inf (a non-finite number means "not measured") become null, unknown types their text."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
@@ -100,12 +113,64 @@ def _utc_stamp(now: dt.datetime | None = None) -> tuple[str, str]:
     return now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _upsert(items: list[dict[str, Any]], key: str, item: dict[str, Any]) -> None:
+def _upsert(items: list[dict[str, object]], key: str, item: dict[str, object]) -> None:
     for i, existing in enumerate(items):
         if existing.get(key) == item.get(key):
             items[i] = item
             return
     items.append(item)
+
+
+def _row_json(row: TuningRow) -> dict[str, object]:
+    """A tuning-record row as the manifest holds it: a step's keys only on a step's row (never `rebuilt`, which only
+    a reader sets)."""
+    out: dict[str, object] = {
+        "config_id": row.config_id,
+        "trials": list(row.trials),
+        "failed_trials": row.failed_trials,
+        "metrics": dict(row.metrics),
+        "samples": dict(row.samples),
+    }
+    if row.verdict is not None:
+        out.update(
+            step=row.step,
+            verdict=row.verdict,
+            reason=row.reason,
+            compared_with=row.compared_with,
+            changes=list(row.changes),
+        )
+    return out
+
+
+def _roofline_json(r: RooflineFacts) -> dict[str, object]:
+    return {
+        "bytes_per_step": r.bytes_per_step,
+        "bandwidth_bytes_s": r.bandwidth_bytes_s,
+        "floor_s": r.floor_s,
+        "achieved_tpot_s": r.achieved_tpot_s,
+        "achieved_over_floor": r.achieved_over_floor,
+        "bandwidth_util": r.bandwidth_util,
+        "achieved_bandwidth_bytes_s": r.achieved_bandwidth_bytes_s,
+        "bandwidth_source": r.bandwidth_source,
+    }
+
+
+def _diagnosis_json(d: Diagnosis) -> dict[str, object]:
+    """The diagnosis as the manifest holds it: only the parts the run made (an empty object when it made none)."""
+    if not (d.notes or d.model or d.memory or d.roofline or d.scheduler or d.rules is not None):
+        return {}
+    out: dict[str, object] = {"notes": list(d.notes)}
+    if d.model:
+        out["model"] = dict(d.model)
+    if d.memory is not None:
+        out["memory"] = to_plain(d.memory)
+    if d.roofline is not None:
+        out["roofline"] = _roofline_json(d.roofline)
+    if d.scheduler:
+        out["scheduler"] = dict(d.scheduler)
+    if d.rules is not None:
+        out["rules"] = [to_plain(r) for r in d.rules]
+    return out
 
 
 class RunArchive(ArchivedRun):
@@ -114,7 +179,7 @@ class RunArchive(ArchivedRun):
     def __init__(
         self,
         run_dir: Path,
-        manifest: dict[str, Any],
+        manifest: dict[str, object],
         secrets: Sequence[str] = (),
         signing_key: Ed25519PrivateKey | None = None,
     ):
@@ -127,10 +192,10 @@ class RunArchive(ArchivedRun):
     def create(
         cls,
         root: Path,
-        playbook: Any,
+        playbook: Playbook,
         *,
-        overrides: Mapping[str, Any],
-        environment: Mapping[str, Any],
+        overrides: Mapping[str, object],
+        environment: Mapping[str, object],
         secrets: list[str],
     ) -> RunArchive:
         signing_key = signing_key_from_env()  # a set but broken key fails here, before the run directory exists
@@ -149,7 +214,7 @@ class RunArchive(ArchivedRun):
         redacted: list[str] = []
         env = redact(_finite(to_plain(dict(environment))), list(secrets), redacted, "environment")
         env.setdefault("started_utc", iso)
-        manifest: dict[str, Any] = {
+        manifest: dict[str, object] = {
             "schema": SCHEMA_ID,
             "run_id": f"{stamp}-{short}",
             "playbook": {
@@ -203,22 +268,33 @@ class RunArchive(ArchivedRun):
             )
         return cls(Path(run_dir), read_manifest(Path(run_dir)), secrets, key)
 
-    def set_owner(self, owner: Mapping[str, Any]) -> None:
+    def set_owner(self, owner: Owner) -> None:
         """The process writing this archive from now on (a resumed run has a new one): host, pid, start time, so a
         reader can tell a run still going from one whose process was killed."""
-        self._manifest["owner"] = dict(owner)
+        self._manifest["owner"] = owner.as_dict()
         self._save()
 
     # -------------------------------------------------------------------- writing
     def _write_text(self, relpath: str, text: str) -> None:
         atomic_write_text(self.run_dir / relpath, text)
-        self._manifest["files"][relpath] = sha256_file(self.run_dir / relpath)
+        self._files()[relpath] = sha256_file(self.run_dir / relpath)
 
-    def _redact(self, obj: Any, where: str) -> Any:
+    def _files(self) -> dict[str, object]:
+        return cast(dict[str, object], self._manifest["files"])  # created as a mapping above
+
+    def _entries(self, key: str) -> list[dict[str, object]]:
+        """One of the manifest's lists of records (configs, trials, verdicts), as created above."""
+        return cast(list[dict[str, object]], self._manifest[key])
+
+    def _redact(self, obj: object, where: str) -> object:
         found: list[str] = []
         out = redact(_finite(to_plain(obj)), self._secrets, found, where)
         self._note(found)
         return out
+
+    def _redact_record(self, obj: object, where: str) -> dict[str, object]:
+        """A record (or a mapping) as the manifest's JSON object, redacted."""
+        return cast(dict[str, object], self._redact(obj, where))
 
     def _redact_text(self, text: str, where: str) -> str:
         out = redact_text(text, self._secrets)
@@ -228,14 +304,14 @@ class RunArchive(ArchivedRun):
 
     def _note(self, paths: Iterable[str]) -> None:
         """Where values were redacted (paths and file names, never the values): the report lists them."""
-        known = self._manifest.get("redacted", [])
+        known = cast(list[str], self._manifest.get("redacted", []))
         added = [p for p in dict.fromkeys(paths) if p not in known]
         if added:
             self._manifest["redacted"] = [*known, *added]
 
     def _save(self) -> None:
         manifest = _finite(self._manifest)
-        manifest["files"] = dict(sorted(manifest["files"].items()))
+        manifest["files"] = dict(sorted(cast(dict[str, object], manifest["files"]).items()))
         manifest.pop("manifest_sha256", None)
         problems = schema_problems(manifest)
         if problems:  # the runner handed in something the contract does not allow: a bug, say exactly where
@@ -251,7 +327,7 @@ class RunArchive(ArchivedRun):
             index_finished_run(self.run_dir)  # never fails the run: the index is rebuilt from manifests on demand
 
     def write_config(self, config: ConfigRecord) -> None:
-        _upsert(self._manifest["configs"], "config_id", self._redact(config, f"configs[{config.config_id}]"))
+        _upsert(self._entries("configs"), "config_id", self._redact_record(config, f"configs[{config.config_id}]"))
         self._save()
 
     def _write_frame(self, relbase: str, frame: pd.DataFrame) -> str:
@@ -271,7 +347,7 @@ class RunArchive(ArchivedRun):
         else:
             relpath = relbase + ".csv"
             _atomic_write(self.run_dir / relpath, lambda tmp: frame.to_csv(tmp, index=False))
-        self._manifest["files"][relpath] = sha256_file(self.run_dir / relpath)
+        self._files()[relpath] = sha256_file(self.run_dir / relpath)
         return relpath
 
     def write_trial(
@@ -280,7 +356,7 @@ class RunArchive(ArchivedRun):
         records: pd.DataFrame | None,
         telemetry: pd.DataFrame | None,
         engine_log: str,
-        capacity: Mapping[str, Any] | None = None,
+        capacity: CapacityResult | None = None,
     ) -> None:
         """The trial's record and raw data; `capacity` is its capacity search (every probe), when it ran one."""
         base = f"trials/{safe_name(trial.trial_id)}"
@@ -289,7 +365,7 @@ class RunArchive(ArchivedRun):
             files["capacity"] = f"{base}/capacity.json"
             self._write_text(
                 files["capacity"],
-                json.dumps(self._redact(dict(capacity), files["capacity"]), indent=1, ensure_ascii=False) + "\n",
+                json.dumps(self._redact(capacity.as_dict(), files["capacity"]), indent=1, ensure_ascii=False) + "\n",
             )
         if records is not None:
             files["records"] = self._write_frame(f"{base}/requests", records)
@@ -298,25 +374,26 @@ class RunArchive(ArchivedRun):
         if engine_log:
             files["log"] = f"{base}/engine.log"
             self._write_text(files["log"], self._redact_text(engine_log, files["log"]))
-        record = self._redact(replace(trial, files=files), f"trials[{trial.trial_id}]")
-        _upsert(self._manifest["trials"], "trial_id", record)
+        record = self._redact_record(replace(trial, files=files), f"trials[{trial.trial_id}]")
+        _upsert(self._entries("trials"), "trial_id", record)
         self._save()
 
     def mark_superseded(self, trial_id: str, reason: str) -> None:
         """A trial kept for the audit whose figures are no longer used (its pair was measured again elsewhere)."""
-        for trial in self._manifest["trials"]:
+        for trial in self._entries("trials"):
             if trial.get("trial_id") == trial_id:
                 trial["superseded"] = self._redact_text(reason, f"trials[{trial_id}].superseded")
         self._save()
 
-    def write_probes(self, trial_id: str, probes: Sequence[Mapping[str, Any]]) -> None:
+    def write_probes(self, trial_id: str, probes: Sequence[ProbeResult]) -> None:
         """A trial's goals.quality answers (prompt, text, tokens, log-probabilities), redacted, for later compares."""
-        relpath = f"trials/{safe_name(trial_id)}/probes.json"
-        self._write_text(relpath, json.dumps(self._redact(list(probes), relpath), indent=1, ensure_ascii=False) + "\n")
+        relpath = f"trials/{safe_name(trial_id)}/{PROBES_FILE}"
+        answers = [p.as_dict() for p in probes]
+        self._write_text(relpath, json.dumps(self._redact(answers, relpath), indent=1, ensure_ascii=False) + "\n")
         self._save()
 
     def write_verdict(self, verdict: StepVerdict) -> None:
-        _upsert(self._manifest["verdicts"], "step", self._redact(verdict, f"verdicts[{verdict.step}]"))
+        _upsert(self._entries("verdicts"), "step", self._redact_record(verdict, f"verdicts[{verdict.step}]"))
         self._save()
 
     def finish(
@@ -326,11 +403,11 @@ class RunArchive(ArchivedRun):
         exit_code: int,
         final_config_id: str,
         gates: Sequence[GateResult],
-        findings: Sequence[Finding | Mapping[str, Any]],
-        diagnosis: Diagnosis | Mapping[str, Any],
-        tuning_record: Sequence[Mapping[str, Any]],
+        findings: Sequence[Finding],
+        diagnosis: Diagnosis,
+        tuning_record: Sequence[TuningRow],
     ) -> None:
-        """The run's conclusion; findings and the diagnosis as records, or as the plain dicts the diagnosis makes."""
+        """The run's conclusion, from its records; the manifest holds them in the JSON shape it always has."""
         if status not in STATUSES[1:]:
             raise ArchiveError(f"finish(status={status!r}): expected one of {', '.join(STATUSES[1:])}")
         m = self._manifest
@@ -340,8 +417,8 @@ class RunArchive(ArchivedRun):
             final_config_id=final_config_id,
             gates=self._redact(list(gates), "gates"),
             findings=self._redact(list(findings), "findings"),
-            diagnosis=self._redact(diagnosis, "diagnosis"),
-            tuning_record=self._redact(list(tuning_record), "tuning_record"),
+            diagnosis=self._redact(_diagnosis_json(diagnosis), "diagnosis"),
+            tuning_record=self._redact([_row_json(row) for row in tuning_record], "tuning_record"),
             finished_utc=_utc_stamp()[1],
         )
         self._save()

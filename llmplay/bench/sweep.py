@@ -7,7 +7,6 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -29,7 +28,7 @@ class BenchResult:
     load: LoadResult
     summary: Summary
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         out = self.summary.to_json()
         out.update(
             {

@@ -6,11 +6,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from llmplay.archive.capacity import SLO_LABELS, CapacityResult
 from llmplay.archive.listing import archive_root
 from llmplay.archive.reader import ArchivedRun
 from llmplay.catalog import fmt_full
@@ -19,7 +19,6 @@ from llmplay.errors import ExitCode
 from llmplay.history.site import publish_run
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.source import located_error
-from llmplay.tuning.capacity_result import SLO_LABELS, CapacityResult
 from llmplay.tuning.run import RunOptions, run_playbook
 
 
@@ -52,9 +51,9 @@ def capacity_command(
     archived = ArchivedRun.open(outcome.run_dir)
     rows = []
     for trial in archived.trials():
-        found = archived.load_capacity(trial.trial_id)
+        found = archived.capacity_search(trial.trial_id)
         if found is not None:
-            rows.append((trial.config_id, trial.repeat, CapacityResult.from_dict(found), dict(trial.summary)))
+            rows.append((trial.config_id, trial.repeat, found, dict(trial.summary)))
     print_boundaries(console, rows)
     console.print(f"archive {outcome.run_dir}; report: {outcome.run_dir / 'report.html'}", markup=False)
     if outcome.status != "complete" or not rows:
@@ -62,7 +61,7 @@ def capacity_command(
     return ExitCode.OK
 
 
-def boundary_table(rows: Sequence[tuple[str, int, CapacityResult, dict[str, Any]]]) -> Table:
+def boundary_table(rows: Sequence[tuple[str, int, CapacityResult, dict[str, float]]]) -> Table:
     """One row per search: status, the capacity with its bracket and CI, what bound it, what it cost."""
     table = Table(title="Capacity under SLO")
     for column in ("configuration", "#", "status", "capacity", "boundary CI", "feasible max", "infeasible min"):
@@ -96,7 +95,7 @@ def boundary_table(rows: Sequence[tuple[str, int, CapacityResult, dict[str, Any]
     return table
 
 
-def print_boundaries(console: Console, rows: Sequence[tuple[str, int, CapacityResult, dict[str, Any]]]) -> None:
+def print_boundaries(console: Console, rows: Sequence[tuple[str, int, CapacityResult, dict[str, float]]]) -> None:
     """The boundary table, then per search its binding constraint in words, its notes and how probes were ordered."""
     console.print(boundary_table(rows))
     for config, repeat, result, _ in rows:

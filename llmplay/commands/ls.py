@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from llmplay.archive.layout import linked_note
-from llmplay.archive.listing import archive_root, linked_runs, list_runs
+from llmplay.archive.listing import ListedRun, archive_root, linked_runs, list_runs
 from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.signing import public_key_from
 from llmplay.archive.verify import check
@@ -59,13 +57,13 @@ def ls_command(archive_dir: str | None, *, verify: bool = False, public_key: Pat
     return ExitCode.OK
 
 
-def gates_cell(row: Mapping[str, Any]) -> str:
+def gates_cell(row: ListedRun) -> str:
     """ "met/total", and how many of the unmet gates were not measured at all (an absent figure is no failure
     of the engine, but it is no pass either)."""
     if row.get("status") == "unreadable":
         return str(row.get("gates", ""))
     try:
-        gates = ArchivedRun.open(Path(row["path"])).gates()
+        gates = ArchivedRun.open(Path(str(row["path"]))).gates()
     except (ArchiveError, TypeError, AttributeError):  # unreadable, or a damaged gates list: the count alone
         return str(row.get("gates", ""))
     unmeasured = sum(1 for g in gates if g.met is None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -28,6 +27,7 @@ from llmplay.catalog import (
 from llmplay.commands.plan import render_plan
 from llmplay.errors import ExitCode, PlaybookError
 from llmplay.history.site import publish_run
+from llmplay.jsonvalue import as_list, as_text
 from llmplay.outputs.files import NO_OUTPUTS, OutputFiles
 from llmplay.plan import build_plan
 from llmplay.playbook.convert import phase_too_long
@@ -78,7 +78,7 @@ def run_command(
     the CI files to write from the finished archive (a dry run writes none). A resumed archive must verify first
     (with `public_key`, or $LLMPLAY_PUBLIC_KEY, when configured), unless `unverified`."""
     console = stdout_console()
-    overrides: dict[str, Any] = {
+    overrides: dict[str, object] = {
         "repeats": repeats,
         "duration_s": duration_option_s("duration", duration),
         "warmup_s": duration_option_s("warmup", warmup),
@@ -120,14 +120,14 @@ def run_command(
     # exactly as the run would, and prints the plan the run would follow.
     options = RunOptions(
         archive_root=archive_root(archive_dir),
-        repeats=overrides["repeats"],
-        duration_s=overrides["duration_s"],
-        warmup_s=overrides["warmup_s"],
-        only=tuple(overrides["only"] or ()),
+        repeats=_whole(overrides["repeats"]),
+        duration_s=_number(overrides["duration_s"]),
+        warmup_s=_number(overrides["warmup_s"]),
+        only=tuple(str(step) for step in as_list(overrides["only"])),
         resume=resume,
         progress=sys.stderr.isatty(),
-        image=overrides["image"],
-        ray_address=overrides["ray"],
+        image=as_text(overrides["image"]),
+        ray_address=as_text(overrides["ray"]),
         capacity=bool(overrides.get("capacity")),
         resume_signs=resume_signs,
     )
@@ -199,12 +199,21 @@ def print_outcome(console: Console, outcome: RunOutcome) -> None:
     console.print(f"report: {outcome.run_dir / 'report.html'}", markup=False)
 
 
+def _number(value: object) -> float | None:
+    """An override's number as given or archived (JSON): a duration in seconds, a count."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _whole(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def record_figures(row: TuningRow) -> dict[str, float]:
     """A tuning-record row's figures with the request counts its percentiles rest on."""
     return {**row.samples, **row.metrics}
 
 
-def record_notes(row: TuningRow, figures: Mapping[str, Any]) -> list[str]:
+def record_notes(row: TuningRow, figures: Mapping[str, float]) -> list[str]:
     """The lines under the tuning record for one row: why its absent figures are absent, and which of its
     percentiles (marked *) rest on too few requests."""
     config = row.config_id

@@ -14,9 +14,9 @@ from llmplay.errors import ExitCode, PlaybookError
 from llmplay.history.site import publish_run
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Playbook
+from llmplay.tune import trail
+from llmplay.tune.loop import TuneLoop, rank_incumbent, ranking_lines
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
-from llmplay.tuning.tune import trail
-from llmplay.tuning.tune.loop import TuneLoop, rank_incumbent, ranking_lines
 
 
 def tune_command(

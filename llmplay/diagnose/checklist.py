@@ -9,7 +9,6 @@ module per checklist section.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from llmplay.archive.model import Finding
 from llmplay.diagnose.memory import MemoryBreakdown
@@ -46,7 +45,7 @@ def diagnose(
     telemetry: Mapping[str, float],
     breakdown: MemoryBreakdown | None,
     roofline: Roofline | None,
-    scheduler_info: SchedulerFacts | Mapping[str, Any] | None = None,
+    scheduler_info: SchedulerFacts | Mapping[str, object] | None = None,
     *,
     targets: Mapping[str, float] | None = None,
     notes: Sequence[str] = (),

@@ -4,13 +4,13 @@ scheduler facts, then applies the checklist."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import psutil
 
-from llmplay.archive.model import to_plain
+from llmplay.archive.model import Diagnosis, Finding, MemoryFacts, RooflineFacts, RuleChecked, Scalar
 from llmplay.diagnose.checklist import diagnose, measured_only, rule_listing, targets_from_gates
 from llmplay.diagnose.gpus import lookup_gpu
 from llmplay.diagnose.memory import KV_DTYPE_BYTES, MemoryBreakdown, memory_breakdown
@@ -84,10 +84,10 @@ def scheduler_facts(config: Config) -> SchedulerFacts:
 
 def diagnose_run(
     playbook: Playbook, config: Config, samples: Sequence[TrialSample], summary: Mapping[str, float]
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Findings (plain dicts, most severe first) and the diagnosis (model, memory, roofline, scheduler, notes, and
-    the rules checked, fired or not)."""
-    # Any figure may be absent (a trial without /metrics or NVML, an archive from an older llmplay): only
+) -> tuple[list[Finding], Diagnosis]:
+    """Findings (most severe first) and the diagnosis (model, memory, roofline, scheduler, notes, and the rules
+    checked, fired or not), as the records the archive keeps."""
+    # A figure may be absent (a trial without /metrics or NVML, an archive from an older llmplay): only
     # finite numbers go in, so each rule sees a missing key and skips.
     telemetry = {
         k: v
@@ -96,7 +96,10 @@ def diagnose_run(
         if k.startswith(("gpu.", "engine.", "proc.", "memory."))
     }
     summary = measured_only(summary)
-    diagnosis: dict[str, Any] = {"notes": []}
+    notes: list[str] = []
+    model: dict[str, Scalar] = {}
+    memory: MemoryFacts | None = None
+    roofline_facts: RooflineFacts | None = None
     facts: ModelFacts | None = None
     path = model_file(config)
     try:
@@ -107,11 +110,9 @@ def diagnose_run(
                 else model_facts_from_hf_config(path, str(config.engine.args.get("quantization") or "") or None)
             )
     except (ModelFactsError, OSError, ValueError) as exc:
-        diagnosis["notes"].append(f"model facts unavailable: {exc}")
+        notes.append(f"model facts unavailable: {exc}")
     if facts is None and path is None:
-        diagnosis["notes"].append(
-            "model facts unavailable: no config.json or GGUF found on the host (set engine.model_dir)"
-        )
+        notes.append("model facts unavailable: no config.json or GGUF found on the host (set engine.model_dir)")
     gpus = gpu_count(config.engine.gpus)
     gpu = gpu_inventory() if gpus else None
     on_gpu = bool(gpus) and gpu and gpu.get("name")
@@ -119,16 +120,16 @@ def diagnose_run(
         peak, capacity, device = telemetry.get("memory.peak_bytes"), telemetry.get("memory.capacity_bytes"), "gpu"
     else:
         peak, capacity, device = telemetry.get("proc.rss_peak_bytes"), float(psutil.virtual_memory().total), "cpu"
-        diagnosis["notes"].append("CPU engine: GPU utilization, bandwidth and roofline rules were not evaluated")
+        notes.append("CPU engine: GPU utilization, bandwidth and roofline rules were not evaluated")
     breakdown: MemoryBreakdown | None = None
     roofline: Roofline | None = None
     if facts is not None:
-        diagnosis["model"] = to_plain(facts)
+        model = {f.name: getattr(facts, f.name) for f in fields(facts)}
         kv_dtype = str(config.engine.args.get("kv_cache_dtype") or "auto").lower()
         kv_bytes = KV_DTYPE_BYTES.get(kv_dtype, 2.0)
         breakdown = memory_breakdown(facts, kv_bytes, _tokens_in_flight(config, samples), peak, capacity, device=device)
-        diagnosis["memory"] = to_plain(breakdown)
-        spec = lookup_gpu(gpu["name"]) if on_gpu and gpu else None
+        memory = MemoryFacts(**{f.name: getattr(breakdown, f.name) for f in fields(breakdown)})
+        spec = lookup_gpu(str(gpu.get("name"))) if on_gpu and gpu else None
         if spec is not None:
             kv_step = breakdown.kv_bytes / max(config.workload.concurrency or 1, 1)
             roofline = decode_roofline(
@@ -138,7 +139,7 @@ def diagnose_run(
                 summary.get("tpot.p50"),
                 bandwidth_source=f"table: {spec.model}",
             )
-            diagnosis["roofline"] = to_plain(roofline)
+            roofline_facts = RooflineFacts(**{f.name: getattr(roofline, f.name) for f in fields(roofline)})
     scheduler = scheduler_facts(config)
     findings = diagnose(
         summary,
@@ -147,8 +148,14 @@ def diagnose_run(
         roofline,
         scheduler,
         targets=targets_from_gates(playbook.goals.gates),
-        notes=diagnosis["notes"],
+        notes=notes,
     )
-    diagnosis["scheduler"] = scheduler.to_json()
-    diagnosis["rules"] = rule_listing()
-    return [to_plain(f) for f in findings], diagnosis
+    diagnosis = Diagnosis(
+        notes=tuple(notes),
+        model=model,
+        memory=memory,
+        roofline=roofline_facts,
+        scheduler=scheduler.as_mapping(),
+        rules=tuple(RuleChecked(r["id"], r["section"], r["title"]) for r in rule_listing()),
+    )
+    return list(findings), diagnosis

@@ -7,9 +7,13 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from llmplay.errors import LlmplayError
+from llmplay.jsonvalue import as_list, as_mapping
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 
 class ModelFactsError(LlmplayError):
@@ -39,7 +43,14 @@ class ModelFacts:
         return 2.0 * self.layers * self.kv_heads * self.head_dim * kv_dtype_bytes
 
 
-def _gguf_value(reader: Any, key: str) -> Any:
+def _whole(value: object) -> int:
+    """int() of a metadata number; TypeError for anything else, as int() raises."""
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"not a number: {value!r}")
+
+
+def _gguf_value(reader: GGUFReader, key: str) -> object:
     field = reader.fields.get(key)
     if field is None:
         return None
@@ -69,7 +80,7 @@ def model_facts_from_gguf(path: str | Path) -> ModelFacts:
             return None
         if isinstance(v, (list, tuple)):  # per-layer arrays (e.g. head_count_kv): the largest layer
             v = max(v) if v else None
-        return None if v is None else int(v)
+        return None if v is None else _whole(v)
 
     layers = num("block_count")
     heads = num("attention.head_count")
@@ -85,7 +96,7 @@ def model_facts_from_gguf(path: str | Path) -> ModelFacts:
     ftype = _gguf_value(reader, "general.file_type")
     if ftype is not None:
         try:
-            quant = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_")
+            quant = gguf.LlamaFileType(_whole(ftype)).name.removeprefix("MOSTLY_")
         except ValueError:
             quant = f"file_type {ftype}"
     else:  # the type holding most bytes
@@ -133,14 +144,19 @@ def model_facts_from_hf_config(config_path: str | Path, quantization: str | None
         cfg = json.loads(p.read_text())
     except (OSError, ValueError) as e:
         raise ModelFactsError(f"{p}: cannot read config.json ({e})") from e
-    top = cfg
-    cfg = cfg.get("text_config") or cfg  # multimodal wrappers keep the LM under text_config
+    top = as_mapping(cfg)
+    cfg = as_mapping(top.get("text_config")) or top  # multimodal wrappers keep the LM under text_config
 
-    def get(*keys: str, default: Any = None) -> Any:
-        for k in keys:
-            if cfg.get(k) is not None:
-                return cfg[k]
-        return default
+    def first(*keys: str) -> object:
+        return next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+
+    def get(*keys: str, default: float = 0) -> float:
+        value = first(*keys)
+        if value is None:
+            return default
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        raise ModelFactsError(f"{p}: config.json {keys[0]} is {value!r}; expected a number")
 
     layers = get("num_hidden_layers", "n_layer", "num_layers")
     heads = get("num_attention_heads", "n_head")
@@ -165,10 +181,10 @@ def model_facts_from_hf_config(config_path: str | Path, quantization: str | None
     embed = vocab * hidden * (1 if tied else 2)
     params = layers * per_layer + embed + hidden
 
-    dtype = str(get("torch_dtype", "dtype", default=top.get("torch_dtype", "bfloat16"))).replace("torch.", "")
+    dtype = str(first("torch_dtype", "dtype") or top.get("torch_dtype", "bfloat16")).replace("torch.", "")
     base_bytes = QUANT_BYTES.get(dtype, 2)
     q = quantization
-    qcfg = top.get("quantization_config") or cfg.get("quantization_config")
+    qcfg = as_mapping(top.get("quantization_config")) or as_mapping(cfg.get("quantization_config"))
     if q is None and qcfg:
         q = str(qcfg.get("quant_method", "")).lower()
         if q in ("gptq", "awq") or not q:
@@ -180,7 +196,7 @@ def model_facts_from_hf_config(config_path: str | Path, quantization: str | None
     body_bytes = QUANT_BYTES[q]
     weight_bytes = int(layers * per_layer * body_bytes + (embed + hidden) * base_bytes)
     name = top.get("_name_or_path") or p.parent.name
-    arch = (top.get("architectures") or [top.get("model_type", "unknown")])[0]
+    arch = (as_list(top.get("architectures")) or [top.get("model_type", "unknown")])[0]
     return ModelFacts(
         str(name),
         str(arch),

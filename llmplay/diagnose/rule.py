@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from llmplay.archive.model import Finding
+from llmplay.archive.model import Finding, Scalar
 from llmplay.diagnose.memory import MemoryBreakdown
 from llmplay.diagnose.roofline import Roofline
 from llmplay.diagnose.steps import Suggestion
+from llmplay.spec import Gate
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,11 @@ class Thresholds:
 CHECKLIST_THRESHOLDS = Thresholds()
 
 
-def _flag(value: Any) -> bool | None:
+def _flag(value: object) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _count(value: Any) -> int | None:
+def _count(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     try:
@@ -46,7 +46,7 @@ def _count(value: Any) -> int | None:
     return int(number) if math.isfinite(number) else None
 
 
-def _fraction(value: Any) -> float | None:
+def _fraction(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
@@ -65,7 +65,7 @@ class SchedulerFacts:
     kv_preallocated_frac: float | None = None  # vLLM / SGLang / TRT-LLM reserve this share of memory up front
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any]) -> SchedulerFacts:
+    def from_mapping(cls, raw: Mapping[str, object]) -> SchedulerFacts:
         """An archived diagnosis's `scheduler` dict (or a hand-written one): an unknown or odd value is "not known"."""
         return cls(
             continuous_batching=_flag(raw.get("continuous_batching")),
@@ -77,9 +77,9 @@ class SchedulerFacts:
             kv_preallocated_frac=_fraction(raw.get("kv_preallocated_frac")),
         )
 
-    def to_json(self) -> dict[str, Any]:
-        """The archive's `scheduler` dict: kv_preallocated_frac only for the engines that preallocate."""
-        out: dict[str, Any] = {
+    def as_mapping(self) -> dict[str, Scalar | None]:
+        """The diagnosis's `scheduler` facts: kv_preallocated_frac only for the engines that preallocate."""
+        out: dict[str, Scalar | None] = {
             "continuous_batching": self.continuous_batching,
             "max_batch": self.max_batch,
             "concurrency": self.concurrency,
@@ -95,7 +95,7 @@ class SchedulerFacts:
 LATENCY_PREFIXES = ("ttft.", "tpot.", "itl.", "e2el.")
 
 
-def measured_only(values: Mapping[str, Any]) -> dict[str, float]:
+def measured_only(values: Mapping[str, object]) -> dict[str, float]:
     """The finite numbers of a summary or telemetry mapping: a None, NaN or non-number is "not measured", which
     every rule already reads as an absent key (so it skips, never crashes)."""
     return {
@@ -105,7 +105,7 @@ def measured_only(values: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def targets_from_gates(gates: Sequence[Any]) -> dict[str, float]:
+def targets_from_gates(gates: Sequence[Gate]) -> dict[str, float]:
     """Latency limits (`ttft.p95 < 0.5`) and throughput floors (`throughput.output_tok_s > 3000`)
     from playbook gates (spec.Gate), the yardsticks for "latency high" and "tokens/s low"."""
     out: dict[str, float] = {}

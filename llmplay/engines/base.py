@@ -199,7 +199,7 @@ def _text(value: Scalar) -> str:
 
 
 def any_value(value: Scalar) -> None:
-    """Any single value: knobs whose accepted words change with each engine release (vLLM's quantization)."""
+    """A single value of whatever kind: knobs whose accepted words change with each engine release (vLLM's quantization)."""
     if not isinstance(value, str | int | float):  # a step's `set:` may hold a list or mapping
         raise RefusedValue("a single value (text or a number)")
 

@@ -12,13 +12,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from llmplay.archive.index import ArchiveIndex, Warn, warn_stderr
 from llmplay.archive.layout import REPORT_FILE
 from llmplay.archive.references import read_reference
+from llmplay.archive.run_entry import RunEntry
 from llmplay.archive.signing import public_key_from
 from llmplay.archive.verify import check
 from llmplay.archive.writer import atomic_write_text
@@ -46,7 +46,7 @@ class SiteResult:
 
 def histories(index: ArchiveIndex) -> list[PlaybookHistory]:
     """Every playbook's history from one query of the index."""
-    by_playbook: dict[str, list[Any]] = {}
+    by_playbook: dict[str, list[RunEntry]] = {}
     for entry in index.runs():
         by_playbook.setdefault(entry.playbook, []).append(entry)
     out = []
@@ -105,7 +105,7 @@ def _unit(metric: str) -> tuple[float, str]:
 
 def _playbook_view(
     root: Path, history: PlaybookHistory, warn: Warn, public_key: Ed25519PublicKey | None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     paths = {r.entry.run_id: r.entry.path for r in history.rows}
     links: dict[tuple[str, str], str] = {}
     for a, b in _pairs_to_compare(history):
@@ -197,7 +197,7 @@ def write_site(
             "or --out elsewhere"
         ) from None
     pages = sum(1 for _ in (root / COMPARE_DIR).glob("*.html")) if (root / COMPARE_DIR).is_dir() else 0
-    return SiteResult(path, len(views), sum(len(v["rows"]) for v in views), pages)
+    return SiteResult(path, len(views), sum(len(h.rows) for h in all_histories), pages)
 
 
 def _rebase(html: str, prefix: str) -> str:

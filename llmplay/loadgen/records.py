@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any  # Any: a pandas cell's value (pandas ships no types)
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ERROR_KINDS = ("connect", "timeout", "http_4xx", "http_5xx", "truncated", "protocol")
 
@@ -97,7 +100,7 @@ _NULLABLE_INT_COLUMNS = (
 _LIST_COLUMNS = ("chunk_ns", "prompt_hashes", "prompt_chars")
 
 
-def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:
+def records_to_dataframe(records: Sequence[RequestRecord]) -> pd.DataFrame:
     """One row per request, one column per RequestRecord field; chunk_ns as a list column (Parquet keeps it).
 
     The archive's table adds each request's latencies to these columns: metrics.per_request_frame.
@@ -114,7 +117,7 @@ def records_to_dataframe(records: Sequence[RequestRecord]) -> Any:
     return df
 
 
-def records_from_dataframe(df: Any) -> tuple[RequestRecord, ...]:
+def records_from_dataframe(df: pd.DataFrame) -> tuple[RequestRecord, ...]:
     """Inverse of records_to_dataframe (for re-summarizing an archived run; Parquet or CSV-read frames).
 
     Columns that are no RequestRecord field (the archive's latency columns) are ignored. A frame without
@@ -151,7 +154,7 @@ def records_from_dataframe(df: Any) -> tuple[RequestRecord, ...]:
     return tuple(out)
 
 
-def _none_if_na(v: Any) -> Any:
+def _none_if_na(v: Any) -> Any:  # a pandas cell: its type is the column's, which pandas does not type
     if v is None or isinstance(v, (str, bytes, list, tuple)) or hasattr(v, "__len__"):
         return v
     import pandas as pd  # deferred: pandas takes a second to import and only archived frames reach here

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import httpx
 
@@ -41,11 +41,11 @@ class _Reply:
 
     text: str = ""  # what output tokens are counted on: content, and reasoning where a chunk has no content
     content: str = ""  # the reply alone, without reasoning: what the conversation's next turn resends
-    usage: dict[str, Any] | None = None
+    usage: dict[str, object] | None = None
     finish_reason: str | None = None
     first_ns: int | None = None
     end_ns: int | None = None
-    timings: dict[str, Any] | None = None  # llama.cpp's per-request timings (a non-streamed body's)
+    timings: dict[str, object] | None = None  # llama.cpp's per-request timings (a non-streamed body's)
 
 
 class LoadSender:
@@ -150,7 +150,7 @@ class LoadSender:
                 else:
                     response = await self.client.send(request, stream=True)
                 # The transport stamps when it took the request, before acquiring a connection, on every path;
-                # httpx's own bookkeeping before that is not latency. Any other transport keeps our stamp.
+                # httpx's own bookkeeping before that is not latency. Every other transport keeps our stamp.
                 exchange.sent_ns = response.extensions.get("llmplay.sent_ns", exchange.sent_ns)
                 try:
                     exchange.status = response.status_code
@@ -183,20 +183,18 @@ class LoadSender:
         exchange: _Exchange,
         reply: _Reply,
         state: StreamState,
-        fingerprint: dict[str, Any],
+        fingerprint: Fingerprint,
     ) -> RequestRecord:
         usage = reply.usage
-        if usage and isinstance(usage.get("completion_tokens"), int):
-            out_tokens, source = int(usage["completion_tokens"]), "usage"
+        completion = usage.get("completion_tokens") if usage else None
+        if isinstance(completion, int):
+            out_tokens, source = int(completion), "usage"
         else:
             # Chunks stand in only for the live progress counter: the runner counts the text after the run.
             out_tokens, source = len(state.chunk_ns) if planned.stream else 0, "counted"
             self.texts[planned.index] = reply.text
-        in_tokens = (
-            int(usage["prompt_tokens"])
-            if usage and isinstance(usage.get("prompt_tokens"), int)
-            else planned.input_tokens
-        )
+        prompt_tokens = usage.get("prompt_tokens") if usage else None
+        in_tokens = int(prompt_tokens) if isinstance(prompt_tokens, int) else planned.input_tokens
         end_ns = reply.end_ns
         if planned.stream:
             first_content_ns, chunk_ns, received = state.first_content_ns, tuple(state.chunk_ns), state.bytes_received
@@ -296,7 +294,7 @@ def _body_reply(exchange: _Exchange) -> _Reply:
     return reply
 
 
-def _cached_tokens(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> int | None:
+def _cached_tokens(usage: dict[str, object] | None, timings: dict[str, object] | None) -> int | None:
     """Prompt tokens the engine served from its prefix cache, where it says: usage.prompt_tokens_details
     (vLLM with --enable-prompt-tokens-details, llama.cpp, OpenAI), else llama.cpp's timings.cache_n."""
     details = (usage or {}).get("prompt_tokens_details")
@@ -306,7 +304,15 @@ def _cached_tokens(usage: dict[str, Any] | None, timings: dict[str, Any] | None)
     return int(cached) if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else None
 
 
-def _fingerprint(planned: PlannedRequest, history: list[tuple[str, str]], reply: str) -> dict[str, Any]:
+class Fingerprint(TypedDict):
+    """A request's prompt as chained piece hashes with their character counts, and its reply's hash."""
+
+    prompt_hashes: tuple[int, ...]
+    prompt_chars: tuple[int, ...]
+    reply_hash: int
+
+
+def _fingerprint(planned: PlannedRequest, history: list[tuple[str, str]], reply: str) -> Fingerprint:
     """The sent prompt's chained piece hashes and character counts, and the hash of the prompt followed by its
     reply (what the next turn resends): the workload's own prefix reuse is computed from these afterwards."""
     chat = planned.messages is not None

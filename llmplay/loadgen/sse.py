@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 try:  # 5-10x faster per chunk; the load generator's hot path is this parse
     from orjson import loads as _loads
@@ -17,7 +17,7 @@ class Event(NamedTuple):
     content: str  # non-reasoning generated text
     reasoning: str  # reasoning_content / reasoning (reasoning models)
     finish_reason: str | None
-    usage: dict[str, Any] | None
+    usage: dict[str, object] | None
     error: str | None
 
 
@@ -67,7 +67,7 @@ class SSEDecoder:
         return out
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
@@ -137,7 +137,7 @@ class StreamState:
         self.end_ns: int | None = None
         self.texts: list[str] = []  # content, or reasoning where a chunk has no content: what output tokens count
         self.contents: list[str] = []  # non-reasoning content alone: the reply a conversation resends
-        self.usage: dict[str, Any] | None = None
+        self.usage: dict[str, object] | None = None
         self.finish_reason: str | None = None
         self.done = False
         self.error: str | None = None

@@ -6,7 +6,6 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -60,9 +59,9 @@ class PlannedRequest:
         prompt, messages = compose_prompt(self.messages is not None, self.prefix, history, self.user_text)
         return replace(self, prompt=prompt, messages=messages)
 
-    def body(self, *, temperature: float, ignore_eos: bool) -> dict[str, Any]:
+    def body(self, *, temperature: float, ignore_eos: bool) -> dict[str, object]:
         """The OpenAI JSON body for this request."""
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "model": self.model,
             "max_tokens": self.max_tokens,
             "temperature": temperature,

@@ -6,13 +6,22 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from llmplay import units
 from llmplay.errors import PlaybookError
 from llmplay.files import display_path
 from llmplay.playbook.credentials import check_args, check_env, check_knob_value
 from llmplay.playbook.dataset import DatasetProblems, DatasetRow, read_dataset
+from llmplay.playbook.document import (
+    EngineDoc,
+    Fraction,
+    LengthDoc,
+    RuntimeDoc,
+    StepDoc,
+    ThinkTimeDoc,
+    TrialsDoc,
+    WorkloadDoc,
+)
 from llmplay.playbook.mounts import host_path
 from llmplay.playbook.problems import Problems
 from llmplay.playbook.schema import option_problem
@@ -47,13 +56,14 @@ WORKLOAD_FIELDS = {
 }
 
 
-def parse_length(raw: Any, path: YamlPath, problems: Problems) -> LengthDist:
+def parse_length(raw: LengthDoc, path: YamlPath, problems: Problems) -> LengthDist:
     """A token-length distribution: an integer, or one `{kind: params}` mapping."""
     if isinstance(raw, int):
         return LengthDist("fixed", value=raw)
-    ((kind, params),) = raw.items()
-    if kind == "fixed":
-        return LengthDist("fixed", value=params)
+    ((kind, written),) = raw.items()
+    if isinstance(written, int):  # {fixed: N}
+        return LengthDist("fixed", value=written)
+    params = written
     if kind == "choice":
         values, weights = tuple(params["values"]), tuple(params.get("weights", ()))
         if weights and len(weights) != len(values):
@@ -70,15 +80,16 @@ def parse_length(raw: Any, path: YamlPath, problems: Problems) -> LengthDist:
     return LengthDist(kind, min=lo, max=hi, mean=params.get("mean"), std=params.get("std", params.get("sigma")))
 
 
-def parse_think_time(raw: Any, path: YamlPath, problems: Problems) -> ThinkTime:
+def parse_think_time(raw: ThinkTimeDoc, path: YamlPath, problems: Problems) -> ThinkTime:
     """A think-time distribution: a duration, or one `{kind: params}` mapping with durations inside."""
     if not isinstance(raw, Mapping):
         return ThinkTime(
             "fixed", value_s=parse_duration({"think_time": raw}, "think_time", path[:-1], problems, 0.0) or 0.0
         )
-    ((kind, params),) = raw.items()
-    if kind == "fixed":
+    ((kind, written),) = raw.items()
+    if kind == "fixed" or not isinstance(written, Mapping):
         return ThinkTime("fixed", value_s=parse_duration(raw, "fixed", path, problems, 0.0) or 0.0)
+    params = written
     where = (*path, kind)
     lo = parse_duration(params, "min", where, problems, None)
     hi = parse_duration(params, "max", where, problems, None)
@@ -119,7 +130,7 @@ def check_image_option(image: str) -> None:
 
 
 def parse_duration(
-    section: Mapping[str, Any], key: str, path: YamlPath, problems: Problems, default: float | None
+    section: Mapping[str, object], key: str, path: YamlPath, problems: Problems, default: float | None
 ) -> float | None:
     """`section[key]` in seconds, or `default` when absent or wrong (the problem is recorded)."""
     if key not in section:
@@ -131,7 +142,7 @@ def parse_duration(
         return default
 
 
-def parse_phase(section: Mapping[str, Any], key: str, path: YamlPath, problems: Problems) -> float | None:
+def parse_phase(section: Mapping[str, object], key: str, path: YamlPath, problems: Problems) -> float | None:
     """A warm-up, measured window or cool-down (`key`) in seconds, within MAX_PHASE_S; None when absent or wrong."""
     seconds = parse_duration(section, key, path, problems, None)
     if seconds is not None and (why := phase_too_long(key, section[key], seconds)):
@@ -190,7 +201,7 @@ def prompt_rows(file: Path, path: YamlPath, problems: Problems, files: PromptFil
 
 
 def parse_workload(
-    raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problems: Problems, files: PromptFiles | None = None
+    raw: WorkloadDoc, base_dir: Path, path: YamlPath, problems: Problems, files: PromptFiles | None = None
 ) -> Workload:
     """The workload, with the rules the schema cannot say (one load kind, a length, a dataset that exists inside the
     playbook's tree and parses, line by line)."""
@@ -256,7 +267,7 @@ def parse_workload(
     return workload
 
 
-def parse_engine(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problems: Problems) -> EngineSpec:
+def parse_engine(raw: EngineDoc, base_dir: Path, path: YamlPath, problems: Problems) -> EngineSpec:
     """The engine; a secret written literally into env, extra_args or a knob is refused (a ${env:NAME} reference
     is expected)."""
     check_env(raw.get("env", {}), (*path, "env"), problems)
@@ -290,7 +301,7 @@ def parse_engine(raw: Mapping[str, Any], base_dir: Path, path: YamlPath, problem
     )
 
 
-def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Step, ...]:
+def parse_steps(raw: list[StepDoc], path: YamlPath, problems: Problems) -> tuple[Step, ...]:
     """Steps with unique names, each changing one thing (several only with bundle: true); bare keys are knobs."""
     steps, names = [], set()
     for i, item in enumerate(raw):
@@ -302,16 +313,15 @@ def parse_steps(raw: list[Any], path: YamlPath, problems: Problems) -> tuple[Ste
     return tuple(steps)
 
 
-def parse_trials(raw: Mapping[str, Any], problems: Problems) -> Trials:
+def parse_trials(raw: TrialsDoc, problems: Problems) -> Trials:
     """Repeats and their policy, with defaults from Trials."""
     d = Trials()
+    written_max = raw.get("max_repeats", d.max_repeats)
     t = Trials(
         repeats=raw.get("repeats", d.repeats),
         interleave=raw.get("interleave", d.interleave),
         sequential=raw.get("sequential", d.sequential),
-        max_repeats=max(raw.get("repeats", d.repeats), d.max_repeats)
-        if raw.get("max_repeats") == "auto"
-        else raw.get("max_repeats", d.max_repeats),
+        max_repeats=written_max if isinstance(written_max, int) else max(raw.get("repeats", d.repeats), d.max_repeats),
         max_repeats_auto=raw.get("max_repeats") == "auto",
         budget_s=parse_duration(raw, "budget", ("trials",), problems, 0.0) or 0.0,
         confidence=raw.get("confidence", d.confidence),
@@ -334,7 +344,7 @@ def parse_trials(raw: Mapping[str, Any], problems: Problems) -> Trials:
     return t
 
 
-def parse_cost(raw: Mapping[str, Any], problems: Problems) -> Cost:
+def parse_cost(raw: Mapping[str, Fraction], problems: Problems) -> Cost:
     """Hourly prices in US dollars."""
     values = {}
     for key in ("gpu_usd_per_hour", "host_usd_per_hour"):
@@ -346,7 +356,7 @@ def parse_cost(raw: Mapping[str, Any], problems: Problems) -> Cost:
     return Cost(**values)
 
 
-def parse_runtime(raw: Any, problems: Problems) -> RuntimeSpec:
+def parse_runtime(raw: str | RuntimeDoc | None, problems: Problems) -> RuntimeSpec:
     """`runtime: docker` or its mapping form; docker when absent."""
     if raw is None:
         return RuntimeSpec()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from llmplay.files import display_path
 from llmplay.playbook.problems import Problems
@@ -31,14 +30,14 @@ def _reference_hint(name: str) -> str:
     return f"a reference like ${{env:{var}}} (export {var}=... before running), so the value never enters the file"
 
 
-def check_env(env: Mapping[str, Any], path: YamlPath, problems: Problems) -> None:
+def check_env(env: Mapping[str, object], path: YamlPath, problems: Problems) -> None:
     """engine.env (or a step's env.NAME): under a credential-like name only a reference or a switch; under any
     name no value that looks like a credential."""
     for name, raw in env.items():
         check_env_value(str(name), raw, (*path, str(name)), problems)
 
 
-def check_env_value(name: str, raw: Any, path: YamlPath, problems: Problems) -> None:
+def check_env_value(name: str, raw: object, path: YamlPath, problems: Problems) -> None:
     if not isinstance(raw, str):
         return  # numbers and booleans are settings
     if is_credential_name(name) and not ENV_REF.search(raw) and not is_switch(raw):
@@ -49,7 +48,7 @@ def check_env_value(name: str, raw: Any, path: YamlPath, problems: Problems) -> 
         problems.add(path, f"found {kind} written literally; expected {_reference_hint(name)}")
 
 
-def check_args(args: Sequence[Any], path: YamlPath, problems: Problems) -> None:
+def check_args(args: Sequence[object], path: YamlPath, problems: Problems) -> None:
     """extra_args: a credential-like flag (`--api-key X`, `--hf-token=X`) takes only a reference; no argument may
     look like a credential. References in extra_args are resolved at launch, as env's are."""
     for i, arg in enumerate(args):
@@ -75,7 +74,7 @@ def check_args(args: Sequence[Any], path: YamlPath, problems: Problems) -> None:
             problems.add((*path, i), f"found {kind} written literally; expected {_reference_hint('secret')}")
 
 
-def check_knob_value(value: Any, path: YamlPath, problems: Problems) -> None:
+def check_knob_value(value: object, path: YamlPath, problems: Problems) -> None:
     """engine.args (or a step's knob): knob values are settings; one that looks like a credential is a leak."""
     if isinstance(value, str) and (kind := credential_kind(value)):
         problems.add(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from llmplay.errors import PlaybookError
 from llmplay.files import display_path, read_bounded
@@ -69,7 +68,7 @@ def read_dataset(path: str | Path) -> tuple[DatasetRow, ...]:
     return tuple(rows)
 
 
-def _items(text: str, shown: str, problems: list[str]) -> list[tuple[int, Any]]:
+def _items(text: str, shown: str, problems: list[str]) -> list[tuple[int, object]]:
     """(line, parsed value) of each JSONL line, or of each element of a JSON array."""
     if text.lstrip().startswith("["):
         return _array_items(text, shown, problems)
@@ -86,10 +85,10 @@ def _items(text: str, shown: str, problems: list[str]) -> list[tuple[int, Any]]:
     return items
 
 
-def _array_items(text: str, shown: str, problems: list[str]) -> list[tuple[int, Any]]:
+def _array_items(text: str, shown: str, problems: list[str]) -> list[tuple[int, object]]:
     # Element by element, so each row knows its line (json.loads of the whole array would not say).
     decoder = json.JSONDecoder()
-    items: list[tuple[int, Any]] = []
+    items: list[tuple[int, object]] = []
     pos = text.index("[") + 1
     while True:
         pos = _skip_space(text, pos)
@@ -125,7 +124,7 @@ def _skip_space(text: str, pos: int) -> int:
     return pos
 
 
-def _row(item: Any, line: int, shown: str, problems: list[str]) -> DatasetRow | None:
+def _row(item: object, line: int, shown: str, problems: list[str]) -> DatasetRow | None:
     if not isinstance(item, dict):
         problems.append(f"{shown}:{line}: found {type(item).__name__}; expected an object ({EXPECTED})")
         return None
@@ -161,7 +160,7 @@ def _row(item: Any, line: int, shown: str, problems: list[str]) -> DatasetRow | 
     return DatasetRow(line, prompt, None, turns[0][1], turns[1:])
 
 
-def _human_turns(conv: list[Any], first: int) -> tuple[tuple[str, str | None], ...]:
+def _human_turns(conv: list[object], first: int) -> tuple[tuple[str, str | None], ...]:
     """Each human turn from `first` on with the reply right after it (None when none follows); a human turn without
     text ends the conversation there, as nothing after it could be sent."""
     turns: list[tuple[str, str | None]] = []

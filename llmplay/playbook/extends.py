@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import stat
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from llmplay.files import display_path, file_kind
 from llmplay.playbook.source import SourceMap, located_error, read_yaml
@@ -13,7 +13,7 @@ from llmplay.playbook.source import SourceMap, located_error, read_yaml
 MAX_EXTENDS_DEPTH = 16
 
 
-def deep_merge(base: Any, override: Any) -> Any:
+def deep_merge(base: object, override: object) -> object:
     """Mappings merge key by key; anything else in the override replaces the base."""
     if isinstance(base, dict) and isinstance(override, dict):
         out = dict(base)
@@ -25,7 +25,7 @@ def deep_merge(base: Any, override: Any) -> Any:
 
 def resolve_extends(
     path: Path, root_dir: Path, allow_outside: bool, chain: tuple[Path, ...]
-) -> tuple[dict[str, Any], SourceMap]:
+) -> tuple[dict[str, object], SourceMap]:
     """The document at `path` merged over its bases, with every key's line; `chain` holds the files above it."""
     data, sources = read_yaml(path)
     if not isinstance(data, dict):
@@ -70,6 +70,8 @@ def resolve_extends(
         )
     base, base_sources = resolve_extends(target, root_dir, allow_outside, (*chain, target))
     base.pop("extends", None)
-    merged = deep_merge(base, {k: v for k, v in data.items() if k != "extends"})
+    merged = cast(
+        dict[str, object], deep_merge(base, {k: v for k, v in data.items() if k != "extends"})
+    )  # two mappings
     merged["extends"] = parent
     return merged, base_sources.overlay(sources)

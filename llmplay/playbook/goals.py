@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import numpy as np
 
@@ -15,12 +15,13 @@ from llmplay import units
 from llmplay.catalog import CAPACITY_METRICS, METRICS, RATE_METRICS, metric_info
 from llmplay.files import display_path
 from llmplay.playbook.convert import PromptFiles, parse_duration, prompt_file, prompt_rows
+from llmplay.playbook.document import CapacityDoc, GateDoc, GoalsDoc, GuardDoc, QualityDoc
 from llmplay.playbook.problems import Problems, did_you_mean
 from llmplay.playbook.source import YamlPath
 from llmplay.spec import CapacitySpec, Gate, Goals, Guard, Objective, QualitySpec, frozen_map
 
 
-def parse_gate(raw: Any, path: YamlPath, problems: Problems) -> Gate | None:
+def parse_gate(raw: str | GateDoc, path: YamlPath, problems: Problems) -> Gate | None:
     """`ttft.p95 < 500ms` (or its mapping form) with the value in SI units; None after a problem."""
     if isinstance(raw, str):
         m = re.match(r"^\s*([a-z_0-9]+\.[a-z_0-9]+)\s*(<=|>=|<|>)\s*(\S+)\s*$", raw)
@@ -57,7 +58,7 @@ def parse_gate(raw: Any, path: YamlPath, problems: Problems) -> Gate | None:
 
 
 def parse_quality(
-    raw: Mapping[str, Any] | None,
+    raw: QualityDoc | None,
     base_dir: Path,
     dataset: str | None,
     problems: Problems,
@@ -120,7 +121,7 @@ def parse_quality(
 
 
 def parse_capacity(
-    raw: Mapping[str, Any] | None, slo: Mapping[str, float], problems: Problems, *, slo_told: bool = False
+    raw: CapacityDoc | None, slo: Mapping[str, float], problems: Problems, *, slo_told: bool = False
 ) -> CapacitySpec | None:
     """goals.capacity, with the rules the schema cannot say: an attainment in (0, 1], bounds low < high, SLOs to
     attain, whole users for a concurrency search."""
@@ -130,7 +131,7 @@ def parse_capacity(
     before = len(problems.lines)
     d = CapacitySpec(search="rate", low=1.0, high=2.0)
 
-    def fraction(key: str, default: float) -> float:
+    def fraction(key: Literal["attainment", "precision"], default: float) -> float:
         if key not in raw:
             return default
         try:
@@ -193,7 +194,7 @@ def parse_capacity(
     )
 
 
-def _check_capacity_goals(goals: Goals, raw: Mapping[str, Any], problems: Problems) -> None:
+def _check_capacity_goals(goals: Goals, raw: GoalsDoc, problems: Problems) -> None:
     """A goal on a capacity metric needs SLOs to attain and a goals.capacity to search with: one line at the goal."""
     named: list[tuple[YamlPath, str]] = []
     direction = goals.objective.direction
@@ -223,7 +224,7 @@ def _check_capacity_goals(goals: Goals, raw: Mapping[str, Any], problems: Proble
             )
 
 
-def parse_guard(raw: Mapping[str, Any], path: YamlPath, problems: Problems, archived: bool = False) -> Guard | None:
+def parse_guard(raw: GuardDoc, path: YamlPath, problems: Problems, archived: bool = False) -> Guard | None:
     """A guard's tolerance: relative (15%), or in percentage points (0.5pp) for a rate of requests, whose baseline
     can be 0 and whose changes are counts (stats.decide decides those with a count interval). An archived playbook
     written before points existed keeps its relative rate tolerance, so its run is compared by the rule it ran with."""
@@ -262,7 +263,7 @@ def parse_guard(raw: Mapping[str, Any], path: YamlPath, problems: Problems, arch
 
 
 def parse_goals(
-    raw: Mapping[str, Any],
+    raw: GoalsDoc,
     problems: Problems,
     base_dir: Path | None = None,
     dataset: str | None = None,
@@ -280,7 +281,7 @@ def parse_goals(
             (*path, "objective"), f"found {len(directions)} directions; expected exactly one of minimize or maximize"
         )
         directions = directions or ["minimize"]
-    direction = directions[0]
+    direction: Literal["minimize", "maximize"] = "maximize" if directions[0] == "maximize" else "minimize"
     metric = obj_raw.get(direction, "ttft.p95")
     min_effect = 0.02
     if "min_effect" in obj_raw:

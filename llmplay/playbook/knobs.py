@@ -57,7 +57,7 @@ def _knobs_written(playbook: Playbook, sources: SourceMap) -> Iterator[tuple[Yam
     for i, step in enumerate(playbook.steps):
         for change in step.changes:
             if change.target.startswith("args."):
-                yield _step_path(i, change, sources), change.target.removeprefix("args."), change.value
+                yield _step_path(i, change, sources), change.target.removeprefix("args."), change.knob_value
         yield from form_of(step).knobs(i, step, sources)
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from llmplay.engines import get_engine
 from llmplay.files import display_path, read_bounded
@@ -25,6 +26,7 @@ from llmplay.playbook.convert import (
     parse_workload,
 )
 from llmplay.playbook.credentials import check_text
+from llmplay.playbook.document import PlaybookDoc, WorkloadDoc
 from llmplay.playbook.extends import resolve_extends
 from llmplay.playbook.goals import parse_goals
 from llmplay.playbook.knobs import check_knobs, knob_sites
@@ -38,7 +40,7 @@ from llmplay.playbook.tune import parse_tune
 from llmplay.spec import Goals, Metadata, Playbook, Workload, frozen_map
 
 
-def _check_api_version(doc: dict[str, Any], problems: Problems) -> None:
+def _check_api_version(doc: Mapping[str, object], problems: Problems) -> None:
     found = doc.get("apiVersion")
     if found != API_VERSION:
         hint = (
@@ -72,15 +74,16 @@ def load_playbook(
     _check_api_version(doc, problems)
     schema_problems(doc, problems, step_properties())
     problems.raise_if_any()
+    checked = cast(PlaybookDoc, doc)  # the schema found nothing: the document has the shape PlaybookDoc states
     base_dir = file.parent
-    metadata = doc["metadata"]
+    metadata = checked["metadata"]
     files = PromptFiles(None if allow_outside_extends else root_dir)
-    workload = parse_workload(doc["workload"], base_dir, ("workload",), problems, files)
+    workload = parse_workload(checked["workload"], base_dir, ("workload",), problems, files)
     playbook = Playbook(
         path=str(file),
         text=text,
         sha256=hashlib.sha256(text.encode()).hexdigest(),
-        api_version=doc["apiVersion"],
+        api_version=checked["apiVersion"],
         metadata=Metadata(
             name=metadata["name"],
             version=str(metadata.get("version", "0")),
@@ -88,18 +91,18 @@ def load_playbook(
             description=metadata.get("description", ""),
             tags=tuple(metadata.get("tags", ())),
         ),
-        goals=parse_goals(doc.get("goals", {}), problems, base_dir, workload.dataset, files, archived=archived),
+        goals=parse_goals(checked.get("goals", {}), problems, base_dir, workload.dataset, files, archived=archived),
         workload=workload,
-        engine=parse_engine(doc["engine"], base_dir, ("engine",), problems),
-        steps=parse_steps(doc.get("steps", []), ("steps",), problems),
-        trials=parse_trials(doc.get("trials", {}), problems),
-        cost=parse_cost(doc.get("cost", {}), problems),
-        runtime=parse_runtime(doc.get("runtime"), problems),
+        engine=parse_engine(checked["engine"], base_dir, ("engine",), problems),
+        steps=parse_steps(checked.get("steps", []), ("steps",), problems),
+        trials=parse_trials(checked.get("trials", {}), problems),
+        cost=parse_cost(checked.get("cost", {}), problems),
+        runtime=parse_runtime(checked.get("runtime"), problems),
         resolved=frozen_map(doc),
-        tune=parse_tune(doc["tune"], doc["engine"].get("kind"), problems) if "tune" in doc else None,
+        tune=parse_tune(checked["tune"], checked["engine"].get("kind"), problems) if "tune" in checked else None,
     )
     if playbook.engine.model_dir is not None:
-        written = doc["engine"]["model_dir"]
+        written = checked["engine"]["model_dir"]
         check_model_dir(
             written, base_dir, playbook.engine.model_dir, playbook.runtime, on_this_host, problems, archive_root
         )
@@ -134,7 +137,8 @@ def load_workload(path: str | os.PathLike[str], *, allow_outside_tree: bool = Fa
     }
     schema_problems(wrapper, problems)
     problems.raise_if_any()
+    checked = cast(WorkloadDoc, doc)  # the schema found nothing: the mapping has the shape WorkloadDoc states
     files = PromptFiles(None if allow_outside_tree else file.parent.resolve())
-    workload = parse_workload(doc, file.parent, ("workload",) if "workload" in data else (), problems, files)
+    workload = parse_workload(checked, file.parent, ("workload",) if "workload" in data else (), problems, files)
     problems.raise_if_any()
     return workload, Goals()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
-from typing import Any
 
 from llmplay.errors import PlaybookError
 from llmplay.files import display_path
@@ -36,7 +35,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def short_repr(value: Any) -> str:
+def short_repr(value: object) -> str:
     """repr() cut to 60 characters: untrusted values must not flood a one-line message."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

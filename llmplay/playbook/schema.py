@@ -6,17 +6,18 @@ import json
 import math
 from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import cast
 
 import jsonschema
 
+from llmplay.jsonvalue import as_list, as_mapping
 from llmplay.playbook.problems import Problems, did_you_mean, short_repr
 from llmplay.playbook.source import YamlPath
 
 
-def playbook_schema() -> dict[str, Any]:
+def playbook_schema() -> dict[str, object]:
     """The JSON Schema of apiVersion llmplay/v1, read from the installed package."""
-    schema: dict[str, Any] = json.loads(resources.files("llmplay").joinpath("schemas/playbook.v1.json").read_text())
+    schema: dict[str, object] = json.loads(resources.files("llmplay").joinpath("schemas/playbook.v1.json").read_text())
     return schema
 
 
@@ -31,45 +32,48 @@ _StrictValidator = jsonschema.validators.extend(
 )
 
 
-def _known_properties(schema: dict[str, Any], root: dict[str, Any]) -> list[str]:
+def _known_properties(schema: Mapping[str, object], root: Mapping[str, object]) -> list[str]:
     if "$ref" in schema:
-        return _known_properties(_deref(schema["$ref"], root), root)
-    names = list(schema.get("properties", {}))
-    for branch in schema.get("oneOf", []) + schema.get("anyOf", []):
-        names += _known_properties(branch, root)
+        return _known_properties(_deref(str(schema["$ref"]), root), root)
+    names = [str(name) for name in as_mapping(schema.get("properties"))]
+    for branch in as_list(schema.get("oneOf")) + as_list(schema.get("anyOf")):
+        names += _known_properties(as_mapping(branch), root)
     return names
 
 
-def _deref(ref: str, root: dict[str, Any]) -> dict[str, Any]:
+def _deref(ref: str, root: Mapping[str, object]) -> Mapping[str, object]:
     node = root
     for part in ref.lstrip("#/").split("/"):
-        node = node[part]
+        node = as_mapping(node[part])
     return node
 
 
-def _describe_expected(schema: dict[str, Any], root: dict[str, Any]) -> str:
+def _describe_expected(schema: Mapping[str, object], root: Mapping[str, object]) -> str:
     if "$ref" in schema:
-        schema = _deref(schema["$ref"], root)
+        schema = _deref(str(schema["$ref"]), root)
     if "description" in schema:
         text = str(schema["description"]).rstrip(".")
         return text[0].lower() + text[1:]
     if "enum" in schema:
-        return "one of " + ", ".join(map(str, schema["enum"]))
+        return "one of " + ", ".join(map(str, as_list(schema["enum"])))
     if "const" in schema:
         return repr(schema["const"])
     if "type" in schema:
-        kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        kinds = as_list(schema["type"]) if isinstance(schema["type"], list) else [schema["type"]]
         return " or ".join(
-            {"object": "a mapping", "array": "a list", "integer": "an integer"}.get(k, f"a {k}") for k in kinds
+            {"object": "a mapping", "array": "a list", "integer": "an integer"}.get(str(k), f"a {k}") for k in kinds
         )
     return "a value matching the schema"
 
 
-def schema_problems(doc: dict[str, Any], problems: Problems, step_properties: Mapping[str, Any] | None = None) -> None:
+def schema_problems(
+    doc: dict[str, object], problems: Problems, step_properties: Mapping[str, object] | None = None
+) -> None:
     """Every schema violation in `doc` as a problem: unknown keys with a suggestion, found vs expected otherwise.
     `step_properties`: the step keys registered step kinds add (playbook.step_forms), checked like the shipped ones."""
     root = playbook_schema()
-    root["$defs"]["step"]["properties"].update(step_properties or {})
+    shipped_steps = as_mapping(as_mapping(as_mapping(root["$defs"]).get("step")).get("properties"))
+    cast(dict[str, object], shipped_steps).update(step_properties or {})  # the parsed schema's own dict
     if _non_finite_problems(doc, (), problems):
         return  # JSON Schema has no word for NaN: `.nan` passes every bound, so nothing below may see one
     validator = _StrictValidator(root)
@@ -77,7 +81,7 @@ def schema_problems(doc: dict[str, Any], problems: Problems, step_properties: Ma
         _add_problem(err, problems, root)
 
 
-def value_problems(value: Any, pointer: str, path: YamlPath, problems: Problems) -> None:
+def value_problems(value: object, pointer: str, path: YamlPath, problems: Problems) -> None:
     """`value`, written at `path`, checked against the schema's definition at `pointer` (e.g. a step's
     `workload.concurrency` against `#/$defs/workload/properties/concurrency`): one rule for base and step values."""
     root = playbook_schema()
@@ -88,7 +92,7 @@ def value_problems(value: Any, pointer: str, path: YamlPath, problems: Problems)
         _add_problem(err, problems, root, path)
 
 
-def option_problem(value: Any, pointer: str) -> str | None:
+def option_problem(value: object, pointer: str) -> str | None:
     """Why a command-line value breaks the rule the playbook key at `pointer` obeys (`--image` against
     `#/$defs/engine/properties/image`), or None: a flag is held to the same rule as the key it overrides."""
     root = playbook_schema()
@@ -97,10 +101,10 @@ def option_problem(value: Any, pointer: str) -> str | None:
     return None if error is None else f"found {short_repr(value)}; expected {_expected_from_error(error, root)}"
 
 
-def _non_finite_problems(value: Any, path: YamlPath, problems: Problems) -> bool:
+def _non_finite_problems(value: object, path: YamlPath, problems: Problems) -> bool:
     """A problem for every `.nan` or `.inf` anywhere in `value`; True when there was one."""
     found = False
-    stack: list[tuple[Any, YamlPath]] = [(value, path)]
+    stack: list[tuple[object, YamlPath]] = [(value, path)]
     while stack:
         node, where = stack.pop()
         if isinstance(node, float) and not math.isfinite(node):
@@ -113,7 +117,9 @@ def _non_finite_problems(value: Any, path: YamlPath, problems: Problems) -> bool
     return found
 
 
-def _mapping_branch_errors(err: jsonschema.ValidationError, root: dict[str, Any]) -> list[jsonschema.ValidationError]:
+def _mapping_branch_errors(
+    err: jsonschema.ValidationError, root: dict[str, object]
+) -> list[jsonschema.ValidationError]:
     """A mapping that fails `oneOf: [a short form, {a mapping}]` failed the mapping: its own errors say what is wrong
     (an unknown key, a wrong value) where "expected a value matching the schema" would not; a oneOf that describes
     itself keeps its own message."""
@@ -127,7 +133,7 @@ def _mapping_branch_errors(err: jsonschema.ValidationError, root: dict[str, Any]
 
 
 def _add_problem(
-    err: jsonschema.ValidationError, problems: Problems, root: dict[str, Any], prefix: YamlPath = ()
+    err: jsonschema.ValidationError, problems: Problems, root: dict[str, object], prefix: YamlPath = ()
 ) -> None:
     path: YamlPath = (*prefix, *err.absolute_path)
     if err.validator == "oneOf" and (inner := _mapping_branch_errors(err, root)):
@@ -157,7 +163,7 @@ def _add_problem(
         problems.add(path, f"found {short_repr(err.instance)}; expected {_expected_from_error(err, root)}")
 
 
-def _expected_from_error(err: jsonschema.ValidationError, root: dict[str, Any]) -> str:
+def _expected_from_error(err: jsonschema.ValidationError, root: dict[str, object]) -> str:
     v, value = err.validator, err.validator_value
     if v == "type":
         return _describe_expected({"type": value}, root)

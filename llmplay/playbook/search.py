@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import cast
 
+from llmplay.jsonvalue import as_mapping
 from llmplay.playbook.credentials import check_env_value, check_knob_value
+from llmplay.playbook.document import StepDoc
 from llmplay.playbook.problems import Problems, did_you_mean, short_repr
 from llmplay.playbook.schema import value_problems
 from llmplay.playbook.source import SourceMap, YamlPath
@@ -23,7 +25,7 @@ DEFAULT_MAX_CANDIDATES = 16
 RANGE_KEYS = ("from", "to", "by")
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, (int, float)):
@@ -33,7 +35,7 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _range_values(raw: Mapping[str, Any], path: YamlPath, limit: int, problems: Problems) -> list[Scalar] | None:
+def _range_values(raw: Mapping[str, object], path: YamlPath, limit: int, problems: Problems) -> list[Scalar] | None:
     unknown = [str(k) for k in raw if k not in RANGE_KEYS]
     for key in unknown:
         problems.add((*path, key), f"unknown key '{key}'{did_you_mean(key, RANGE_KEYS)}; expected from, to, by")
@@ -69,7 +71,7 @@ def _range_values(raw: Mapping[str, Any], path: YamlPath, limit: int, problems: 
     return list(range(start, stop + 1, step))
 
 
-def _list_values(raw: list[Any], path: YamlPath, limit: int, problems: Problems) -> list[Scalar] | None:
+def _list_values(raw: list[object], path: YamlPath, limit: int, problems: Problems) -> list[Scalar] | None:
     if not raw:
         problems.add(path, "found an empty list; expected at least two values to search")
         return None
@@ -95,7 +97,7 @@ def _list_values(raw: list[Any], path: YamlPath, limit: int, problems: Problems)
         elif value in raw[:j]:
             problems.add((*path, j), f"found {short_repr(value)} twice; expected each value once")
             ok = False
-    return list(raw) if ok else None
+    return [cast(Scalar, value) for value in raw] if ok else None  # each one checked above
 
 
 def _target(key: str, path: YamlPath, workload_fields: Collection[str], problems: Problems) -> str | None:
@@ -129,8 +131,11 @@ def _check_value(target: str, value: Scalar, path: YamlPath, problems: Problems)
         check_knob_value(value, path, problems)
 
 
-def search_step(item: Mapping[str, Any], path: YamlPath, workload_fields: Collection[str], problems: Problems) -> Step:
+def search_step(
+    item: Mapping[str, object], path: YamlPath, workload_fields: Collection[str], problems: Problems
+) -> Step:
     """A step written with `search:`."""
+    item = cast(StepDoc, item)  # the schema has checked the step
     step = Step(
         name=item["name"],
         changes=(),
@@ -164,7 +169,7 @@ def search_step(item: Mapping[str, Any], path: YamlPath, workload_fields: Collec
     if isinstance(written, list):
         values = _list_values(written, kpath, limit, problems)
     else:
-        values = _range_values(written, kpath, limit, problems)
+        values = _range_values(as_mapping(written), kpath, limit, problems)
     if target is None or values is None:
         return step
     for j, value in enumerate(values):
@@ -184,10 +189,10 @@ class SearchForm:
     """`search:` as a step form (playbook.step_forms)."""
 
     key = "search"
-    schema: Mapping[str, Any] = MappingProxyType({})  # its entries (search, max_candidates) ship in playbook.v1.json
+    schema: Mapping[str, object] = MappingProxyType({})  # its entries (search, max_candidates) ship in playbook.v1.json
 
     def parse(
-        self, item: Mapping[str, Any], path: YamlPath, workload_fields: Collection[str], problems: Problems
+        self, item: Mapping[str, object], path: YamlPath, workload_fields: Collection[str], problems: Problems
     ) -> Step:
         return search_step(item, path, workload_fields, problems)
 

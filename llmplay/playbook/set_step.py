@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import cast
 
 from llmplay.playbook.credentials import check_args, check_env_value, check_knob_value
+from llmplay.playbook.document import StepDoc
 from llmplay.playbook.problems import Problems, did_you_mean
 from llmplay.playbook.schema import value_problems
 from llmplay.playbook.source import SourceMap, YamlPath
@@ -18,8 +19,9 @@ from llmplay.spec import Change, Scalar, Step
 ENGINE_FIELDS_SETTABLE = {"image", "gpus", "extra_args", "model"}
 
 
-def set_step(item: Mapping[str, Any], path: YamlPath, workload_fields: Collection[str], problems: Problems) -> Step:
+def set_step(item: Mapping[str, object], path: YamlPath, workload_fields: Collection[str], problems: Problems) -> Step:
     """A step written with `set:`: its changes, each value checked where it is written."""
+    item = cast(StepDoc, item)  # the schema has checked the step
     changes = []
     for key, value in item["set"].items():
         key = str(key)
@@ -76,10 +78,10 @@ class SetForm:
     """`set:` as a step form (playbook.step_forms): its changes are the Step's own, which every check reads already."""
 
     key = "set"
-    schema: Mapping[str, Any] = MappingProxyType({})  # its entry ships in playbook.v1.json
+    schema: Mapping[str, object] = MappingProxyType({})  # its entry ships in playbook.v1.json
 
     def parse(
-        self, item: Mapping[str, Any], path: YamlPath, workload_fields: Collection[str], problems: Problems
+        self, item: Mapping[str, object], path: YamlPath, workload_fields: Collection[str], problems: Problems
     ) -> Step:
         return set_step(item, path, workload_fields, problems)
 

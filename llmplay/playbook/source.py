@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -89,7 +88,7 @@ def _check_nodes(node: yaml.Node, file: str) -> None:
             children = []
         if not done:
             if isinstance(current, yaml.MappingNode):
-                seen: dict[Any, int] = {}
+                seen: dict[object, int] = {}
                 for k, _ in current.value:
                     if isinstance(k, yaml.ScalarNode):
                         if k.value in seen:
@@ -135,7 +134,7 @@ def _line_map(node: yaml.Node, file: str) -> SourceMap:
     return SourceMap(entries)
 
 
-def read_yaml(path: Path) -> tuple[Any, SourceMap]:
+def read_yaml(path: Path) -> tuple[object, SourceMap]:
     """Safe-load one file: (data, line map); every failure is a one-line PlaybookError naming the file."""
     file = str(path)
     raw = read_bounded(path, MAX_FILE_BYTES, "a playbook YAML file")

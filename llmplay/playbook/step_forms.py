@@ -10,7 +10,7 @@ wrong (a search refuses a `set:` beside it), so a refusal names the kind the ste
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from llmplay.playbook.problems import Problems
 from llmplay.playbook.search import SEARCH_FORM
@@ -28,13 +28,13 @@ class StepForm(Protocol):
         ...
 
     @property
-    def schema(self) -> Mapping[str, Any]:
+    def schema(self) -> Mapping[str, object]:
         """JSON Schema of the step properties the kind adds to playbook.v1.json's (empty for the built-in kinds,
         whose entries ship in that file)."""
         ...
 
     def parse(
-        self, item: Mapping[str, Any], path: YamlPath, workload_fields: Collection[str], problems: Problems
+        self, item: Mapping[str, object], path: YamlPath, workload_fields: Collection[str], problems: Problems
     ) -> Step: ...
 
     def knobs(self, index: int, step: Step, sources: SourceMap) -> Iterator[tuple[YamlPath, str, Scalar]]:
@@ -64,12 +64,14 @@ def form_of(step: Step) -> StepForm:
     return _FORMS[step.choice.kind]
 
 
-def step_properties() -> dict[str, Any]:
+def step_properties() -> dict[str, object]:
     """The step properties registered kinds add to the shipped schema."""
     return {name: rule for form in _FORMS.values() for name, rule in form.schema.items()}
 
 
-def parse_step(item: Mapping[str, Any], path: YamlPath, workload_fields: Collection[str], problems: Problems) -> Step:
+def parse_step(
+    item: Mapping[str, object], path: YamlPath, workload_fields: Collection[str], problems: Problems
+) -> Step:
     """A step by the kind whose key it is written with; one written with none is refused."""
     present = [form for form in _FORMS.values() if form.key in item]
     if present:
@@ -77,4 +79,4 @@ def parse_step(item: Mapping[str, Any], path: YamlPath, workload_fields: Collect
     keys = [f"{key}:" for key in _FORMS]
     named = f"{', '.join(keys[:-1])} nor {keys[-1]}"
     problems.add(path, f"the step has neither {named}; expected one, e.g. set: {{prefix_caching: true}}")
-    return Step(name=item["name"], changes=(), line=problems.sources.locate(path).line)
+    return Step(name=str(item["name"]), changes=(), line=problems.sources.locate(path).line)

@@ -16,11 +16,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from llmplay import units
 from llmplay.errors import PlaybookError
 from llmplay.files import display_path, open_regular
+from llmplay.playbook.document import TraceDoc, WorkloadDoc
 from llmplay.playbook.problems import Problems, short_repr
 from llmplay.playbook.source import YamlPath, one_line
 from llmplay.spec import TraceFacts, TraceSpec, Workload
@@ -98,7 +98,7 @@ def _lines(path: Path, expected: str) -> Iterator[tuple[int, bytes]]:
             yield lineno, line
 
 
-def _whole_tokens(value: Any, what: str) -> int | str:
+def _whole_tokens(value: object, what: str) -> int | str:
     """A token count >= 0, or the problem with it (BurstGPT writes counts as floats such as 12.0)."""
     if isinstance(value, str):
         try:
@@ -351,7 +351,7 @@ def window_facts(requests: Sequence[ScaledRequest]) -> TraceFacts:
 
 
 # ------------------------------------------------------------------------------------------------------ validate
-def _duration(raw: Mapping[str, Any], key: str, path: YamlPath, problems: Problems) -> float | None:
+def _duration(raw: Mapping[str, object], key: str, path: YamlPath, problems: Problems) -> float | None:
     if key not in raw:
         return None
     try:
@@ -361,7 +361,7 @@ def _duration(raw: Mapping[str, Any], key: str, path: YamlPath, problems: Proble
         return None
 
 
-def trace_spec(raw: Mapping[str, Any], file: Path, path: YamlPath, problems: Problems) -> TraceSpec:
+def trace_spec(raw: TraceDoc, file: Path, path: YamlPath, problems: Problems) -> TraceSpec:
     """workload.trace as written (the file already resolved and found inside the playbook's tree)."""
     return TraceSpec(
         file=str(file),
@@ -378,7 +378,7 @@ def trace_spec(raw: Mapping[str, Any], file: Path, path: YamlPath, problems: Pro
 
 
 def apply_trace(
-    workload: Workload, raw: Mapping[str, Any], file: Path | None, path: YamlPath, problems: Problems
+    workload: Workload, raw: WorkloadDoc, file: Path | None, path: YamlPath, problems: Problems
 ) -> Workload:
     """The workload with its trace read: the window's facts, its mean rate (workload.rate, from trace.time_scale
     when not written) and its request count (num_requests, the window's when not written). `raw` is the workload

@@ -3,14 +3,12 @@ and per-knob values, each checked against the engine's adapter with the line it 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from llmplay import units
 from llmplay.engines import get_engine
 from llmplay.engines.base import BadKnobValue, Engine
 from llmplay.engines.knobs import Remedy
 from llmplay.errors import PlaybookError
+from llmplay.playbook.document import TuneDoc
 from llmplay.playbook.problems import Problems, did_you_mean, short_repr
 from llmplay.spec import Scalar, TuneSpec, frozen_map
 
@@ -19,7 +17,7 @@ MODEL_TARGET = "model"
 REMEDIES = tuple(r.value for r in Remedy)
 
 
-def parse_tune(raw: Mapping[str, Any], engine_kind: Any, problems: Problems) -> TuneSpec:
+def parse_tune(raw: TuneDoc, engine_kind: str | None, problems: Problems) -> TuneSpec:
     """The `tune:` section (the schema has checked its shape); names and values against the engine's adapter."""
     budget = raw.get("budget", {})
     engine_s: float | None = None
@@ -33,16 +31,16 @@ def parse_tune(raw: Mapping[str, Any], engine_kind: Any, problems: Problems) -> 
     except PlaybookError:
         engine = None  # engine.kind says why, once
     names: dict[str, tuple[str, ...]] = {}
-    for key in ("allow", "deny"):
-        names[key] = tuple(raw.get(key, ()))
+    for key, listed in (("allow", raw.get("allow", [])), ("deny", raw.get("deny", []))):
+        names[key] = tuple(listed)
         for i, name in enumerate(names[key]):
             _check_name(engine, name, ("tune", key, i), problems)
     overlap = sorted(set(names["allow"]) & set(names["deny"]))
     if overlap:
         problems.add(("tune", "deny"), f"{', '.join(overlap)} both allowed and denied; expected each name in one list")
     values: dict[str, tuple[Scalar, ...]] = {}
-    for knob, listed in dict(raw.get("values", {})).items():
-        values[knob] = tuple(listed)
+    for knob, scalars in dict(raw.get("values", {})).items():
+        values[knob] = tuple(scalars)
         _check_values(engine, knob, values[knob], problems)
     return TuneSpec(
         engine_budget_s=engine_s,

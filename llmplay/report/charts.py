@@ -7,7 +7,7 @@ import io
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar  # Any: matplotlib's rcParams keys (see _STYLE)
 
 import matplotlib
 import numpy as np
@@ -15,7 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from llmplay.archive.model import CapacitySearch
+from llmplay.archive.capacity import CapacityResult
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -25,7 +25,7 @@ ROLE_COLORS = {"baseline": BASELINE_COLOR, "candidate": CANDIDATE_COLOR}
 GRID = "#dddddd"
 MAX_POINTS = 400  # per line: keeps each SVG a few tens of kB, far below what a screen resolves
 # Any keys: matplotlib types rcParams keys as a Literal union that a plain str dict cannot satisfy
-_STYLE: dict[Any, Any] = {
+_STYLE: dict[Any, Any] = {  # matplotlib's rcParams keys
     "svg.fonttype": "none",  # text stays <text>, not glyph paths: small files, selectable, crisp when printed
     "svg.hashsalt": "llmplay",  # stable element ids: the same archive renders the same bytes
     "font.family": "sans-serif",
@@ -318,7 +318,7 @@ _SEARCH_COLORS = ("#3b6ea8", "#d9822b", "#4d9a5b", "#a8456b", "#7a6bb0", "#8c8c3
 
 @_styled
 def capacity_attainment(
-    configs: Sequence[tuple[str, Sequence[CapacitySearch]]], target: float, unit: str, width_in: float = 7.0
+    configs: Sequence[tuple[str, Sequence[CapacityResult]]], target: float, unit: str, width_in: float = 7.0
 ) -> str:
     """SLO attainment against load, one colour per configuration: each probe's attainment with its interval, the
     target as a dashed line, and each search's boundary interval as a band with its estimate as a line."""
@@ -346,7 +346,7 @@ def capacity_attainment(
                 alpha=0.9,
                 label=label if j == 0 else None,
             )
-            low, high = search.boundary_ci
+            low, high = search.ci
             if low is not None and high is not None:
                 ax.axvspan(low, high, color=color, alpha=0.12, lw=0)
             if search.capacity is not None:
@@ -369,7 +369,7 @@ def capacity_attainment(
 
 @_styled
 def capacity_knee(
-    configs: Sequence[tuple[str, Sequence[CapacitySearch]]],
+    configs: Sequence[tuple[str, Sequence[CapacityResult]]],
     slo_s: Mapping[str, float],
     target: float,
     width_in: float = 9.0,
@@ -387,7 +387,7 @@ def capacity_knee(
                 pts = [
                     (p.output_tok_s, p.at_quantile_s[key])
                     for p in sorted(search.probes, key=lambda p: p.load)
-                    if p.output_tok_s is not None and key in p.at_quantile_s
+                    if p.output_tok_s is not None and p.at_quantile_s.get(key) is not None
                 ]
                 if not pts:
                     continue

@@ -7,7 +7,6 @@ section has its module (record, steps, diagnosis, method); this one holds the pa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from llmplay.archive.model import TRIAL_OK
 from llmplay.archive.reader import ArchivedRun
@@ -33,7 +32,7 @@ def _engine_facts(run: RunData) -> dict[str, str]:
     }
 
 
-def _header(run: RunData) -> dict[str, Any]:
+def _header(run: RunData) -> dict[str, object]:
     info, env = run.info, run.info.environment
     gpu_hours = sum(t.wall_s * run.gpus_of(t.config_id) for t in run.trials.values()) / 3600
     wall_hours = sum(t.wall_s for t in run.trials.values()) / 3600
@@ -67,7 +66,7 @@ def _header(run: RunData) -> dict[str, Any]:
     }
 
 
-def _shared_host(run: RunData) -> dict[str, Any] | None:
+def _shared_host(run: RunData) -> dict[str, object] | None:
     """Which trials other llmplay runs shared the host with: their load was in those trials' figures."""
     shared = [t for t in run.trials.values() if t.shared_with]
     if not shared:
@@ -80,7 +79,7 @@ def _shared_host(run: RunData) -> dict[str, Any] | None:
     }
 
 
-def _glance(run: RunData) -> dict[str, Any]:
+def _glance(run: RunData) -> dict[str, object]:
     gates = []
     for g in run.archive.gates():
         state = "not measured" if g.met is None else ("met" if g.met else "failed")
@@ -112,7 +111,7 @@ def _glance(run: RunData) -> dict[str, Any]:
     }
 
 
-def build_context(archive: ArchivedRun, *, unverified: Sequence[str] = ()) -> dict[str, Any]:
+def build_context(archive: ArchivedRun, *, unverified: Sequence[str] = ()) -> dict[str, object]:
     """Everything the template shows, as strings, lists and inline SVG; nothing here touches the network.
 
     `unverified`: what verification found wrong with a run rendered anyway (the page opens with it)."""

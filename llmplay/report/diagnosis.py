@@ -3,8 +3,6 @@ scheduler, and the checklist rules that were evaluated."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmplay.archive.model import Diagnosis, Finding, MemoryFacts, RooflineFacts
 from llmplay.catalog import fmt_bytes, fmt_full, fmt_pct
 from llmplay.report import charts
@@ -44,7 +42,7 @@ def _roofline(roof: RooflineFacts) -> tuple[str, list[tuple[str, str]]]:
     return charts.roofline_bar(roof.floor_s, roof.achieved_tpot_s), rows
 
 
-def diagnosis(d: Diagnosis, findings: list[Finding]) -> dict[str, Any]:
+def diagnosis(d: Diagnosis, findings: list[Finding]) -> dict[str, object]:
     memory_chart, memory = _memory(d.memory) if d.memory is not None else ("", [])
     roofline_chart, roofline = _roofline(d.roofline) if d.roofline is not None else ("", [])
     return {

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import jinja2
 from markupsafe import Markup
@@ -29,7 +28,7 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_html(template: str, context: Mapping[str, Any]) -> str:
+def render_html(template: str, context: Mapping[str, object]) -> str:
     return _environment().get_template(template).render(**context)
 
 

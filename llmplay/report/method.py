@@ -4,7 +4,6 @@ definitions) and the goals it quotes, from the archived configuration and the ar
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from llmplay.archive.model import TRIAL_OK, PlaybookAsRun
 from llmplay.archive.verdicts import error_rates_text
@@ -141,7 +140,7 @@ def _histograms(run: RunData) -> str:
     )
 
 
-def method(run: RunData, playbook: PlaybookAsRun, diagnosis_rules: Rows) -> dict[str, Any]:
+def method(run: RunData, playbook: PlaybookAsRun, diagnosis_rules: Rows) -> dict[str, object]:
     config = run.config("baseline") or run.config(run.final or "baseline")
     return {
         "workload": workload_rows(config.workload) if config else _NOT_RECORDED,

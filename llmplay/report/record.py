@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from llmplay.archive.model import CapacitySearch, TuningRow
+from llmplay.archive.capacity import CapacityResult
+from llmplay.archive.model import TuningRow
 from llmplay.catalog import (
     PEAK_MEMORY_COLUMN,
     REPORT_RECORD_COLUMNS,
@@ -46,7 +46,7 @@ def _peak_memory(run: RunData, config_id: str, metrics: Mapping[str, float]) -> 
     return fmt_value("memory.peak_frac", frac) if frac is not None else NOT_MEASURED
 
 
-def _row(run: RunData, row: TuningRow, columns: list[tuple[str, str]], remarks: Remarks) -> dict[str, Any]:
+def _row(run: RunData, row: TuningRow, columns: list[tuple[str, str]], remarks: Remarks) -> dict[str, object]:
     samples = row.samples or pooled_samples(run.trials[t] for t in row.trials if t in run.trials)
     cells = []
     for metric, _ in columns:
@@ -80,7 +80,7 @@ def _row(run: RunData, row: TuningRow, columns: list[tuple[str, str]], remarks: 
     }
 
 
-def record_table(run: RunData) -> tuple[list[dict[str, Any]], list[str]]:
+def record_table(run: RunData) -> tuple[list[dict[str, object]], list[str]]:
     """The tuning record's rows, and the notes under it: why a figure is not measured, once per reason."""
     columns = record_columns(run)
     rows = run.archive.tuning_record() or run.archive.rebuilt_record()
@@ -89,16 +89,16 @@ def record_table(run: RunData) -> tuple[list[dict[str, Any]], list[str]]:
     return shown, folded_remarks(remarks)
 
 
-def _search_row(run: RunData, config: str, search: CapacitySearch) -> dict[str, Any]:
-    trial = run.trials[search.trial_id]
+def _search_row(run: RunData, config: str, trial_id: str, search: CapacityResult) -> dict[str, object]:
+    trial = run.trials[trial_id]
     cost = value_of(trial.summary, "cost.usd_per_1m_tokens_at_slo")
     return {
         "config_id": config,
-        "trial_id": search.trial_id,
+        "trial_id": trial_id,
         "repeat": trial.repeat + 1,
         "status": search.status,
-        "boundary": search.boundary_text,
-        "binding": search.binding_sentence,
+        "boundary": search.boundary_words,
+        "binding": search.binding_words,
         "probes": search.runs,
         "engine_min": f"{search.engine_s / 60:.1f}",
         "cost": fmt_full("cost.usd_per_1m_tokens_at_slo", cost) if cost is not None else NOT_MEASURED,
@@ -107,22 +107,22 @@ def _search_row(run: RunData, config: str, search: CapacitySearch) -> dict[str, 
     }
 
 
-def capacity(run: RunData) -> dict[str, Any] | None:
+def capacity(run: RunData) -> dict[str, object] | None:
     """Per configuration: its searches' attainment against load and throughput against latency, the binding
     constraint in words, and each search's bracket; None when no trial ran a capacity search."""
-    by_config: dict[str, list[CapacitySearch]] = {}
+    by_config: dict[str, list[tuple[str, CapacityResult]]] = {}
     for tid, trial in run.trials.items():
         found = run.archive.capacity_search(tid) if trial.files.get("capacity") else None
         if found is not None:
-            by_config.setdefault(trial.config_id, []).append(found)
+            by_config.setdefault(trial.config_id, []).append((tid, found))
     if not by_config:
         return None
-    first = next(iter(by_config.values()))[0]
-    configs = list(by_config.items())
+    first = next(iter(by_config.values()))[0][1]
+    configs = [(config, [search for _, search in searches]) for config, searches in by_config.items()]
     rows = [
-        _search_row(run, config, search)
-        for config, searches in configs
-        for search in sorted(searches, key=lambda s: run.trials[s.trial_id].repeat)
+        _search_row(run, config, tid, search)
+        for config, searches in by_config.items()
+        for tid, search in sorted(searches, key=lambda s: run.trials[s[0]].repeat)
     ]
     slo_text = ", ".join(f"{k.upper()} ≤ {fmt_full('ttft.p95', v)}" for k, v in first.slo_s.items())
     return {

@@ -5,7 +5,6 @@ gain was estimated, and what the race cost against a full grid. Read from the ar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from llmplay.archive.model import SearchRecord, SearchValue, StepVerdict
 from llmplay.catalog import label_of
@@ -114,7 +113,7 @@ def _gain_text(search: SearchRecord) -> str:
     return f"The chosen value's gain, {gain.rel_change:+.1%}{interval}, is {search.gain_method}."
 
 
-def _value_rows(values: Sequence[SearchValue]) -> list[dict[str, Any]]:
+def _value_rows(values: Sequence[SearchValue]) -> list[dict[str, object]]:
     rows = []
     for v in values:
         e = v.effect
@@ -128,7 +127,7 @@ def _value_rows(values: Sequence[SearchValue]) -> list[dict[str, Any]]:
     return rows
 
 
-def search_section(verdict: StepVerdict) -> dict[str, Any] | None:
+def search_section(verdict: StepVerdict) -> dict[str, object] | None:
     """The search block of a step section (None for a step of fixed changes)."""
     search = verdict.search
     if search is None:

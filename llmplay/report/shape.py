@@ -5,7 +5,6 @@ session figures with TTFT by turn index per configuration. Read from the archive
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -95,9 +94,9 @@ def _trace_asked(workload: Workload, spec: TraceSpec) -> dict[str, str]:
     }
 
 
-def _reuse_rows(run: RunData, trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+def _reuse_rows(run: RunData, trials: Sequence[TrialRecord]) -> list[dict[str, object]]:
     """Per configuration: the workload's reuse, the share the engine served from cache, its own hit rate."""
-    rows = []
+    rows: list[dict[str, object]] = []
     for config_id in dict.fromkeys(t.config_id for t in trials):
         mine = [t for t in trials if t.config_id == config_id]
         remarks = Remarks.new()
@@ -116,7 +115,7 @@ def _trace_line(spec: TraceSpec) -> str:
     )
 
 
-def workload_shape(run: RunData) -> dict[str, Any] | None:
+def workload_shape(run: RunData) -> dict[str, object] | None:
     """The run's sent workload against what it asked for; None when no trial measured a request."""
     trials = _measured(run)
     if not any(run.requests(t.trial_id).timeline["input_tokens"].size for t in trials):
@@ -140,7 +139,7 @@ def workload_shape(run: RunData) -> dict[str, Any] | None:
     }
 
 
-def sessions(run: RunData, trials: Sequence[TrialRecord]) -> dict[str, Any] | None:
+def sessions(run: RunData, trials: Sequence[TrialRecord]) -> dict[str, object] | None:
     """Conversations per configuration: the session figures and TTFT P50 by turn index (a column per turn)."""
     turns = sorted({k for t in trials for k, _ in turn_ttft_p50s(t.summary)})
     metrics = [*SESSION_METRICS, *(f"ttft_turn.{k}.p50" for k in turns)]

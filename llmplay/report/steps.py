@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -107,7 +106,7 @@ def _section_charts(run: RunData, trial_ids: Sequence[str], objective: str | Non
     return out
 
 
-def _trial_rows(run: RunData, trial_ids: Sequence[str], objective: str | None) -> list[dict[str, Any]]:
+def _trial_rows(run: RunData, trial_ids: Sequence[str], objective: str | None) -> list[dict[str, object]]:
     rows = []
     for tid in trial_ids:
         t = run.trial(tid)
@@ -152,8 +151,8 @@ def _direction(d: MetricDelta) -> str:
     return "better" if d.better else "worse"
 
 
-def _delta_rows(verdict: StepVerdict) -> list[dict[str, Any]]:
-    rows = []
+def _delta_rows(verdict: StepVerdict) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
     guard_metrics = {g.metric for g in verdict.guards}
     seen = set()
     for d in ([verdict.objective] if verdict.objective else []) + list(verdict.guards) + list(verdict.deltas):
@@ -218,7 +217,7 @@ def _ci_header(verdict: StepVerdict) -> str:
     return f"{d.confidence:.1%} CI".replace(".0%", "%") if d is not None and d.confidence is not None else "CI"
 
 
-def steps(run: RunData, descriptions: Mapping[str, str], kept_text: str) -> list[dict[str, Any]]:
+def steps(run: RunData, descriptions: Mapping[str, str], kept_text: str) -> list[dict[str, object]]:
     out = []
     # Trials a lost cluster node made measure again: listed under their step, used nowhere.
     superseded = {t.trial_id: t.step for t in run.trials.values() if t.superseded}

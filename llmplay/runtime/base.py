@@ -11,13 +11,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 
 from llmplay.engines.base import Engine
 from llmplay.errors import EngineStartError
 from llmplay.spec import EngineSpec, frozen_map
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
 
 LOG_TAIL_LINES = 100
 
@@ -47,7 +50,7 @@ class Endpoint:
 
     base_url: str  # e.g. http://127.0.0.1:PORT, no trailing slash
     model: str
-    describe: Mapping[str, Any] = field(default_factory=frozen_map)
+    describe: Mapping[str, object] = field(default_factory=frozen_map)
     _stop: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -71,7 +74,7 @@ class Runtime(ABC):
     kind: str = ""
     # What telemetry samples besides the engine's /metrics, while the engine runs: its container (docker SDK
     # Container), or its process and children (pid). Neither for an engine this runtime did not start.
-    container: Any = None
+    container: Container | None = None
     pid: int | None = None
 
     def _register(self) -> None:
@@ -94,7 +97,7 @@ class Runtime(ABC):
     def logs(self, tail: int | None = None) -> str: ...
 
     @abstractmethod
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> dict[str, object]: ...
 
     def alive(self) -> bool:
         return True

@@ -9,7 +9,6 @@ import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from llmplay.cache_dir import cache_root
 from llmplay.errors import InfrastructureError
@@ -36,7 +35,7 @@ def cache_lock(cache: Path, name: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def content_key(*parts: Any) -> str:
+def content_key(*parts: object) -> str:
     """A short hash of what a cached build is made from: its folder or file name, so other inputs never share it."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -19,10 +19,10 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -33,6 +33,10 @@ from llmplay.hashing import sha256_file
 from llmplay.runtime import dockerd, llama_server
 from llmplay.runtime.cache import Log, cache_lock, content_key, default_cache_dir, run_logged
 from llmplay.runtime.llama_server import ServerFiles
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from gguf import GGUFReader, GGUFWriter
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 CMAKE_FLAGS = (
@@ -47,9 +51,25 @@ MODEL_IN_IMAGE = "/models/tiny.gguf"
 CONTENT_LABEL = "llmplay.content"
 VOCAB_FILE = "vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf"
 
+
 # A few million parameters: 4 layers of width 256 with grouped-query attention (8 query heads sharing
 # 2 KV heads), so KV-cache knobs have something to act on; embeddings tied to the output.
-MODEL_PARAMS: dict[str, Any] = {
+class ModelParams(TypedDict):
+    """The tiny random-weight Llama's sizes, shared by its GGUF and its Hugging Face copy (runtime.hf_model)."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_ctx_train: int
+    rope_freq_base: float
+    rms_eps: float
+    init_std: float
+    seed: int
+
+
+MODEL_PARAMS: ModelParams = {
     "n_layer": 4,
     "n_embd": 256,
     "n_head": 8,
@@ -88,7 +108,7 @@ def sdist_name(version: str = LLAMA_CPP_PYTHON_VERSION) -> str:
     return f"llama_cpp_python-{version}"
 
 
-def build_with_docker(cache: Path, log: Log, build: Callable[[Any], tuple[str, str]]) -> tuple[str, str]:
+def build_with_docker(cache: Path, log: Log, build: Callable[[DockerClient], tuple[str, str]]) -> tuple[str, str]:
     """Run `build` (an image build: its id and content key) against a dockerd, installed and started first when
     this machine has none."""
     if dockerd.ping() is not None and shutil.which("dockerd") is None:
@@ -260,7 +280,7 @@ def write_tiny_model(cache: Path, force: bool = False, log: Log = print) -> Path
 
 
 def write_llama_gguf(
-    path: Path, vocab_file: Path, params: Mapping[str, Any] = MODEL_PARAMS, chat_template: str = CHAT_TEMPLATE
+    path: Path, vocab_file: Path, params: ModelParams = MODEL_PARAMS, chat_template: str = CHAT_TEMPLATE
 ) -> Path:
     """A loadable random-weight Llama GGUF (seeded, so the bytes are reproducible) with `vocab_file`'s tokenizer,
     so llama-server really tokenizes and decodes; `params` has MODEL_PARAMS's keys."""
@@ -272,13 +292,13 @@ def write_llama_gguf(
     head_dim = p["n_embd"] // p["n_head"]
     rng = np.random.default_rng(p["seed"])
 
-    def contents(w: Any) -> None:
-        _llama_contents(w, gguf, reader, p, n_vocab, head_dim, rng, chat_template)
+    def contents(w: GGUFWriter) -> None:
+        _llama_contents(w, reader, p, n_vocab, head_dim, rng, chat_template)
 
     return write_gguf(path, "llmplay-tiny-random", contents)
 
 
-def write_gguf(path: Path, name: str, contents: Callable[[Any], None], architecture: str = "llama") -> Path:
+def write_gguf(path: Path, name: str, contents: Callable[[GGUFWriter], None], architecture: str = "llama") -> Path:
     """The one GGUF writer: header, metadata and tensors in the order llama.cpp reads them; `contents(writer)`
     adds the metadata and tensors (tests pass their own, e.g. quantized, to check model facts)."""
     import gguf  # deferred: an optional dependency (the `cpu` extra), needed only to write a model
@@ -294,15 +314,16 @@ def write_gguf(path: Path, name: str, contents: Callable[[Any], None], architect
 
 
 def _llama_contents(
-    w: Any,
-    gguf: Any,
-    reader: Any,
-    p: Mapping[str, Any],
+    w: GGUFWriter,
+    reader: GGUFReader,
+    p: ModelParams,
     n_vocab: int,
     head_dim: int,
     rng: np.random.Generator,
     chat_template: str,
 ) -> None:
+    import gguf  # deferred: an optional dependency (the `cpu` extra), needed only to write the model
+
     w.add_context_length(p["n_ctx_train"])
     w.add_embedding_length(p["n_embd"])
     w.add_block_count(p["n_layer"])
@@ -322,7 +343,7 @@ def _llama_contents(
         w.add_key_value(name, field.contents(), vtype, sub_type=sub)
     w.add_chat_template(chat_template)
 
-    def mat(rows: int, cols: int) -> Any:
+    def mat(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * p["init_std"]).astype(np.float16)
 
     ones = np.ones(p["n_embd"], dtype=np.float32)
@@ -392,7 +413,13 @@ def source_server(binary: Path, cache: Path, log: Log = print, version: str = LL
 
 
 def build_image(
-    client: Any, server: ServerFiles, model: Path, tag_name: str, cache: Path, force: bool = False, log: Log = print
+    client: DockerClient,
+    server: ServerFiles,
+    model: Path,
+    tag_name: str,
+    cache: Path,
+    force: bool = False,
+    log: Log = print,
 ) -> tuple[str, str]:
     """(image id, content hash); imports the image only when the tag's label differs from the contents."""
     import docker  # deferred: the docker SDK loads only when an image is built (not for --no-image)

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import docker
 import docker.errors
@@ -42,11 +42,17 @@ from llmplay.runtime.labels import (
 from llmplay.runtime.owner import Owner, process_started
 from llmplay.spec import EngineSpec, gpu_count
 
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
+    from docker.models.images import Image
+    from docker.types import DeviceRequest
+
 STOP_TIMEOUT_S = 10
 CPU_IMAGE_HINT = "build it: `llmplay engine build-cpu` (or scripts/cpu-engine.sh)"
 
 
-def connect(docker_host: str | None = None, timeout_s: float = 120.0) -> Any:
+def connect(docker_host: str | None = None, timeout_s: float = 120.0) -> DockerClient:
     """A client for a daemon that answers, or an InfrastructureError saying how to start one."""
     if docker_host:
         try:
@@ -61,7 +67,7 @@ def connect(docker_host: str | None = None, timeout_s: float = 120.0) -> Any:
     return dockerd.client(timeout_s)
 
 
-def _gpu_requests(gpus: int | tuple[str, ...]) -> list[Any]:
+def _gpu_requests(gpus: int | tuple[str, ...]) -> list[DeviceRequest]:
     if isinstance(gpus, tuple):
         return [docker.types.DeviceRequest(device_ids=list(gpus), capabilities=[["gpu"]])] if gpus else []
     if gpus:
@@ -89,7 +95,7 @@ def image_missing(image: str) -> str:
     return f"image {image} not found locally; {image_hint(image)}"
 
 
-def require_images(client: Any, images: list[str]) -> None:
+def require_images(client: DockerClient, images: list[str]) -> None:
     """An InfrastructureError naming every image not on this daemon, and how to get each, before anything starts."""
     missing = []
     for image in images:
@@ -103,7 +109,7 @@ def require_images(client: Any, images: list[str]) -> None:
         raise InfrastructureError("; ".join(missing))
 
 
-def image_version_labels(image: Any) -> dict[str, str]:
+def image_version_labels(image: Image) -> dict[str, str]:
     """The labels of `image` that say what it is (llmplay's own and the OCI ones), for the archive."""
     labels = image.labels or {}
     return {str(k): str(v) for k, v in labels.items() if k.startswith(("llmplay.", "org.opencontainers.image."))}
@@ -135,19 +141,21 @@ class DockerRuntime(Runtime):
 
     kind = "docker"
 
-    def __init__(self, client: Any = None, *, docker_host: str | None = None, bind_host: str = "127.0.0.1"):
+    def __init__(
+        self, client: DockerClient | None = None, *, docker_host: str | None = None, bind_host: str = "127.0.0.1"
+    ):
         self._client = client
         self._own_client = client is None
         self.docker_host = docker_host
         self.bind_host = bind_host
-        self.container: Any = None  # docker SDK Container while it exists (telemetry reads its stats)
+        self.container: Container | None = None  # docker SDK Container while it exists (telemetry reads its stats)
         self._lock = threading.RLock()
-        self._info: dict[str, Any] = {}
+        self._info: dict[str, object] = {}
         self._final_logs = ""
         self._instance = ""
 
     @property
-    def client(self) -> Any:
+    def client(self) -> DockerClient:
         if self._client is None:
             self._client = connect(self.docker_host)
         return self._client
@@ -235,9 +243,9 @@ class DockerRuntime(Runtime):
         labels: Mapping[str, str],
         container_port: int,
         host_port: int,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The docker SDK's `containers.run` arguments for this engine container."""
-        kwargs: dict[str, Any] = {
+        kwargs: dict[str, object] = {
             "command": command,
             "detach": True,
             "labels": dict(labels),
@@ -261,11 +269,13 @@ class DockerRuntime(Runtime):
         return kwargs
 
     def _exit_code(self) -> int | None:
+        container = self.container
+        assert container is not None  # asked only while the container exists
         try:
-            self.container.reload()
+            container.reload()
         except docker.errors.NotFound:
             return -1
-        state = self.container.attrs.get("State", {})
+        state = container.attrs.get("State", {})
         if state.get("Status") in ("exited", "dead"):
             return int(state.get("ExitCode", -1))
         return None
@@ -316,7 +326,7 @@ class DockerRuntime(Runtime):
                     self._client.close()
                     self._client = None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return dict(self._info)
 
 
@@ -375,7 +385,7 @@ class Collection:
         return [f"{c.name} (run {c.run_id})" for c in self.removed]
 
 
-def gc(client: Any = None, *, run_id: str | None = None, force: bool = False) -> Collection:
+def gc(client: DockerClient | None = None, *, run_id: str | None = None, force: bool = False) -> Collection:
     """Remove the llmplay containers (only `run_id`'s if given) whose owning process is provably gone. `force`
     also removes those gc cannot prove orphaned (other hosts' on a shared daemon, older labels); a container whose
     owner is alive on this host is never removed."""

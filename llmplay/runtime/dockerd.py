@@ -8,7 +8,10 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 from llmplay.errors import InfrastructureError
 from llmplay.runtime.cache import default_cache_dir
@@ -20,7 +23,7 @@ _STARTED: list[subprocess.Popen[bytes]] = []
 START_HINT = "start it with `sudo dockerd &` (or `sudo systemctl start docker`), or install it: `sudo apt-get install -y docker.io`"
 
 
-def _client(timeout_s: float = 10.0) -> Any:
+def _client(timeout_s: float = 10.0) -> DockerClient:
     import docker  # deferred: the docker SDK (requests, urllib3) loads only when a daemon is asked for
 
     return docker.from_env(timeout=int(max(timeout_s, 1)))
@@ -59,7 +62,7 @@ def ping(timeout_s: float = 5.0) -> str | None:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def client(timeout_s: float = 120.0) -> Any:
+def client(timeout_s: float = 120.0) -> DockerClient:
     """A docker SDK client for a daemon that answers, or an InfrastructureError saying how to start one."""
     why = ping()
     if why is not None:

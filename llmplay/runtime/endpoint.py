@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from llmplay.engines.base import Engine
 from llmplay.errors import PlaybookError
@@ -29,7 +28,7 @@ class EndpointRuntime(Runtime):
     def __init__(self, url: str, *, health_timeout_s: float | None = None):
         self.url = url.rstrip("/")
         self.health_timeout_s = health_timeout_s
-        self._info: dict[str, Any] = {}
+        self._info: dict[str, object] = {}
 
     def start(self, spec: EngineSpec, engine: Engine, labels: Mapping[str, str] | None = None) -> Endpoint:
         timeout_s = self.health_timeout_s if self.health_timeout_s is not None else min(spec.health_timeout_s, 30.0)
@@ -62,5 +61,5 @@ class EndpointRuntime(Runtime):
     def logs(self, tail: int | None = None) -> str:
         return ""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return dict(self._info)

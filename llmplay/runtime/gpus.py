@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, TypedDict  # Any: the NVML module, pynvml (which ships no types) or its test fake
 
 import pynvml
 
 
-def gpu_inventory(nvml: Any = None) -> dict[str, Any] | None:
+class GpuInventory(TypedDict, total=False):
+    """The host's GPUs as the archive header keeps them; `error` alone when NVML could not say."""
+
+    name: str | None
+    names: list[str]
+    count: int
+    driver: str
+    cuda: str
+    error: str
+
+
+def gpu_inventory(nvml: Any = None) -> GpuInventory | None:  # nvml: pynvml, untyped, or a fake of it
     """GPU model, driver and CUDA version for the archive header; None on a machine without NVML."""
     nvml = pynvml if nvml is None else nvml
     try:

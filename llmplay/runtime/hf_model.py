@@ -11,13 +11,12 @@ import shutil
 import struct
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from llmplay.cache_dir import TINY_HF_MODEL
 from llmplay.runtime.cache import Log, content_key, default_cache_dir
-from llmplay.runtime.cpu_image import CHAT_TEMPLATE, MODEL_PARAMS, vocab_path
+from llmplay.runtime.cpu_image import CHAT_TEMPLATE, MODEL_PARAMS, ModelParams, vocab_path
 
 KEY_FILE = ".llmplay-key"
 
@@ -30,7 +29,7 @@ def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray]) -> Path:
     """The safetensors layout: an 8-byte little-endian header size, a JSON header of dtype/shape/offsets,
     then the raw little-endian bytes, each tensor contiguous in the header's order."""
     dtypes = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     blobs = []
     for name, array in tensors.items():
@@ -85,7 +84,7 @@ def tokenizer_json(tokens: list[str], scores: list[float], types: list[int]) -> 
     return str(tok.to_str())
 
 
-def _weights(p: Mapping[str, Any], n_vocab: int) -> dict[str, np.ndarray]:
+def _weights(p: ModelParams, n_vocab: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(p["seed"])
     head_dim = p["n_embd"] // p["n_head"]
 
@@ -108,7 +107,7 @@ def _weights(p: Mapping[str, Any], n_vocab: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _config(p: Mapping[str, Any], n_vocab: int, bos: int, eos: int) -> dict[str, Any]:
+def _config(p: ModelParams, n_vocab: int, bos: int, eos: int) -> dict[str, object]:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import docker
 import docker.errors
@@ -23,6 +23,9 @@ from llmplay.errors import InfrastructureError
 from llmplay.runtime.cache import default_cache_dir
 from llmplay.runtime.docker import owner_labels
 from llmplay.runtime.labels import LABEL_INSTANCE, LABEL_RUN
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 HELP_TIMEOUT_S = 300.0  # importing vLLM on two busy cores takes tens of seconds
 # A flag as argparse, llama.cpp's arg.cpp, clap (TGI) and click print it: `--name`, not `---` rules.
@@ -49,7 +52,7 @@ def _cache_file(cache: Path, image_id: str, argv: list[str]) -> Path:
     return cache / "preflight" / f"{key}.json"
 
 
-def image_flags(client: Any, image_ref: str, engine: Engine, cache: Path | None = None) -> ImageFlags | None:
+def image_flags(client: DockerClient, image_ref: str, engine: Engine, cache: Path | None = None) -> ImageFlags | None:
     """The image's accepted flags, or None when the image is not on this machine (the trial says how to get it)."""
     try:
         image = client.images.get(image_ref)
@@ -80,7 +83,7 @@ def image_flags(client: Any, image_ref: str, engine: Engine, cache: Path | None 
     return ImageFlags(image_ref, image.id, version, flags, time.perf_counter() - t0, False)
 
 
-def _run_help(client: Any, image_ref: str, argv: list[str]) -> str:
+def _run_help(client: DockerClient, image_ref: str, argv: list[str]) -> str:
     instance = uuid.uuid4().hex[:12]
     container = client.containers.create(
         image_ref,

@@ -19,7 +19,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from llmplay.errors import InfrastructureError
 from llmplay.runtime.owner import Owner
@@ -59,7 +58,7 @@ class RunEntry:
     started: float  # seconds since the epoch
     ended: float | None
 
-    def as_record(self) -> dict[str, Any]:
+    def as_record(self) -> dict[str, object]:
         """What a trial archives of a run that shared its host."""
         return {"run_id": self.run_id, "playbook": self.playbook, "pid": self.owner.pid, "host": self.owner.host}
 
@@ -130,7 +129,7 @@ def others_during(run_id: str, since: float, live_at_start: set[str], directory:
     return out
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
+def _write(path: Path, data: dict[str, object]) -> None:
     # mkstemp's unguessable name: in a directory everyone may write to, a predictable one could be a planted link.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -169,7 +168,7 @@ class LiveRun:
         self.run_id, self.playbook = run_id, playbook
         self.entry_path = self.directory / f"{run_id}.json"
         self._lock: int | None = None  # the lock file's descriptor, held open (and so locked) until __exit__
-        self._data: dict[str, Any] = {}
+        self._data: dict[str, object] = {}
 
     def __enter__(self) -> LiveRun:
         _make_registry(self.directory)

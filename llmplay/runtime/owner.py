@@ -11,7 +11,6 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 
@@ -31,6 +30,20 @@ def process_started(pid: int) -> float | None:
         return None
 
 
+def _float(value: object) -> float:
+    """float() of a stored number or numeral; TypeError for anything else, as float() raises."""
+    if isinstance(value, (int, float, str)):
+        return float(value)
+    raise TypeError(f"not a number: {value!r}")
+
+
+def _int(value: object) -> int:
+    """int() of a stored number or numeral; TypeError for anything else, as int() raises."""
+    if isinstance(value, (int, float, str)):
+        return int(value)
+    raise TypeError(f"not a number: {value!r}")
+
+
 @dataclass(frozen=True)
 class Owner:
     """A process on a host: the owner of a run's archive and of its engine containers."""
@@ -45,21 +58,21 @@ class Owner:
         return cls(socket.gethostname(), pid, process_started(pid) or 0.0)
 
     @classmethod
-    def from_fields(cls, host: Any, pid: Any, started: Any) -> Owner | None:
+    def from_fields(cls, host: object, pid: object, started: object) -> Owner | None:
         """From stored values (labels, a manifest); None when any is missing or malformed (an older llmplay)."""
         try:
-            if not isinstance(host, str) or not host or float(started) <= 0:
+            if not isinstance(host, str) or not host or _float(started) <= 0:
                 return None  # a start time never read: without it the pid proves nothing either way
-            return cls(host, int(pid), float(started))
+            return cls(host, _int(pid), _float(started))
         except (TypeError, ValueError):
             return None
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> Owner | None:
+    def from_dict(cls, data: Mapping[str, object] | None) -> Owner | None:
         data = data or {}
         return cls.from_fields(data.get("host"), data.get("pid"), data.get("started"))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"host": self.host, "pid": self.pid, "started": round(self.started, 2)}
 
     @property

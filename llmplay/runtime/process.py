@@ -15,7 +15,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -64,7 +63,7 @@ class ProcessRuntime(Runtime):
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid: int | None = None  # telemetry samples this process (and its children)
         self.log_path: Path | None = None
-        self._info: dict[str, Any] = {}
+        self._info: dict[str, object] = {}
         self._lock = threading.RLock()
 
     def start(self, spec: EngineSpec, engine: Engine, labels: Mapping[str, str] | None = None) -> Endpoint:
@@ -153,7 +152,7 @@ class ProcessRuntime(Runtime):
                 self.proc = None
                 self._unregister()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return dict(self._info)
 
 

@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar  # Any: Ray's object refs and remote functions, untyped until run time
 
 from llmplay.errors import InfrastructureError
 from llmplay.spec import Config, RuntimeSpec, gpu_count
@@ -80,7 +80,7 @@ class Node:
         fits = [math.floor(self.resources.get(name, 0.0) / amount + 1e-9) for name, amount in needs.resources().items()]
         return max(0, min(fits))
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         gpu_types = sorted(k.split(":", 1)[1] for k in self.resources if k.startswith("accelerator_type:"))
         return {
             "id": self.id,
@@ -127,7 +127,7 @@ def granted_gpus() -> tuple[str, ...]:
     return tuple(str(g) for g in ray.get_gpu_ids())
 
 
-def _apply(task: Callable[[Any], object], job: object) -> object:
+def _apply(task: Callable[[Job], object], job: Job) -> object:
     return task(job)
 
 
@@ -191,7 +191,7 @@ class RayCluster(Generic[Job]):
             ray.shutdown()
             self._owns_connection = False
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         import ray  # deferred: see connect
 
         return {
@@ -340,7 +340,7 @@ class RayCluster(Generic[Job]):
                 ray.cancel(ref, force=True)
         self._inflight.clear()
 
-    def ask_node(self, needs: Needs, probe: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
+    def ask_node(self, needs: Needs, probe: Callable[[], Mapping[str, object] | None]) -> dict[str, object] | None:
         """`probe()` run on a node that could host `needs` (the GPU model, driver and CUDA of a node the trials run
         on, for the archive header: the driver's own may have none), its node id added; None from a CPU node."""
         import ray  # deferred: see connect
@@ -352,7 +352,7 @@ class RayCluster(Generic[Job]):
         task = ray.remote(max_retries=0, num_cpus=0)(probe)
         ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote()
         try:
-            found: dict[str, Any] | None = ray.get(ref, timeout=60)
+            found: Mapping[str, object] | None = ray.get(ref, timeout=60)
         except Exception as exc:  # the header then says why; the trials report real failures themselves
             return {"error": f"GPU inventory of node {short(node.id)} failed: {type(exc).__name__}"}
         return None if found is None else {**found, "node": node.id}

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from llmplay.engines.base import VERSION_LABEL
 from llmplay.engines.vllm import CHECKED_RELEASE, CPU_IMAGE_REPO
@@ -31,6 +31,10 @@ from llmplay.hashing import sha256_file
 from llmplay.runtime.cache import Log, content_key, default_cache_dir, run_logged
 from llmplay.runtime.cpu_image import CONTENT_LABEL, build_with_docker
 from llmplay.runtime.hf_model import write_tiny_hf_model
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.images import Image
 
 DEFAULT_VERSION = CHECKED_RELEASE
 VENV_IN_IMAGE = "/opt/vllm"
@@ -188,7 +192,7 @@ def rootfs_tar(venv: Path, libs: list[Path], dest: Path) -> Path:
 
 
 def build_image(
-    client: Any, version: str, venv: Path, cache: Path, force: bool = False, log: Log = print
+    client: DockerClient, version: str, venv: Path, cache: Path, force: bool = False, log: Log = print
 ) -> tuple[str, str]:
     """(image id, content hash); imports only when the tag's content label differs from what it would hold."""
     import docker  # deferred: the docker SDK loads only when an image is built
@@ -242,7 +246,7 @@ def build_image(
     return image.id, content
 
 
-def _compile_bytecode(client: Any, repo: str, tag_name: str, prefix: Path) -> Any:
+def _compile_bytecode(client: DockerClient, repo: str, tag_name: str, prefix: Path) -> Image:
     """Compile the image's Python (the venv and the standard library) inside it, committed under the same tag."""
     tag = f"{repo}:{tag_name}"
     stdlib = prefix / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any  # pynvml, the NVML bindings, ships no types: its module, handles and results are untyped
 
 from llmplay.telemetry.sampler import Reading, add_note
 
 
-def _text(x: Any) -> str:
+def _text(x: object) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
@@ -23,15 +23,15 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, gpu_indices: Sequence[int | str] | None = None, nvml: Any = None):
+    def __init__(self, gpu_indices: Sequence[int | str] | None = None, nvml: Any = None):  # pynvml or its fake
         # NVML indices, or GPU UUIDs ("GPU-…"); None: every GPU
         self.gpu_indices = None if gpu_indices is None else list(gpu_indices)
         self._nvml = nvml
         self.notes: list[str] = []
         self.info: dict[str, str] = {}
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[int, object] = {}
         self._unsupported: set[tuple[int, str]] = set()
-        self._gpm: dict[int, list[Any]] = {}  # gpu -> [previous sample, current sample]
+        self._gpm: dict[int, list[object]] = {}  # gpu -> [previous sample, current sample]
         self._gpm_primed: set[int] = set()
         self._open = False
 
@@ -103,7 +103,7 @@ class NvmlSource:
         return {i: self.info.get(f"gpu{i}.name", "?") for i in self._handles}
 
     # -- reading ---------------------------------------------------------------------
-    def _try(self, gpu: int, what: str, query: Callable[..., Any], *args: Any) -> Any:
+    def _try(self, gpu: int, what: str, query: Callable[..., Any], *args: object) -> Any:  # an untyped NVML query
         """`query(*args)`, one NVML query; a NotSupported (or any) error disables it for that GPU, noted once."""
         if (gpu, what) in self._unsupported:
             return None
@@ -114,7 +114,7 @@ class NvmlSource:
             add_note(self.notes, f"NVML gpu{gpu}: {what} not measured ({e})")
             return None
 
-    def _start_gpm(self, i: int, h: Any) -> None:
+    def _start_gpm(self, i: int, h: object) -> None:
         nv = self._nvml
         if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
             add_note(self.notes, f"NVML gpu{i}: GPM not measured (pynvml too old)")
@@ -132,7 +132,7 @@ class NvmlSource:
         except Exception as e:
             add_note(self.notes, f"NVML gpu{i}: GPM not measured ({e})")
 
-    def _read_gpm(self, i: int, h: Any) -> list[Reading]:
+    def _read_gpm(self, i: int, h: object) -> list[Reading]:
         """GPM metrics are rates between two samples: take one now, compare with the last."""
         nv = self._nvml
         prev, cur = self._gpm[i]

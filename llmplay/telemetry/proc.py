@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import psutil
 
+from llmplay.jsonvalue import as_mapping, as_number
 from llmplay.telemetry.sampler import Reading, add_note
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
 
 
 class ProcessSource:
@@ -57,13 +63,13 @@ class ProcessSource:
         self._proc = None
 
 
-def docker_memory_bytes(mem: dict[str, Any]) -> float | None:
+def docker_memory_bytes(mem: Mapping[str, object]) -> float | None:
     """Container memory as `docker stats` shows it: usage minus inactive page cache (cgroup v2 / v1)."""
-    usage = mem.get("usage")
+    usage = as_number(mem.get("usage"))
     if usage is None:
         return None
-    stats = mem.get("stats") or {}
-    cache = stats.get("inactive_file", stats.get("total_inactive_file", 0))
+    stats = as_mapping(mem.get("stats"))
+    cache = as_number(stats.get("inactive_file", stats.get("total_inactive_file", 0))) or 0.0
     return float(max(usage - cache, 0))
 
 
@@ -73,12 +79,12 @@ class DockerStatsSource:
 
     name = "proc"
 
-    def __init__(self, container: Any, client: Any = None):
+    def __init__(self, container: Container | str, client: DockerClient | None = None):
         self.container = container
         self.client = client
         self.notes: list[str] = []
         self.info: dict[str, str] = {}
-        self._c: Any = None
+        self._c: Container | None = None
 
     def start(self) -> bool:
         c = self.container
@@ -95,10 +101,12 @@ class DockerStatsSource:
         return True
 
     def read(self) -> list[Reading]:
+        container = self._c
+        assert container is not None  # read only after start() found it
         try:
-            st = self._c.stats(stream=False, one_shot=True)
+            st = container.stats(stream=False, one_shot=True)
         except TypeError:  # older docker SDK without one_shot
-            st = self._c.stats(stream=False)
+            st = container.stats(stream=False)
         out = []
         total_ns = ((st.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
         if total_ns is not None:

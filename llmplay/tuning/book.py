@@ -10,10 +10,10 @@ from pathlib import Path
 from llmplay.archive.model import TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
 from llmplay.archive.writer import RunArchive
 from llmplay.errors import ArchiveError
+from llmplay.loadgen.probes import ProbeResult
 from llmplay.spec import Config, Playbook
 from llmplay.stats.decide import TrialSample
 from llmplay.tuning.progress import Narrator, describe_trial
-from llmplay.tuning.quality import ProbeResult
 from llmplay.tuning.signals import SignalGuard, TrialInterrupted
 from llmplay.tuning.trial import TrialResult, trial_sample
 
@@ -109,10 +109,10 @@ class TrialBook:
             result.records,
             result.telemetry,
             result.engine_log,
-            capacity=result.capacity.as_dict() if result.capacity is not None else None,
+            capacity=result.capacity,
         )
         if result.probes is not None:
-            self.archive.write_probes(trial_id, [p.as_dict() for p in result.probes])
+            self.archive.write_probes(trial_id, result.probes)
         self.show(result.trial)
 
     def write_interrupted(self, stopped: TrialInterrupted) -> None:

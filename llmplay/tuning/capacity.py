@@ -30,16 +30,8 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-import numpy as np
-
-from llmplay.catalog import CAPACITY_METRICS
-from llmplay.loadgen.records import LoadResult
-from llmplay.metrics import Attainment, batch_shares, usd_per_1m_tokens_at_slo
-from llmplay.spec import CapacitySpec, Goals, Workload
-from llmplay.stats.intervals import t_mean_interval, wilson_interval
-from llmplay.tuning.capacity_result import (
+from llmplay.archive.capacity import (
     ABOVE_BOUNDS,
     BELOW_BOUNDS,
     FEASIBLE,
@@ -52,11 +44,13 @@ from llmplay.tuning.capacity_result import (
     ProbeVerdict,
     fmt_load,
 )
+from llmplay.catalog import CAPACITY_METRICS
+from llmplay.loadgen.records import LoadResult
+from llmplay.metrics import Attainment, usd_per_1m_tokens_at_slo
+from llmplay.spec import CapacitySpec, Goals, Workload
+from llmplay.stats.capacity import attainment_interval, boundary_interval, crossing, run_batches
 
-_REQUESTS_PER_BATCH = 10
-_MAX_BATCHES = 10
 _MAX_RECHECKS = 3
-_MIN_BATCHES = 5
 
 
 @dataclass(frozen=True)
@@ -69,97 +63,6 @@ class ProbeRun:
     duration_s: float  # the measured window
     engine_s: float  # load time it took, its drain included
     load_result: LoadResult  # the run's raw records, kept for the trial's archive
-
-
-# ------------------------------------------------------------------------------------------- one probe's interval
-def run_batches(runs: Sequence[Attainment]) -> np.ndarray:
-    """Each run's batch means (at least _REQUESTS_PER_BATCH requests a batch), runs one after the other."""
-    parts = [
-        batch_shares(r.met, min(_MAX_BATCHES, r.n // _REQUESTS_PER_BATCH))
-        for r in runs
-        if r.n >= 2 * _REQUESTS_PER_BATCH
-    ]
-    return np.concatenate(parts) if parts else np.array([])
-
-
-def attainment_interval(runs: Sequence[Attainment], level: float) -> tuple[float | None, float, float]:
-    """(share, low, high) of the pooled runs' attainment at `level`: the wider of Wilson over requests and t over
-    batch means (see the module's docstring for why both)."""
-    met = np.concatenate([r.met for r in runs]) if runs else np.array([])
-    n = int(met.size)
-    if n == 0:
-        return None, 0.0, 1.0
-    share = float(met.mean())
-    low, high = wilson_interval(int(met.sum()), n, level)
-    batches = run_batches(runs)
-    # Fewer than _MIN_BATCHES batch means say nothing usable about the spread (a t quantile on 1 degree of freedom
-    # is 12.7): the interval is then Wilson's alone, the correlation inside the probe unaccounted for.
-    if batches.size >= _MIN_BATCHES:
-        t_low, t_high = t_mean_interval(batches, level)
-        low, high = min(low, t_low), max(high, t_high)
-    # Batch means weight runs by batch, the share by request: keep the interval around the share it is printed with.
-    return share, max(0.0, min(low, share)), min(1.0, max(high, share))
-
-
-def crossing(probes: Sequence[ProbeVerdict], target: float) -> float | None:
-    """The load where attainment crosses `target`: a decreasing isotonic fit (pool-adjacent-violators, weighted
-    by requests) of the probes' attainment against load, interpolated on log load between the last load at or
-    above the target and the next; None when the fit never crosses it."""
-    points = [
-        (p.load, p.attainment, float(max(p.n_requests, 1)))
-        for p in sorted(probes, key=lambda p: p.load)
-        if p.attainment is not None
-    ]
-    blocks: list[list[float]] = []  # [weighted sum, weight, first index, last index]
-    for i, (_, a, w) in enumerate(points):
-        blocks.append([a * w, w, i, i])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
-            merged = blocks.pop()
-            blocks[-1][0] += merged[0]
-            blocks[-1][1] += merged[1]
-            blocks[-1][3] = merged[3]
-    fitted = [0.0] * len(points)
-    for block in blocks:
-        for k in range(int(block[2]), int(block[3]) + 1):
-            fitted[k] = block[0] / block[1]
-    for k in range(len(points) - 1):
-        f1, f2 = fitted[k], fitted[k + 1]
-        if f1 >= target > f2:
-            x1, x2 = points[k][0], points[k + 1][0]
-            return math.exp(math.log(x1) + (f1 - target) / (f1 - f2) * (math.log(x2) - math.log(x1)))
-    return None
-
-
-_BOOTSTRAP = 400
-
-
-def boundary_interval(
-    probes: Sequence[ProbeVerdict], target: float, level: float, seed: int = 0
-) -> tuple[float | None, float | None]:
-    """The crossing's interval at `level`: a bootstrap that redraws each probe's attainment from its own batch
-    means (the unit the per-probe interval rests on; a probe with too few requests for batches is redrawn as a
-    binomial share) and refits. A redraw whose fit never crosses counts at the edge it fell past (the lowest or
-    highest load probed), so a boundary the probes do not pin down gets a wide interval, not a narrow one."""
-    probes = [p for p in sorted(probes, key=lambda p: p.load) if p.attainment is not None]
-    if len(probes) < 2:
-        return None, None
-    rng = np.random.default_rng(seed)
-    lo_load, hi_load = probes[0].load, probes[-1].load
-    draws = []
-    for _ in range(_BOOTSTRAP):
-        redrawn = []
-        for p in probes:
-            if len(p.batches) >= 2:
-                share = float(rng.choice(np.asarray(p.batches), size=len(p.batches)).mean())
-            else:
-                share = float(rng.binomial(max(p.n_requests, 1), p.attainment or 0.0)) / max(p.n_requests, 1)
-            redrawn.append(replace(p, attainment=share))
-        x = crossing(redrawn, target)
-        if x is None:
-            x = hi_load if all((q.attainment or 0) >= target for q in redrawn[:1]) else lo_load
-        draws.append(math.log(x))
-    tail = (1 - level) / 2
-    return float(math.exp(np.quantile(draws, tail))), float(math.exp(np.quantile(draws, 1 - tail)))
 
 
 def classify(share: float | None, low: float, high: float, target: float) -> str:
@@ -210,7 +113,7 @@ Measure = Callable[[float, int], ProbeRun]
 
 class _Search:
     def __init__(
-        self, spec: CapacitySpec, slo_s: Mapping[str, float], measure: Measure, settle: Callable[[float], Any]
+        self, spec: CapacitySpec, slo_s: Mapping[str, float], measure: Measure, settle: Callable[[float], object]
     ):
         self.spec, self.slo_s, self.measure, self.settle = spec, dict(slo_s), measure, settle
         self.runs: dict[float, list[ProbeRun]] = {}
@@ -461,7 +364,7 @@ def search_capacity(
     slo_s: Mapping[str, float],
     measure: Measure,
     *,
-    settle: Callable[[float], Any] = time.sleep,
+    settle: Callable[[float], object] = time.sleep,
 ) -> tuple[CapacityResult, dict[float, list[ProbeRun]]]:
     """Search the capacity with `measure(load, replicate)` running one probe; the result and every run by load."""
     search = _Search(spec, slo_s, measure, settle)
@@ -492,14 +395,11 @@ _REPLICATE_SEED_STRIDE = 7919
 def probe_workload(workload: Workload, spec: CapacitySpec, load: float, replicate: int) -> Workload:
     """The workload of one probe: the playbook's requests at `load` for probe_s, after the workload's own warm-up
     at that load (so each probe is measured in its steady state, not while the queue fills)."""
-    shape: dict[str, Any] = (
-        {"rate": float(load), "concurrency": None}
-        if spec.search == "rate"
-        else {"concurrency": int(load), "rate": None}
-    )
+    rate, concurrency = (float(load), None) if spec.search == "rate" else (None, int(load))
     return replace(
         workload,
-        **shape,
+        rate=rate,
+        concurrency=concurrency,
         duration_s=spec.probe_s,
         num_requests=None,
         sweep=(),

@@ -6,7 +6,6 @@ import getpass
 import platform
 import socket
 import sys
-from typing import Any
 
 from llmplay import __version__
 from llmplay.runtime.docker import connect
@@ -23,7 +22,7 @@ def _docker_version(playbook: Playbook) -> str | None:
         return None
 
 
-def describe_environment(playbook: Playbook, *, started_utc: str) -> dict[str, Any]:
+def describe_environment(playbook: Playbook, *, started_utc: str) -> dict[str, object]:
     """Host, Docker, Python, GPU and seed for the archive header: what a later reader needs to compare runs."""
     gpu = gpu_inventory()
     return {

@@ -79,7 +79,7 @@ def flag_sites(playbook: Playbook, engine: Engine, default_image: str) -> Iterat
         for change in step.choice.tried():
             if change.target.startswith("args."):
                 knob = change.target.removeprefix("args.")
-                yield FlagSite(step.name, f"steps[{i}]", step_image, tuple(engine.render_knob(knob, change.value)))
+                yield FlagSite(step.name, f"steps[{i}]", step_image, tuple(engine.render_knob(knob, change.knob_value)))
 
 
 def nearest_flag(flag: str, accepted: frozenset[str]) -> str | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from llmplay.archive.model import TRIAL_OK, TrialRecord
 from llmplay.catalog import CAPACITY_METRICS, figure, label_of, measured, thin_warning, turn_ttft_p50s
@@ -50,7 +49,7 @@ def describe_trial(trial: TrialRecord) -> str:
     role = f"{trial.step or 'baseline'}/{side} #{trial.repeat + 1}"
     if trial.status != TRIAL_OK:
         return f"  trial {trial.trial_id} {role}: FAILED: {trial.error or 'no reason recorded'}"
-    s: Mapping[str, Any] = trial.summary
+    s: Mapping[str, float] = trial.summary
     shown = ("ttft.p95", "tpot.p95", "errors.rate")
     figures = [f"output {figure('throughput.output_tok_s', s)}", *(f"{label_of(m)} {figure(m, s)}" for m in shown)]
     head = ""
@@ -66,7 +65,7 @@ def describe_trial(trial: TrialRecord) -> str:
     return f"  trial {trial.trial_id} {role}: {head}{', '.join(figures)}" + (f" — {'; '.join(thin)}" if thin else "")
 
 
-def session_text(s: Mapping[str, Any]) -> str | None:
+def session_text(s: Mapping[str, float]) -> str | None:
     """Conversations of several turns: how many, and P50 TTFT by turn ("12 conversations, P50 TTFT by turn
     1: 41 ms, 2: 55 ms"); None for a workload of one turn."""
     count = measured(s.get("session.count"))

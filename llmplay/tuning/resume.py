@@ -19,7 +19,6 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -47,7 +46,7 @@ class Resumed:
     verification said of the archive (whether the resumed run signs it)."""
 
     playbook: Playbook
-    overrides: Mapping[str, Any]
+    overrides: Mapping[str, object]
     note: str | None
     trust: ResumeTrust | None = None
 
@@ -64,7 +63,7 @@ def _archived_text(run_dir: Path, relpath: object, *, required: bool) -> str | N
         raise ArchiveError(f"{run_dir}: the archived playbook {relpath!r}: {why}; cannot resume it") from None
 
 
-def _playbook_entry(run_dir: Path, manifest: Mapping[str, Any]) -> tuple[str, Path, str]:
+def _playbook_entry(run_dir: Path, manifest: Mapping[str, object]) -> tuple[str, Path, str]:
     """The manifest's playbook entry: the copy as written, where the original lay, and its recorded sha256."""
     entry = manifest.get("playbook")
     entry = entry if isinstance(entry, Mapping) else {}
@@ -76,7 +75,7 @@ def _playbook_entry(run_dir: Path, manifest: Mapping[str, Any]) -> tuple[str, Pa
     return relpath, Path(path), sha256
 
 
-def _blind(old: Any, new: Any) -> tuple[Any, Any]:
+def _blind(old: object, new: object) -> tuple[object, object]:
     """The two documents with every value that either side shows redacted made equal: a redacted value is compared
     by neither (the run uses the one resolved again, never the copy)."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
@@ -129,11 +128,11 @@ def _load_beside(text: str, base_dir: Path, shown_as: Path, allow_outside_extend
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
-    sites = {k: str(v).replace(str(tmp), str(shown_as)) for k, v in loaded.sites.items()}
+    sites = {k: v.replace(str(tmp), str(shown_as)) for k, v in loaded.sites.items()}
     return replace(loaded, path=str(shown_as), sites=frozen_map(sites))
 
 
-def yaml_differences(old: Any, new: Any, path: str = "") -> list[str]:
+def yaml_differences(old: object, new: object, path: str = "") -> list[str]:
     """The YAML paths (`workload.concurrency`, `steps[1].set`) where two documents differ, in document order."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         out: list[str] = []
@@ -204,7 +203,7 @@ def resumed_playbook(
     return Resumed(playbook, dict(overrides) if isinstance(overrides, Mapping) else {}, note, trust)
 
 
-def resumed_overrides(run_dir: Path, archived: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+def resumed_overrides(run_dir: Path, archived: Mapping[str, object], given: Mapping[str, object]) -> dict[str, object]:
     """The overrides a resumed run goes on with: those it started with; a different one on the command line is a
     PlaybookError (its remaining trials would measure something else than its first ones). `ray` may change."""
     merged = dict(given)

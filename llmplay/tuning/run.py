@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from llmplay.archive.model import (
     TRIAL_OK,
@@ -70,8 +69,8 @@ class RunOptions:
     # --resume: whether the continued archive is signed ($LLMPLAY_SIGNING_KEY); archive.trust decides it
     resume_signs: bool = True
 
-    def overrides(self) -> dict[str, Any]:
-        out = {
+    def overrides(self) -> dict[str, object]:
+        out: dict[str, object] = {
             k: v
             for k, v in (
                 ("repeats", self.repeats),
@@ -98,7 +97,7 @@ class RunOutcome:
     tuning_record: tuple[TuningRow, ...]
     findings: tuple[Finding, ...] = ()
     diagnosis: Diagnosis = field(default_factory=Diagnosis)
-    final_summary: Mapping[str, Any] = field(default_factory=dict)  # the final configuration's pooled figures
+    final_summary: Mapping[str, float] = field(default_factory=dict)  # the final configuration's pooled figures
     trials: Trials = field(default_factory=Trials)  # the design the verdicts were decided under
 
 
@@ -309,7 +308,7 @@ class TuningRun:
         )
         try:
             with self.sharing.registered(archive.run_id):
-                archive.set_owner(Owner.current().as_dict())
+                archive.set_owner(Owner.current())
                 self.scheduler.begin(book, measure, resumed=self.options.resume is not None)
                 archive.write_config(self._config_record(best.config))
                 final = loop.run(best)
@@ -339,14 +338,14 @@ class TuningRun:
 
     def _conclude(self, archive: RunArchive, final: ConfigTrials, loop: StepLoop, ending: _Ending) -> RunOutcome:
         """The final configuration's pooled figures, diagnosis and gates, the archive finished, and the outcome."""
-        final_summary: dict[str, Any] = {}
-        findings: list[dict[str, Any]] = []
-        diagnosis: dict[str, Any] = {}
+        final_summary: dict[str, float] = {}
+        findings: list[Finding] = []
+        diagnosis = Diagnosis()
         gates: list[GateResult] = []
         try:
             final_summary = pooled_summary(final.samples)
             findings, diagnosis = self._diagnose(final, final_summary)
-            kv_share = diagnosis.get("memory", {}).get("kv_share")
+            kv_share = diagnosis.memory.kv_share if diagnosis.memory is not None else None
             if kv_share is not None:
                 final_summary["memory.kv_share"] = kv_share
             gates = evaluate_gates(self.playbook.goals.gates, final_summary)
@@ -359,10 +358,8 @@ class TuningRun:
                 ending.status, ending.exit_code = "interrupted", ExitCode.INFRA
                 self.narrator.say("the stop line", partial(stopped_by_bug, exc, archive.run_dir))
         if self.narrator.unshown:
-            diagnosis.setdefault("notes", []).append(
-                "console lines not shown because of a bug (what they told is archived): "
-                + "; ".join(self.narrator.unshown)
-            )
+            unshown = "console lines not shown because of a bug (what they told is archived): "
+            diagnosis = replace(diagnosis, notes=(*diagnosis.notes, unshown + "; ".join(self.narrator.unshown)))
         if ending.status == "complete":
             ending.exit_code = ExitCode.OK if all(g.met for g in gates) else ExitCode.GATES
         archive.finish(
@@ -390,7 +387,7 @@ class TuningRun:
             self.playbook.trials,
         )
 
-    def _diagnose(self, final: ConfigTrials, summary: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def _diagnose(self, final: ConfigTrials, summary: Mapping[str, float]) -> tuple[list[Finding], Diagnosis]:
         """The diagnosis of the final configuration; a bug in it costs the diagnosis, never the run's verdicts."""
         try:
             return diagnose_run(self.playbook, final.config, final.samples, summary)
@@ -399,7 +396,7 @@ class TuningRun:
             self.narrator.warn(
                 f"warning: the diagnosis could not be made ({error}); the measurements and verdicts are archived"
             )
-            return [], {"notes": [f"diagnosis not made because of a bug ({error})"]}
+            return [], Diagnosis(notes=(f"diagnosis not made because of a bug ({error})",))
 
 
 def _unmeasured_because_stopped(gates: list[GateResult], completed: int) -> list[GateResult]:

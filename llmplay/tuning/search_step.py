@@ -1,4 +1,4 @@
-"""A search step in the run: the values of its one knob raced against the incumbent (tuning.search), round by round
+"""A search step in the run: the values of its one knob raced against the incumbent (stats.search), round by round
 through the run's scheduler, and what the race decided archived as the step's verdict with its search record.
 
 Every arm of a round is one trial with the round's number as its repeat, so all of them send the same request
@@ -37,10 +37,10 @@ from llmplay.playbook.step_forms import StepForm
 from llmplay.spec import Change, ChangeEffect, Config, Scalar, SearchSpace, Step, apply_change, current_value
 from llmplay.stats.decide import Decision, TrialSample, decide_step, pooled_summary
 from llmplay.stats.intervals import Effect
+from llmplay.stats.search import Arm, Round, SearchDesign, SearchResult, ValueSearch
 from llmplay.tuning.book import ConfigTrials, TrialSlot
 from llmplay.tuning.progress import verdict_line
 from llmplay.tuning.quality import judge_quality, speed_goals
-from llmplay.tuning.search import Arm, Round, SearchDesign, SearchResult, ValueSearch
 from llmplay.tuning.step_kind import Loop
 
 

@@ -8,7 +8,6 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
 
 import pandas as pd
 
@@ -41,7 +40,7 @@ class SignalGuard:
     def __init__(self, stop_all: Callable[[], None]):
         self.stop_all = stop_all
         self.count = 0
-        self.previous: dict[int, Any] = {}
+        self.previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 
     def _force(self) -> None:
         self.stop_all()

@@ -8,9 +8,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
 
-from llmplay.archive.model import FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, MetricDelta, StepVerdict, TrialRecord
+from llmplay.archive.model import FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, MetricDelta, StepVerdict, TrialRecord, TuningRow
+from llmplay.archive.probes import load_probes
 from llmplay.catalog import CAPACITY_METRICS, RECORD_METRICS, SAMPLE_COUNT_KEYS
 from llmplay.spec import ChangeEffect, Config, Playbook, Step, Trials
 from llmplay.stats.decide import Decision, TrialSample, decide_step, pooled_summary
@@ -20,7 +20,7 @@ from llmplay.tuning.book import ConfigTrials, TrialBook, TrialSlot
 from llmplay.tuning.history_noise import HistoryNoise
 from llmplay.tuning.kinds import kind_of
 from llmplay.tuning.progress import step_line, verdict_line
-from llmplay.tuning.quality import judge_quality, load_probes, speed_goals
+from llmplay.tuning.quality import judge_quality, speed_goals
 from llmplay.tuning.schedule import TrialScheduler
 from llmplay.tuning.signals import StopRun
 
@@ -52,7 +52,7 @@ class StepLoop:
         self.verdicts: list[StepVerdict] = []
         # Each decided step's own noise per metric, what later steps borrow when trials.pool_noise is on.
         self.noise: dict[str, list[Noise]] = {}
-        self.record_rows: list[dict[str, Any]] = []
+        self.record_rows: list[TuningRow] = []
 
     def run(self, best: ConfigTrials) -> ConfigTrials:
         """The baseline (alone when there are no steps) and each step's A/B pairs and verdict; the final config."""
@@ -227,7 +227,7 @@ def _node_blocks(decision: Decision, reference: ConfigTrials, cand: ConfigTrials
     )
 
 
-def _record_row(measured: ConfigTrials, verdict: StepVerdict | None) -> dict[str, Any]:
+def _record_row(measured: ConfigTrials, verdict: StepVerdict | None) -> TuningRow:
     return tuning_record_row(measured.config.label, measured.trial_ids, measured.failed, measured.samples, verdict)
 
 
@@ -237,22 +237,23 @@ def tuning_record_row(
     failed_trials: int,
     samples: Sequence[TrialSample],
     verdict: StepVerdict | None,
-) -> dict[str, Any]:
-    """One row of the manifest's tuning record: a configuration's pooled figures and, for a step, its verdict."""
+) -> TuningRow:
+    """One row of the tuning record: a configuration's pooled figures and, for a step, its verdict."""
     summary = pooled_summary(samples)
-    row: dict[str, Any] = {
-        "config_id": config_id,
-        "trials": list(trial_ids),
-        "failed_trials": failed_trials,
-        "metrics": {m: summary[m] for m in (*RECORD_METRICS, *CAPACITY_METRICS) if m in summary},
-        "samples": {k: int(summary[k]) for k in SAMPLE_COUNT_KEYS if k in summary},  # what the percentiles rest on
-    }
-    if verdict is not None:
-        row.update(
-            step=verdict.step,
-            verdict=verdict.verdict,
-            reason=verdict.reason,
-            compared_with=verdict.baseline_config,
-            changes=list(verdict.changes),
-        )
-    return row
+    row = TuningRow(
+        config_id=config_id,
+        trials=tuple(trial_ids),
+        metrics={m: summary[m] for m in (*RECORD_METRICS, *CAPACITY_METRICS) if m in summary},
+        failed_trials=failed_trials,
+        samples={k: int(summary[k]) for k in SAMPLE_COUNT_KEYS if k in summary},  # what the percentiles rest on
+    )
+    if verdict is None:
+        return row
+    return replace(
+        row,
+        step=verdict.step,
+        verdict=verdict.verdict,
+        reason=verdict.reason,
+        compared_with=verdict.baseline_config,
+        changes=tuple(verdict.changes),
+    )

@@ -8,14 +8,16 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol, TypedDict, cast
 
 import httpx
 import pandas as pd
 
+from llmplay.archive.capacity import CapacityResult
 from llmplay.archive.model import TRIAL_FAILED, TRIAL_INTERRUPTED, TRIAL_OK, TrialRecord
 from llmplay.engines.base import Engine
 from llmplay.errors import EngineStartError, InfrastructureError
+from llmplay.loadgen.probes import ProbeResult, run_probes
 from llmplay.loadgen.records import LoadResult
 from llmplay.loadgen.runner import LoadInterrupted, run_load_sync
 from llmplay.loadgen.tokenizer import Tokenizer, make_tokenizer
@@ -44,8 +46,6 @@ from llmplay.tuning.capacity import (
     probe_workload,
     search_capacity,
 )
-from llmplay.tuning.capacity_result import CapacityResult
-from llmplay.tuning.quality import ProbeResult, run_probes
 from llmplay.tuning.signals import TrialInterrupted
 
 
@@ -172,9 +172,9 @@ class _Started:
         self,
         status: str,
         *,
-        summary: Mapping[str, Any] | None = None,
+        summary: Mapping[str, float | None] | None = None,
         error: str | None = None,
-        engine_describe: Mapping[str, Any] | None = None,
+        engine_describe: Mapping[str, object] | None = None,
         notes: tuple[str, ...] = (),
     ) -> TrialRecord:
         return TrialRecord(
@@ -186,7 +186,8 @@ class _Started:
             started_utc=self.started_utc,
             status=status,
             wall_s=time.perf_counter() - self.t0,
-            summary=dict(summary or {}),
+            # A figure not measured stays null in the manifest, as it always has; archive.convert drops it on reading.
+            summary=cast(dict[str, float], dict(summary or {})),
             engine_describe=dict(engine_describe or {}),
             error=error,
             notes=notes,
@@ -199,7 +200,7 @@ class _Measured:
     capacity search on one engine start, and a search with an engine start per probe."""
 
     load: LoadResult  # the measured load (a search's boundary probe)
-    engine_describe: Mapping[str, Any]
+    engine_describe: Mapping[str, object]
     engine_log: str
     search: CapacityResult | None = None
     alive: bool = True
@@ -345,6 +346,13 @@ def _failed_during(exc: InfrastructureError) -> str:
     return f"the engine failed during the trial: {str(exc).splitlines()[0]}"
 
 
+class _LastStart(TypedDict):
+    """The last engine start of a fresh-engine search: its description and log, for a failure's record."""
+
+    describe: dict[str, object]
+    log: str
+
+
 def _search_fresh_engines(
     playbook: Playbook,
     config: Config,
@@ -357,7 +365,7 @@ def _search_fresh_engines(
 ) -> _Measured | TrialResult:
     """goals.capacity.engine: fresh: a capacity search whose every probe has an engine start of its own (no
     telemetry: no sampler outlives one probe). The engine-seconds count load only, not the starts."""
-    last: dict[str, Any] = {"describe": {}, "log": ""}
+    last: _LastStart = {"describe": {}, "log": ""}
 
     def measure(load_value: float, replicate: int) -> ProbeRun:
         runtime = runtime_factory(playbook.runtime)
@@ -372,7 +380,7 @@ def _search_fresh_engines(
                 engine_s = time.perf_counter() - t0
             finally:
                 tokenizer.close()
-            last.update(describe=dict(runtime.describe()), log=runtime.logs())
+            last["describe"], last["log"] = dict(runtime.describe()), runtime.logs()
         attainment = slo_attainment(result.records, result.duration_s, playbook.goals.slo_s, capacity.attainment)
         return ProbeRun(load_value, replicate, attainment, result.duration_s, engine_s, result)
 
@@ -399,7 +407,7 @@ def _conclude(playbook: Playbook, config: Config, started: _Started, measured: _
     """A measured trial reduced to its record and sample: the summary of its load, its telemetry over the
     measured window, its cost, its capacity figures, and whether it counts (ok) or failed."""
     load, search = measured.load, measured.search
-    summary: dict[str, Any] = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
+    summary: dict[str, float | None] = summarize(load.records, load.duration_s, playbook.goals.slo_s).as_dict()
     summary["duration_s"] = load.duration_s
     notes = [*(measured.telemetry.notes if measured.telemetry is not None else ()), *measured.notes]
     telemetry_frame: pd.DataFrame | None = None

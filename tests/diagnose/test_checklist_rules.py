@@ -76,8 +76,8 @@ def test_a_scheduler_dict_from_an_archive_reads_into_scheduler_facts():
     )
     assert facts == SchedulerFacts(continuous_batching=False, max_batch=4, concurrency=8)
     assert SchedulerFacts.from_mapping({"max_batch": "many", "kv_preallocated_frac": True}) == SchedulerFacts()
-    assert "kv_preallocated_frac" not in SchedulerFacts().to_json()
-    assert SchedulerFacts(kv_preallocated_frac=0.9).to_json()["kv_preallocated_frac"] == 0.9
+    assert "kv_preallocated_frac" not in SchedulerFacts().as_mapping()
+    assert SchedulerFacts(kv_preallocated_frac=0.9).as_mapping()["kv_preallocated_frac"] == 0.9
 
 
 # -- §4 memory ---------------------------------------------------------------------------------------------------------
@@ -316,8 +316,10 @@ def test_a_runs_diagnosis_lists_every_rule_and_its_scheduler_facts():
     facts = scheduler_facts(config)
     assert facts == SchedulerFacts(True, 4, 8, None, False, 256, 0.9)
     findings, diagnosis = diagnose_run(SimpleNamespace(goals=Goals()), config, [], {})
-    assert diagnosis["rules"] == checklist.rule_listing()
-    assert diagnosis["scheduler"] == facts.to_json()
-    assert {"sched.concurrency_over_batch", "sched.prefix_cache_off"} <= {f["id"] for f in findings}
+    assert [(r.id, r.section, r.title) for r in diagnosis.rules or ()] == [
+        (r["id"], r["section"], r["title"]) for r in checklist.rule_listing()
+    ]
+    assert diagnosis.scheduler == facts.as_mapping()
+    assert {"sched.concurrency_over_batch", "sched.prefix_cache_off"} <= {f.id for f in findings}
     llama = Config("baseline", EngineSpec("llamacpp", "m", args={"parallel": 2}), config.workload)
     assert scheduler_facts(llama).kv_preallocated_frac is None and scheduler_facts(llama).max_batch == 2

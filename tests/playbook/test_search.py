@@ -1,4 +1,4 @@
-"""Value search: the racing procedure (tuning.search) and the `search:` step form (playbook.search)."""
+"""Value search: the racing procedure (stats.search) and the `search:` step form (playbook.search)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from llmplay.errors import PlaybookError
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Goals, Guard, Objective, SearchSpace
 from llmplay.stats.decide import TrialSample
-from llmplay.tuning.search import CONFIRM, RACE, UNMEASURED, WINNER, Arm, SearchDesign, ValueSearch
+from llmplay.stats.search import CONFIRM, RACE, UNMEASURED, WINNER, Arm, SearchDesign, ValueSearch
 
 GOALS = Goals(objective=Objective("maximize", "throughput.output_tok_s", 0.02))
 DESIGN = SearchDesign(first_rounds=3, max_rounds=12, confirm_rounds=3, confidence=0.95)

@@ -51,7 +51,7 @@ from llmplay.archive.writer import RunArchive
 from llmplay.playbook.load import load_playbook
 from llmplay.runtime.owner import Owner
 archive = RunArchive.create(Path(sys.argv[2]), load_playbook(sys.argv[1]), overrides={}, environment={}, secrets=[])
-archive.set_owner(Owner.current().as_dict())
+archive.set_owner(Owner.current())
 print(archive.run_dir, flush=True)
 time.sleep(600)
 """

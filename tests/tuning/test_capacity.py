@@ -13,24 +13,16 @@ import numpy as np
 import pytest
 import yaml
 
+from llmplay.archive.capacity import ABOVE_BOUNDS, BELOW_BOUNDS, FOUND, UNDECIDED, CapacityResult, ProbeVerdict
+from llmplay.archive.convert import capacity_from
 from llmplay.archive.reader import ArchivedRun
 from llmplay.errors import PlaybookError
 from llmplay.loadgen.tokenizer import make_tokenizer
 from llmplay.metrics import Attainment, usd_per_1m_tokens
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import CapacitySpec, LengthDist, Workload
-from llmplay.tuning.capacity import (
-    ABOVE_BOUNDS,
-    BELOW_BOUNDS,
-    FOUND,
-    UNDECIDED,
-    CapacityResult,
-    ProbeRun,
-    ProbeVerdict,
-    capacity_summary,
-    crossing,
-    search_capacity,
-)
+from llmplay.stats.capacity import crossing
+from llmplay.tuning.capacity import ProbeRun, capacity_summary, search_capacity
 from llmplay.tuning.trial import capacity_search
 from llmplay_testing.instrument import InstrumentServer
 from llmplay_testing.queueing import mmc_attainment, mmc_capacity
@@ -247,7 +239,7 @@ def test_isotonic_crossing_interpolates_on_log_load():
 def test_result_round_trips_through_its_archived_form(instrument):
     spec = CapacitySpec("rate", 2, 8, attainment=TARGET, precision=0.1, probe_s=1, settle_s=0.1, max_engine_s=10)
     result = search(instrument, spec, {"ttft": TTFT_S + WAIT_S}, qseed=5)
-    again = CapacityResult.from_dict(json.loads(json.dumps(result.as_dict())))
+    again = capacity_from(json.loads(json.dumps(result.as_dict())))
     assert again.as_dict() == result.as_dict()
 
 
@@ -375,7 +367,7 @@ def test_capacity_command_against_an_endpoint_prints_the_boundary_and_archives_i
     (trial,) = archived.trials()
     # 16 req/s is far below the queue's boundary; whether all of the top load's requests meet the SLO on a busy
     # machine is noise (see test_meeting_the_slo_at_the_upper_bound_says_so). What is printed is what is archived.
-    status = archived.load_capacity(trial.trial_id)["status"]
+    status = archived.capacity_search(trial.trial_id).status
     assert status in (ABOVE_BOUNDS, UNDECIDED) and status in proc.stdout, proc.stdout
     if status == ABOVE_BOUNDS:
         assert "≥ 16 req/s" in proc.stdout and "binding: no SLO broke within the bounds" in proc.stdout
@@ -483,7 +475,7 @@ def test_llamacpp_capacity_ab_parallel_4_beats_parallel_1(tmp_path, cpu_engine, 
     price = pb.cost.host_usd_per_hour
     for trial in archived.trials():
         s = trial.summary
-        assert archived.load_capacity(trial.trial_id) is not None
+        assert archived.capacity_search(trial.trial_id) is not None
         if "capacity.concurrency" in s and "capacity.output_tok_s" not in s:
             # a boundary whose throughput the search could not estimate has no cost at it: not measured, not guessed
             assert "cost.usd_per_1m_tokens_at_slo" not in s

@@ -16,6 +16,7 @@ import yaml
 
 from llmplay.archive.model import INCONCLUSIVE, KEPT, REJECTED
 from llmplay.engines import get_engine
+from llmplay.loadgen.probes import ProbeResult, run_probes
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.runtime.docker import DockerRuntime
@@ -23,16 +24,8 @@ from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.runtime.models import ensure_gemma
 from llmplay.spec import EngineSpec, Guard, frozen_map
 from llmplay.stats.decide import Decision
-from llmplay.tuning.quality import (
-    NO_LOGPROBS,
-    ProbeResult,
-    apply_quality_guards,
-    changed_outputs,
-    compare_probes,
-    quality_delta,
-    quality_figures,
-    run_probes,
-)
+from llmplay.stats.quality import NO_LOGPROBS, apply_quality_guards, compare_probes, quality_delta, quality_figures
+from llmplay.tuning.quality import changed_outputs
 from llmplay.tuning.run import RunOptions, run_playbook
 
 ROOT = Path(__file__).resolve().parents[2]

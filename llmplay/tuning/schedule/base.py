@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from llmplay.archive.model import TrialRecord
 from llmplay.spec import Config
@@ -27,7 +27,7 @@ class TrialScheduler(Protocol):
     def join(self) -> None:
         """Before any archive is made: reach the machines, and refuse configurations none of them can host."""
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> dict[str, object]:
         """What the archive header adds about where the trials run (empty: this machine, already described)."""
 
     def begin(self, book: TrialBook, measure: MeasureTrial, *, resumed: bool) -> None:

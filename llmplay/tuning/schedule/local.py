@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from llmplay.archive.model import TrialRecord
 from llmplay.errors import LlmplayError
@@ -30,7 +29,7 @@ class LocalScheduler:
     def join(self) -> None:
         return None  # this machine: the preflight checks its images and flags
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> dict[str, object]:
         return {}
 
     def begin(self, book: TrialBook, measure: MeasureTrial, *, resumed: bool) -> None:

@@ -15,7 +15,6 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from llmplay.archive.model import TRIAL_FAILED, TrialRecord
 from llmplay.errors import LlmplayError
@@ -136,7 +135,7 @@ class RayScheduler:
             candidate, _ = apply_step(baseline, step)
             self.cluster.check_placeable(pair_needs([baseline, candidate], pb.runtime), f"step {step.name}")
 
-    def environment(self) -> dict[str, Any]:
+    def environment(self) -> dict[str, object]:
         # The trials' GPUs are the nodes', not the driver's: the header names those of a node that runs them.
         pb = self.playbook
         needs = needs_of(Config("baseline", pb.engine, pb.workload), pb.runtime)

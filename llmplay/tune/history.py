@@ -12,7 +12,7 @@ from llmplay.engines import get_engine
 from llmplay.engines.knobs import Direction
 from llmplay.errors import LlmplayError
 from llmplay.spec import Playbook
-from llmplay.tuning.tune.rank import Tried
+from llmplay.tune.rank import Tried
 
 
 def _direction(old: str, new: str) -> Direction:

@@ -8,13 +8,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any  # json.loads' values, read into records below
+from typing import Any  # Any: json.loads' values (trail.json), read into records below
 
 from llmplay.archive.convert import finding_from
 from llmplay.archive.model import Finding, to_plain
 from llmplay.engines.knobs import Direction, Remedy, Risk
 from llmplay.spec import Scalar
-from llmplay.tuning.tune.rank import Ranked, Tried
+from llmplay.tune.rank import Ranked, Tried
 
 TRAIL_FILE = "trail.json"
 TUNED_FILE = "tuned.yaml"
@@ -30,7 +30,7 @@ class Round:
     findings: tuple[Finding, ...] = ()  # the incumbent's, which the ranking read (after the round: the new one's)
     ranked: tuple[Ranked, ...] = ()
     step: str | None = None  # the chosen step's name
-    step_document: Mapping[str, Any] = field(default_factory=dict)
+    step_document: Mapping[str, Any] = field(default_factory=dict)  # a YAML step as PyYAML gives it (untyped)
     verdict: str | None = None
     reason: str = ""
     kept_args: Mapping[str, Scalar] = field(default_factory=dict)  # the incumbent after the round
@@ -90,7 +90,7 @@ def load(tune_dir: Path) -> Trail:
     )
 
 
-def _round(r: Mapping[str, Any]) -> Round:
+def _round(r: Mapping[str, Any]) -> Round:  # Any: json.loads' values (trail.json), copied as written
     return Round(
         number=int(r["number"]),
         run_dir=str(r["run_dir"]),
@@ -109,7 +109,7 @@ def _round(r: Mapping[str, Any]) -> Round:
     )
 
 
-def _ranked(c: Mapping[str, Any]) -> Ranked:
+def _ranked(c: Mapping[str, Any]) -> Ranked:  # Any: as _round
     return Ranked(
         remedy=Remedy(c["remedy"]),
         direction=Direction(c["direction"]),

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from llmplay.archive.model import Finding, RooflineFacts, StepVerdict
 from llmplay.archive.reader import ArchivedRun
@@ -19,13 +18,13 @@ from llmplay.engines import get_engine
 from llmplay.outcomes import INCONCLUSIVE, GateResult
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Playbook, Scalar, TuneSpec
+from llmplay.stats.search import DROPPED_VS_LEADER
+from llmplay.tune import documents, trail
+from llmplay.tune.bounds import roofline_bound, unloaded_bound
+from llmplay.tune.history import tried_before
+from llmplay.tune.rank import Ranked, RankInput, Tried, TunePolicy, next_step, rank
+from llmplay.tune.trail import Round, Trail
 from llmplay.tuning.run import RunOutcome
-from llmplay.tuning.search import DROPPED_VS_LEADER
-from llmplay.tuning.tune import documents, trail
-from llmplay.tuning.tune.bounds import roofline_bound, unloaded_bound
-from llmplay.tuning.tune.history import tried_before
-from llmplay.tuning.tune.rank import Ranked, RankInput, Tried, TunePolicy, next_step, rank
-from llmplay.tuning.tune.trail import Round, Trail
 
 # Runs one playbook as an ordinary run, archived under the given root.
 RunFn = Callable[[Playbook, Path], RunOutcome]
@@ -293,7 +292,7 @@ def _dropped_behind_leader(verdict: StepVerdict, tried: Sequence[Scalar]) -> tup
     return behind if behind and tuple(behind) != tuple(tried) else ()
 
 
-def _figures(summary: Mapping[str, Any]) -> dict[str, float]:
+def _figures(summary: Mapping[str, object]) -> dict[str, float]:
     return {k: float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 

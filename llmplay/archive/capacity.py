@@ -1,12 +1,11 @@
 """A finished capacity search as the archive keeps it: every probe's pooled verdict, the bracket and boundary, what
-bound it, and the words the console and the report use for them (tuning.capacity runs the search)."""
+bound it, and the words the console and the report use for them (tuning.capacity runs the search and makes it)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from llmplay.catalog import fmt_full
 
@@ -26,8 +25,8 @@ class ProbeVerdict:
     runs: int
     n_requests: int
     attainment: float | None
-    ci_low: float
-    ci_high: float
+    ci_low: float | None  # None: an archive from before the interval was kept
+    ci_high: float | None
     verdict: str
     per_slo: Mapping[str, float]
     at_quantile_s: Mapping[str, float | None]
@@ -36,7 +35,7 @@ class ProbeVerdict:
     engine_s: float
     batches: tuple[float, ...] = ()  # batch-mean attainments, every run's, for the boundary's bootstrap
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {
             "batches": list(self.batches),
             "load": self.load,
@@ -53,17 +52,6 @@ class ProbeVerdict:
             "req_s": self.req_s,
             "engine_s": self.engine_s,
         }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ProbeVerdict:
-        return cls(
-            **{
-                **d,
-                "per_slo": dict(d.get("per_slo") or {}),
-                "at_quantile_s": dict(d.get("at_quantile_s") or {}),
-                "batches": tuple(d.get("batches") or ()),
-            }
-        )
 
 
 @dataclass(frozen=True)
@@ -91,6 +79,10 @@ class CapacityResult:
     per_slo_limits: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)
     estimate: float | None = None  # where the fitted attainment crosses the target, inside the bracket
     ci: tuple[float | None, float | None] = (None, None)  # the boundary's bootstrap interval at `confidence`
+    # The bracket and the binding SLO in the words the archive holds (capacity.json's boundary_text and
+    # binding_sentence): a search read back shows what it said when written; "" for one just measured.
+    said_boundary: str = ""
+    said_binding: str = ""
 
     @property
     def unit(self) -> str:
@@ -145,6 +137,14 @@ class CapacityResult:
             return f"{fmt_load(self.capacity)} {u} (feasible max {lo}, infeasible min {hi}{ci})"
         return f"indeterminate: between {lo} and {hi} {u}{ci}, not pinned within ±{self.precision:.0%} in the time cap"
 
+    @property
+    def boundary_words(self) -> str:
+        return self.said_boundary or self.boundary_text()
+
+    @property
+    def binding_words(self) -> str:
+        return self.said_binding or self.binding_sentence()
+
     def binding_sentence(self) -> str:
         """ "TTFT breaks at 6.2 req/s (P95 TTFT 812 ms, SLO 500 ms); TPOT would hold until 9 req/s"."""
         if self.binding is None:
@@ -170,7 +170,8 @@ class CapacityResult:
                 parts.append(f"{other} also breaks by {fmt_load(breaks)} {self.unit}")
         return "; ".join(parts)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
+        """The search as capacity.json (and `bench --capacity --json`) hold it."""
         return {
             "search": self.search,
             "unit": self.unit,
@@ -200,33 +201,6 @@ class CapacityResult:
             "order": self.order,
             "notes": list(self.notes),
         }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CapacityResult:
-        low, high = d["bounds"]
-        return cls(
-            search=d["search"],
-            status=d["status"],
-            target=d["target"],
-            confidence=d["confidence"],
-            precision=d["precision"],
-            low=low,
-            high=high,
-            slo_s=dict(d.get("slo_s") or {}),
-            feasible_max=d.get("feasible_max"),
-            infeasible_min=d.get("infeasible_min"),
-            probes=tuple(ProbeVerdict.from_dict(p) for p in d.get("probes", ())),
-            runs=d.get("runs", 0),
-            engine_s=d.get("engine_s", 0.0),
-            binding=d.get("binding"),
-            binding_value_s=d.get("binding_value_s"),
-            order=d.get("order", ""),
-            run_loads=tuple(d.get("run_loads", ())),
-            notes=tuple(d.get("notes", ())),
-            per_slo_limits={k: dict(v) for k, v in (d.get("per_slo_limits") or {}).items()},
-            estimate=d.get("estimate"),
-            ci=tuple(d.get("boundary_ci") or (None, None)),
-        )
 
 
 def fmt_load(x: float | None) -> str:

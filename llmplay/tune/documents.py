@@ -8,12 +8,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any  # Any: playbook documents as PyYAML reads and writes them (untyped)
 
 import yaml
 
 from llmplay.spec import Playbook, Scalar
-from llmplay.tuning.tune.rank import Ranked
+from llmplay.tune.rank import Ranked
 
 # A playbook document or part of one, as YAML reads and writes it: untyped until the loader checks it.
 Doc = dict[str, Any]  # Any: YAML values (scalars, lists, mappings) before the schema

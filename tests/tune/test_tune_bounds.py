@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmplay.archive.model import RooflineFacts
 from llmplay.spec import Gate
-from llmplay.tuning.tune.bounds import roofline_bound, unloaded_bound
+from llmplay.tune.bounds import roofline_bound, unloaded_bound
 
 TTFT_50MS = Gate("ttft.p95", "<", 0.05, "ttft.p95 < 50ms")
 

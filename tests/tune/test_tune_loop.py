@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from llmplay.cli import cli
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Scalar
+from llmplay.tune import trail
+from llmplay.tune.loop import TuneLoop
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
-from llmplay.tuning.tune import trail
-from llmplay.tuning.tune.loop import TuneLoop
 from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
 
 ROOT = Path(__file__).resolve().parents[2]

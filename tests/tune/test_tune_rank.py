@@ -11,8 +11,8 @@ from llmplay.engines import get_engine
 from llmplay.engines.knobs import Remedy
 from llmplay.outcomes import GateResult
 from llmplay.spec import Objective
-from llmplay.tuning.tune.documents import step_document
-from llmplay.tuning.tune.rank import RankInput, Tried, TunePolicy, binding_metric, next_step, rank
+from llmplay.tune.documents import step_document
+from llmplay.tune.rank import RankInput, Tried, TunePolicy, binding_metric, next_step, rank
 
 REUSED = {"prefix_reuse.expected": 0.4, "prefix_reuse.achieved": 0.39}
 QUEUED = {"engine.waiting_nonzero_frac": 0.9, "engine.waiting_mean": 2.5}

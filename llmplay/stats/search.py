@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from llmplay.archive.model import FAILED, INCONCLUSIVE, KEPT, REJECTED, MetricDelta
+from llmplay.outcomes import FAILED, INCONCLUSIVE, KEPT, REJECTED, MetricDelta
 from llmplay.spec import Goals, Scalar, Trials
 from llmplay.stats.decide import (
     HOLDS,
