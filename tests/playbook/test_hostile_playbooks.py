@@ -4,14 +4,12 @@ line naming FILE:LINE and the YAML path, before any archive or engine exists."""
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import shlex
 import socket
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -20,43 +18,13 @@ from click.testing import CliRunner
 from llmplay.cli import cli
 from llmplay.playbook.load import load_playbook
 from llmplay.redaction import REDACTED, redact, redact_text
-
-BASE: dict[str, Any] = {
-    "apiVersion": "llmplay/v1",
-    "kind": "Playbook",
-    "metadata": {"name": "p"},
-    "engine": {"kind": "llamacpp", "model": "/models/tiny.gguf", "args": {"parallel": 1, "ctx_size": 4096}},
-    "workload": {"concurrency": 1, "num_requests": 2, "input": {"fixed": 16}, "output": {"fixed": 8}},
-}
-
-
-def playbook(tmp_path: Path, name: str = "p.yaml", **sections: Any) -> Path:
-    """BASE with `sections` merged one level deep (a None value deletes the key), written block style."""
-    doc = copy.deepcopy(BASE)
-    for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(doc.get(key), dict):
-            doc[key].update(value)
-            doc[key] = {k: v for k, v in doc[key].items() if v is not None}
-        else:
-            doc[key] = value
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+from llmplay_testing.playbooks import assert_refused
+from llmplay_testing.playbooks import write_playbook as playbook
 
 
 def invoke(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
     return result.exit_code, result.output
-
-
-def assert_refused(path: Path, yaml_path: str, fragment: str, *command: str) -> str:
-    """`llmplay validate` (or `command`) exits 2 with `FILE:LINE: YAML_PATH: ...fragment...` and no traceback."""
-    code, out = invoke(*(command or ("validate",)), str(path))
-    assert code == 2, out
-    assert "Traceback" not in out and "internal error" not in out
-    pattern = rf"{re.escape(path.name)}:[1-9]\d*: {re.escape(yaml_path)}: .*{re.escape(fragment)}"
-    assert re.search(pattern, out), out
-    return out
 
 
 # ------------------------------------------------------------------------------------- 4. limits at validate

@@ -6,12 +6,10 @@ and knob values the load generator or the engine would choke on, literal secrets
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -23,43 +21,9 @@ from llmplay.files import read_bounded
 from llmplay.playbook.dataset import read_dataset
 from llmplay.playbook.load import load_playbook
 from llmplay.playbook.source import MAX_FILE_BYTES
-
-BASE: dict[str, Any] = {
-    "apiVersion": "llmplay/v1",
-    "kind": "Playbook",
-    "metadata": {"name": "p"},
-    "engine": {"kind": "llamacpp", "model": "/models/tiny.gguf", "args": {"parallel": 1, "ctx_size": 4096}},
-    "workload": {"concurrency": 1, "num_requests": 2, "input": {"fixed": 16}, "output": {"fixed": 8}},
-}
-
-
-def playbook(tmp_path: Path, **sections: Any) -> Path:
-    """BASE with `sections` merged one level deep (a None value deletes the key), written block style."""
-    doc = copy.deepcopy(BASE)
-    for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(doc.get(key), dict):
-            doc[key].update(value)
-            doc[key] = {k: v for k, v in doc[key].items() if v is not None}
-        else:
-            doc[key] = value
-    path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def validate(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(cli, ["validate", *args], catch_exceptions=False)
-    return result.exit_code, result.output
-
-
-def assert_refused(path: Path, yaml_path: str, fragment: str, *flags: str) -> str:
-    """validate exits 2 with a line `...p.yaml:LINE: YAML_PATH: ...fragment...` and no traceback."""
-    code, out = validate(str(path), *flags)
-    assert code == 2, out
-    assert "Traceback" not in out and "internal error" not in out
-    pattern = rf"{re.escape(path.name)}:[1-9]\d*: {re.escape(yaml_path)}: .*{re.escape(fragment)}"
-    assert re.search(pattern, out), out
-    return out
+from llmplay_testing.playbooks import MINIMAL_PLAYBOOK as BASE
+from llmplay_testing.playbooks import assert_refused, validate
+from llmplay_testing.playbooks import write_playbook as playbook
 
 
 # ------------------------------------------------------------------------------------------ 7. bounded reads
