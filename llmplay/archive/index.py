@@ -22,13 +22,13 @@ import os
 import sqlite3
 import stat
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmplay.archive.atomic import atomic_write
 from llmplay.archive.index_rows import (
     INDEX_VERSION,
     TABLES,
@@ -200,18 +200,15 @@ class ArchiveIndex:
             ) from None
 
     def _rebuild_file(self) -> int:
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix="-" + INDEX_FILE, dir=self.root)
-        os.close(fd)
-        tmp = Path(tmp_name)
-        try:
+        counted: list[int] = []
+
+        def fill(tmp: Path) -> None:
             with closing(_connect(tmp)) as conn:
-                count = self._fill(conn)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)  # replaces a symlink itself, never writes through it
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+                counted.append(self._fill(conn))
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path, fill)  # replaces a symlink itself, never writes through it
+        count = counted[0]
         self._synced = True
         return count
 

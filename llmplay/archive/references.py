@@ -9,10 +9,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from llmplay.archive.atomic import atomic_write
 from llmplay.archive.layout import safe_name
 from llmplay.archive.paths import OutsideError, read_bytes_inside
 from llmplay.archive.run_entry import RunEntry
@@ -51,16 +51,8 @@ def write_reference(root: Path, entry: RunEntry, *, note: str = "") -> Path:
     accepted = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     document = {"run_id": entry.run_id, "path": entry.path, "accepted_utc": accepted, "note": note}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix="-" + REFERENCE_FILE, dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(document, indent=1) + "\n")
-            os.chmod(tmp_name, 0o644)
-            os.replace(tmp_name, path)  # replaces a symlink itself, never writes through it
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
-            raise
+        # replaces a symlink itself, never writes through it
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8"))
     except OSError as exc:
         raise ArchiveError(
             f"{path}: cannot be written ({exc.strerror or exc}); expected a writable archive root to accept a reference"

@@ -13,10 +13,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 import secrets as _secrets
-import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast, overload
@@ -25,6 +23,7 @@ import pandas as pd
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from llmplay.archive.atomic import atomic_write
 from llmplay.archive.capacity import CapacityResult
 from llmplay.archive.index import index_finished_run
 from llmplay.archive.layout import (
@@ -62,28 +61,9 @@ from llmplay.runtime.owner import Owner
 if TYPE_CHECKING:
     from llmplay.spec import Playbook
 
-_TMP_PREFIX = ".tmp-"
-
-
-def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """`write(tmp)` fills a temp file beside `path`; os.replace then swaps it in, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix="-" + path.name, dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; archives are meant to be read by others
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
 
 def atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 @overload
@@ -319,10 +299,10 @@ class RunArchive(ArchivedRun):
         manifest["manifest_sha256"] = manifest_sha256(manifest)
         self._manifest = manifest
         data = (json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode()
-        _atomic_write(self.run_dir / MANIFEST, lambda tmp: tmp.write_bytes(data))
+        atomic_write(self.run_dir / MANIFEST, lambda tmp: tmp.write_bytes(data))
         if self._signing_key is not None:  # over the bytes just written; a crash between the two fails verify loudly
             signature = signature_document(data, self._signing_key)
-            _atomic_write(self.run_dir / SIGNATURE_FILE, lambda tmp: tmp.write_bytes(signature))
+            atomic_write(self.run_dir / SIGNATURE_FILE, lambda tmp: tmp.write_bytes(signature))
         if manifest["status"] != "running":  # finished (or a finished run's manifest amended): into the index
             index_finished_run(self.run_dir)  # never fails the run: the index is rebuilt from manifests on demand
 
@@ -343,10 +323,10 @@ class RunArchive(ArchivedRun):
                 frame[column] = [self._redact_text(v, where) if isinstance(v, str) else v for v in frame[column]]
         if have_pyarrow():
             relpath = relbase + ".parquet"
-            _atomic_write(self.run_dir / relpath, lambda tmp: frame.to_parquet(tmp, index=False))
+            atomic_write(self.run_dir / relpath, lambda tmp: frame.to_parquet(tmp, index=False))
         else:
             relpath = relbase + ".csv"
-            _atomic_write(self.run_dir / relpath, lambda tmp: frame.to_csv(tmp, index=False))
+            atomic_write(self.run_dir / relpath, lambda tmp: frame.to_csv(tmp, index=False))
         self._files()[relpath] = sha256_file(self.run_dir / relpath)
         return relpath
 

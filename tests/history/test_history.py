@@ -352,12 +352,12 @@ def test_check_fails_when_the_newest_run_measured_nothing(checked, tmp_path):
 def test_a_read_only_archive_is_indexed_in_memory(clones, tmp_path, monkeypatch):
     root = copy_of(clones, tmp_path)
     (root / INDEX_FILE).unlink(missing_ok=True)
-    import llmplay.archive.index as index_module
+    import llmplay.archive.atomic as atomic_module
 
     def refused(*args, **kwargs):  # what a directory this user may not write to answers (root may write anywhere)
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(index_module.tempfile, "mkstemp", refused)
+    monkeypatch.setattr(atomic_module.tempfile, "mkstemp", refused)  # where the index file is made
     runs, warnings = runs_with_warnings(root)
     assert len(runs) == 12 and "indexing the manifests in memory for this command" in warnings[-1]
     assert not (root / INDEX_FILE).exists()
