@@ -38,7 +38,9 @@ def test_the_shipped_playbooks_mount_what_set_up_writes_into_the_cache(cache):
     built = {str(tiny_hf_dir(cache).resolve()), str(gemma_dir(cache).resolve())}
     mounted = {}
     for path in sorted(PLAYBOOKS.glob("*.yaml")):
-        written = yaml.safe_load(path.read_text())["engine"].get("model_dir", "")
+        written = (yaml.safe_load(path.read_text()).get("engine") or {}).get(
+            "model_dir", ""
+        )  # an `extends` file may have none
         assert ".cache/llmplay" not in written, f"{path.name}: write {CACHE_REFERENCE}/..., not the default cache"
         if written.startswith(CACHE_REFERENCE):
             mounted[path.name] = str(Path(host_path(written)).resolve())  # as the loader resolves it
