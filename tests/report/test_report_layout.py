@@ -38,7 +38,7 @@ def test_the_tuning_record_fits_a_1400_pixel_window(tmp_path_factory, tmp_path, 
     if chromium() is None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("chromium is not installed (CI=true: the report's layout must be checked in a browser)")
-        pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
+        pytest.skip("chromium is not installed (`scripts/setup.sh --test` installs it)")
     page = shared_archive(tmp_path_factory, capacity=capacity) / "report.html"
     html = page.read_text()
     assert ("capacity req/s" in html) is capacity
