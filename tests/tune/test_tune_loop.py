@@ -11,6 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from llmplay.archive.model import TRIAL_OK
+from llmplay.archive.reader import ArchivedRun
+from llmplay.archive.verify import verify
 from llmplay.cli import cli
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Scalar
@@ -53,8 +56,8 @@ def tune(
 ) -> TuneLoop:
     playbook = load_playbook(tune_playbook(tmp_path, gates, **tune_section))
 
-    def run(pb, root: Path) -> RunOutcome:
-        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _line: None, measure_trial=engine)
+    def run(pb, options: RunOptions) -> RunOutcome:
+        return run_playbook(pb, options, report=lambda _line: None, measure_trial=engine)
 
     return TuneLoop(playbook, tmp_path / "tune", run, lines.append)
 
@@ -128,11 +131,11 @@ def test_an_interrupted_session_resumes_with_the_same_ranking(tmp_path):
     playbook = load_playbook(tune_playbook(tmp_path))
     calls: list[str] = []
 
-    def run(pb, root: Path) -> RunOutcome:
+    def run(pb, options: RunOptions) -> RunOutcome:
         calls.append(pb.steps[0].name if pb.steps else "no steps")
         if len(calls) == 3:  # the probe, round 0, then Ctrl-C in round 1
             raise KeyboardInterrupt
-        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _l: None, measure_trial=engine)
+        return run_playbook(pb, options, report=lambda _l: None, measure_trial=engine)
 
     with pytest.raises(KeyboardInterrupt):
         TuneLoop(playbook, tmp_path / "tune", run, lambda _l: None).execute()
@@ -164,8 +167,8 @@ def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying
         )
     engine = SimulatedEngine(no_effect, seed=8)
 
-    def run(pb, archive: Path) -> RunOutcome:
-        return run_playbook(pb, RunOptions(archive_root=archive), report=lambda _l: None, measure_trial=engine)
+    def run(pb, options: RunOptions) -> RunOutcome:
+        return run_playbook(pb, options, report=lambda _l: None, measure_trial=engine)
 
     loop = TuneLoop(load_playbook(path), tmp_path / "tune", run, lambda _l: None, archive_root=root)
     outcome = loop.execute()
@@ -173,3 +176,55 @@ def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying
     skipped = {c.remedy.value: c.reason for c in outcome.trail.final_ranking}
     assert skipped["max_batch"].startswith("parallel rejected 2 times before on this engine and image (run ")
     assert skipped["max_batch"].endswith("tune.retry_rejected tries it again")
+
+
+class CtrlC:
+    """A simulated engine that raises KeyboardInterrupt (as SignalGuard does on Ctrl-C) at the `at`-th trial of
+    `step`; `asked` lists every trial it measured as (step, role, repeat, configuration)."""
+
+    def __init__(self, engine: SimulatedEngine, step: str | None = None, at: int = 0):
+        self.engine, self.step, self.at = engine, step, at
+        self.seen = 0
+        self.asked: list[tuple[str | None, str, int, str]] = []
+
+    def __call__(self, config, *, trial_id, step, role, repeat):
+        if step is not None and step == self.step:
+            self.seen += 1
+            if self.seen == self.at:
+                raise KeyboardInterrupt("Ctrl-C")
+        self.asked.append((step, role, repeat, config.label))
+        return self.engine(config, trial_id=trial_id, step=step, role=role, repeat=repeat)
+
+
+def test_a_round_interrupted_mid_run_resumes_its_run_keeping_the_trials_it_archived(tmp_path):
+    playbook = load_playbook(tune_playbook(tmp_path))
+    step = "tune-max-batch-parallel"
+
+    def runner(engine: CtrlC):
+        return lambda pb, options: run_playbook(pb, options, report=lambda _l: None, measure_trial=engine)
+
+    first, lines = CtrlC(SimulatedEngine(one_slot_chat, seed=5), step, at=5), []
+    with pytest.raises(KeyboardInterrupt):
+        TuneLoop(playbook, tmp_path / "tune", runner(first), lines.append).execute()
+    state = trail.load(tmp_path / "tune")
+    pending = state.pending
+    assert [r.number for r in state.rounds] == [0] and pending is not None
+    assert (pending.number, pending.step, Path(pending.playbook).name) == (1, step, "round-1.yaml")
+    assert pending.ranked and pending.ranked[0].knob == "parallel"
+    interrupted = Path(pending.run_dir)
+    kept_before = {t.trial_id for t in ArchivedRun.open(interrupted).trials() if t.status == TRIAL_OK}
+    assert len(kept_before) == 4, kept_before
+    assert any(f"llmplay tune --resume {tmp_path / 'tune'}" in line for line in lines)
+
+    again = CtrlC(SimulatedEngine(one_slot_chat, seed=6))
+    outcome = TuneLoop(playbook, tmp_path / "tune", runner(again), lines.append, state).execute()
+    resumed = outcome.trail.rounds[1]
+    assert resumed.run_dir == str(interrupted) and resumed.step == step and resumed.verdict == "kept"
+    assert resumed.ranked == pending.ranked  # the same ranking, not ranked again
+    trials = ArchivedRun.open(interrupted).trials()
+    assert kept_before <= {t.trial_id for t in trials if t.status == TRIAL_OK}
+    measured_first = {key for key in first.asked if key[0] == step}
+    assert len(measured_first) == 4 and not measured_first & set(again.asked)  # none measured a second time
+    assert all(key[0] == step for key in again.asked)  # no new probe or baseline either
+    assert outcome.trail.pending is None and trail.load(tmp_path / "tune").pending is None
+    assert verify(interrupted) == []
