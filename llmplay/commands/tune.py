@@ -68,6 +68,8 @@ def tune_command(
     say(f"tune: stop reason: {outcome.trail.stop}")
     if outcome.tuned is not None:
         say(f"tuned playbook: {outcome.tuned}")
+    if outcome.report is not None:
+        say(f"report: {outcome.report}")
     return ExitCode.GATES if outcome.trail.infeasible else ExitCode.OK
 
 

@@ -23,6 +23,7 @@ from llmplay.stats.search import DROPPED_VS_LEADER
 from llmplay.tune import documents, trail
 from llmplay.tune.bounds import roofline_bound, unloaded_bound
 from llmplay.tune.history import tried_before
+from llmplay.tune.page import write_page
 from llmplay.tune.rank import Ranked, RankInput, Tried, TunePolicy, next_step, rank
 from llmplay.tune.trail import Round, Trail
 from llmplay.tuning.resume import resumed_playbook
@@ -39,6 +40,7 @@ class TuneOutcome:
     tune_dir: Path
     trail: Trail
     tuned: Path | None  # tuned.yaml, None when the loop stopped before the baseline
+    report: Path | None = None  # the session's report.html, None when it could not be rendered (the warning says why)
 
 
 def policy_of(playbook: Playbook) -> TunePolicy:
@@ -268,6 +270,7 @@ class TuneLoop:
                 f"tune: interrupted; the run's archived trials are kept ({outcome.run_dir}): continue with "
                 f"`llmplay tune --resume {self.tune_dir}`"
             )
+            self._page()
             raise KeyboardInterrupt(f"tune: {outcome.run_dir} interrupted")
         self.trail = replace(self.trail, pending=None)  # saved with what the run decided
         return outcome, sum(t.wall_s for t in ArchivedRun.open(outcome.run_dir).trials())
@@ -298,7 +301,17 @@ class TuneLoop:
         if tuned is not None:
             tuned.write_text(documents.tuned_text(self.playbook, *self._kept_and_not()))
             self.say(f"tune: wrote {tuned}")
-        return TuneOutcome(self.tune_dir, self.trail, tuned)
+        return TuneOutcome(self.tune_dir, self.trail, tuned, self._page())
+
+    def _page(self) -> Path | None:
+        """The session's report.html; a rendering bug costs the page, never the session (trail.json is its record)."""
+        try:
+            return write_page(self.trail, self.tune_dir, self.playbook.metadata.name)
+        except Exception as exc:
+            self.say(
+                f"warning: the session's report.html not written ({type(exc).__name__}: {exc}); trail.json is complete"
+            )
+            return None
 
     def _kept_and_not(self) -> tuple[list[documents.KeptStep], list[documents.Doc]]:
         kept: list[documents.KeptStep] = []

@@ -20,46 +20,8 @@ from llmplay.spec import Scalar
 from llmplay.tune import trail
 from llmplay.tune.loop import TuneLoop
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
-from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def one_slot_chat(args: Mapping[str, Scalar], users: int) -> Response:
-    """llama.cpp-like: users beyond the slots queue (TTFT grows with the queue); slots cost a little throughput;
-    the shared system prompt is served from the prompt cache."""
-    slots = slots_of(args)
-    queue = max(0.0, users / slots - 1)
-    return Response(
-        ttft_s=0.1 * (1 + 1.5 * queue),
-        output_tok_s=100.0 * (1 - 0.03 * (min(slots, users) - 1)),
-        waiting_frac=0.9 if slots < users else 0.0,
-        waiting_mean=float(max(users - slots, 0)),
-        reuse_expected=0.4,
-        reuse_achieved=0.39 if args.get("prefix_caching") is not False else 0.0,
-    )
-
-
-def tune_playbook(tmp_path: Path, gates: list[str] | None = None, **tune: object) -> Path:
-    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny-tune.yaml").read_text())
-    doc["goals"]["gates"] = gates or doc["goals"]["gates"]
-    doc["runtime"] = "process"
-    doc["trials"] = {"repeats": 3, "max_repeats": 5, "sequential": True}
-    doc["tune"] = {**doc["tune"], **tune}
-    path = tmp_path / "cpu-tiny-tune.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def tune(
-    tmp_path: Path, engine: SimulatedEngine, lines: list[str], gates: list[str] | None = None, **tune_section: object
-) -> TuneLoop:
-    playbook = load_playbook(tune_playbook(tmp_path, gates, **tune_section))
-
-    def run(pb, options: RunOptions) -> RunOutcome:
-        return run_playbook(pb, options, report=lambda _line: None, measure_trial=engine)
-
-    return TuneLoop(playbook, tmp_path / "tune", run, lines.append)
+from llmplay_testing.simulated import Response, SimulatedEngine
+from llmplay_testing.tune_sessions import CtrlC, one_slot_chat, tune, tune_playbook
 
 
 def test_one_slot_for_four_users_keeps_more_slots_skips_prefix_caching_and_stops_with_its_reason(tmp_path):
@@ -176,24 +138,6 @@ def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying
     skipped = {c.remedy.value: c.reason for c in outcome.trail.final_ranking}
     assert skipped["max_batch"].startswith("parallel rejected 2 times before on this engine and image (run ")
     assert skipped["max_batch"].endswith("tune.retry_rejected tries it again")
-
-
-class CtrlC:
-    """A simulated engine that raises KeyboardInterrupt (as SignalGuard does on Ctrl-C) at the `at`-th trial of
-    `step`; `asked` lists every trial it measured as (step, role, repeat, configuration)."""
-
-    def __init__(self, engine: SimulatedEngine, step: str | None = None, at: int = 0):
-        self.engine, self.step, self.at = engine, step, at
-        self.seen = 0
-        self.asked: list[tuple[str | None, str, int, str]] = []
-
-    def __call__(self, config, *, trial_id, step, role, repeat):
-        if step is not None and step == self.step:
-            self.seen += 1
-            if self.seen == self.at:
-                raise KeyboardInterrupt("Ctrl-C")
-        self.asked.append((step, role, repeat, config.label))
-        return self.engine(config, trial_id=trial_id, step=step, role=role, repeat=repeat)
 
 
 def test_a_round_interrupted_mid_run_resumes_its_run_keeping_the_trials_it_archived(tmp_path):
