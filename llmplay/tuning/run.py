@@ -68,6 +68,9 @@ class RunOptions:
     capacity: bool = False
     # --resume: whether the continued archive is signed ($LLMPLAY_SIGNING_KEY); archive.trust decides it
     resume_signs: bool = True
+    # Told a new archive's run directory the moment it exists, before any trial: `llmplay tune` records it so an
+    # interrupted round is continued, not measured again.
+    on_archive: Callable[[Path], object] | None = None
 
     def overrides(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -249,6 +252,8 @@ class TuningRun:
             secrets=self.secrets,
         )
         self.narrator.report(f"archive: {archive.run_dir}")
+        if self.options.on_archive is not None:
+            self.options.on_archive(archive.run_dir)
         return TrialBook(archive, self.playbook, self.narrator, self._signals)
 
     def _config_record(self, config: Config) -> ConfigRecord:

@@ -11,52 +11,17 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from llmplay.archive.model import TRIAL_OK
+from llmplay.archive.reader import ArchivedRun
+from llmplay.archive.verify import verify
 from llmplay.cli import cli
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Scalar
 from llmplay.tune import trail
 from llmplay.tune.loop import TuneLoop
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
-from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def one_slot_chat(args: Mapping[str, Scalar], users: int) -> Response:
-    """llama.cpp-like: users beyond the slots queue (TTFT grows with the queue); slots cost a little throughput;
-    the shared system prompt is served from the prompt cache."""
-    slots = slots_of(args)
-    queue = max(0.0, users / slots - 1)
-    return Response(
-        ttft_s=0.1 * (1 + 1.5 * queue),
-        output_tok_s=100.0 * (1 - 0.03 * (min(slots, users) - 1)),
-        waiting_frac=0.9 if slots < users else 0.0,
-        waiting_mean=float(max(users - slots, 0)),
-        reuse_expected=0.4,
-        reuse_achieved=0.39 if args.get("prefix_caching") is not False else 0.0,
-    )
-
-
-def tune_playbook(tmp_path: Path, gates: list[str] | None = None, **tune: object) -> Path:
-    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny-tune.yaml").read_text())
-    doc["goals"]["gates"] = gates or doc["goals"]["gates"]
-    doc["runtime"] = "process"
-    doc["trials"] = {"repeats": 3, "max_repeats": 5, "sequential": True}
-    doc["tune"] = {**doc["tune"], **tune}
-    path = tmp_path / "cpu-tiny-tune.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def tune(
-    tmp_path: Path, engine: SimulatedEngine, lines: list[str], gates: list[str] | None = None, **tune_section: object
-) -> TuneLoop:
-    playbook = load_playbook(tune_playbook(tmp_path, gates, **tune_section))
-
-    def run(pb, root: Path) -> RunOutcome:
-        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _line: None, measure_trial=engine)
-
-    return TuneLoop(playbook, tmp_path / "tune", run, lines.append)
+from llmplay_testing.simulated import Response, SimulatedEngine
+from llmplay_testing.tune_sessions import CtrlC, one_slot_chat, tune, tune_playbook
 
 
 def test_one_slot_for_four_users_keeps_more_slots_skips_prefix_caching_and_stops_with_its_reason(tmp_path):
@@ -128,11 +93,11 @@ def test_an_interrupted_session_resumes_with_the_same_ranking(tmp_path):
     playbook = load_playbook(tune_playbook(tmp_path))
     calls: list[str] = []
 
-    def run(pb, root: Path) -> RunOutcome:
+    def run(pb, options: RunOptions) -> RunOutcome:
         calls.append(pb.steps[0].name if pb.steps else "no steps")
         if len(calls) == 3:  # the probe, round 0, then Ctrl-C in round 1
             raise KeyboardInterrupt
-        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _l: None, measure_trial=engine)
+        return run_playbook(pb, options, report=lambda _l: None, measure_trial=engine)
 
     with pytest.raises(KeyboardInterrupt):
         TuneLoop(playbook, tmp_path / "tune", run, lambda _l: None).execute()
@@ -164,8 +129,8 @@ def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying
         )
     engine = SimulatedEngine(no_effect, seed=8)
 
-    def run(pb, archive: Path) -> RunOutcome:
-        return run_playbook(pb, RunOptions(archive_root=archive), report=lambda _l: None, measure_trial=engine)
+    def run(pb, options: RunOptions) -> RunOutcome:
+        return run_playbook(pb, options, report=lambda _l: None, measure_trial=engine)
 
     loop = TuneLoop(load_playbook(path), tmp_path / "tune", run, lambda _l: None, archive_root=root)
     outcome = loop.execute()
@@ -173,3 +138,37 @@ def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying
     skipped = {c.remedy.value: c.reason for c in outcome.trail.final_ranking}
     assert skipped["max_batch"].startswith("parallel rejected 2 times before on this engine and image (run ")
     assert skipped["max_batch"].endswith("tune.retry_rejected tries it again")
+
+
+def test_a_round_interrupted_mid_run_resumes_its_run_keeping_the_trials_it_archived(tmp_path):
+    playbook = load_playbook(tune_playbook(tmp_path))
+    step = "tune-max-batch-parallel"
+
+    def runner(engine: CtrlC):
+        return lambda pb, options: run_playbook(pb, options, report=lambda _l: None, measure_trial=engine)
+
+    first, lines = CtrlC(SimulatedEngine(one_slot_chat, seed=5), step, at=5), []
+    with pytest.raises(KeyboardInterrupt):
+        TuneLoop(playbook, tmp_path / "tune", runner(first), lines.append).execute()
+    state = trail.load(tmp_path / "tune")
+    pending = state.pending
+    assert [r.number for r in state.rounds] == [0] and pending is not None
+    assert (pending.number, pending.step, Path(pending.playbook).name) == (1, step, "round-1.yaml")
+    assert pending.ranked and pending.ranked[0].knob == "parallel"
+    interrupted = Path(pending.run_dir)
+    kept_before = {t.trial_id for t in ArchivedRun.open(interrupted).trials() if t.status == TRIAL_OK}
+    assert len(kept_before) == 4, kept_before
+    assert any(f"llmplay tune --resume {tmp_path / 'tune'}" in line for line in lines)
+
+    again = CtrlC(SimulatedEngine(one_slot_chat, seed=6))
+    outcome = TuneLoop(playbook, tmp_path / "tune", runner(again), lines.append, state).execute()
+    resumed = outcome.trail.rounds[1]
+    assert resumed.run_dir == str(interrupted) and resumed.step == step and resumed.verdict == "kept"
+    assert resumed.ranked == pending.ranked  # the same ranking, not ranked again
+    trials = ArchivedRun.open(interrupted).trials()
+    assert kept_before <= {t.trial_id for t in trials if t.status == TRIAL_OK}
+    measured_first = {key for key in first.asked if key[0] == step}
+    assert len(measured_first) == 4 and not measured_first & set(again.asked)  # none measured a second time
+    assert all(key[0] == step for key in again.asked)  # no new probe or baseline either
+    assert outcome.trail.pending is None and trail.load(tmp_path / "tune").pending is None
+    assert verify(interrupted) == []
