@@ -111,8 +111,7 @@ def test_llamacpp_trials_name_the_release_not_b0_unknown(llama_endpoint, cpu_eng
     assert describe.engine_version == describe.image_labels["llmplay.engine.version"]
     assert describe.engine_version == cpu_engine.engine_version
     assert (
-        describe.engine_version.startswith(("xllamacpp ", "llama-cpp-python "))
-        and ", ggml " in describe.engine_version
+        describe.engine_version.startswith(("xllamacpp ", "llama-cpp-python ")) and ", ggml " in describe.engine_version
     )
     assert describe.engine_version_reported.startswith("b0-")  # what /props says, kept beside it
 
