@@ -30,7 +30,7 @@ if [ "$with_tests" = 1 ]; then
   "$VENV/bin/python" -m pip install -q -e '.[test]'
 else
   echo "installing llmplay into $VENV with pip"
-  "$VENV/bin/python" -m pip install -q -e .
+  "$VENV/bin/python" -m pip install -q -e '.[cpu]'  # gguf writes the tiny model and reads GGUF facts
 fi
 echo "llmplay installed in $(( $(date +%s) - started ))s"
 need_docker=0; need_chromium=0
