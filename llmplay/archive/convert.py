@@ -34,7 +34,9 @@ from llmplay.archive.model import (
     Scalar,
     SearchRecord,
     SearchValue,
+    SharedRun,
     StepVerdict,
+    TrialNode,
     TrialRecord,
     TrialsAsRun,
     TuningRow,
@@ -102,10 +104,23 @@ def trial_from(d: Mapping[str, object]) -> TrialRecord:
     kw["notes"] = tuple(_items(d.get("notes")))
     kw["files"] = dict(mapping(d.get("files")))
     kw["engine_describe"] = engine_description_from(mapping(d.get("engine_describe")))
-    kw["node"] = dict(mapping(d.get("node")))
+    kw["node"] = node_from(mapping(d.get("node")))
     if d.get("shared_with") is not None:
-        kw["shared_with"] = tuple(mapping(o) for o in _items(d.get("shared_with")))
+        kw["shared_with"] = tuple(shared_run_from(mapping(o)) for o in _items(d.get("shared_with")))
     return TrialRecord(**kw)
+
+
+def node_from(d: Mapping[str, object]) -> TrialNode | None:
+    """The cluster node that ran a trial; None for `{}` (one machine)."""
+    if not d:
+        return None
+    return TrialNode(str(d.get("id") or ""), _text(d.get("address")), _text(d.get("hostname")))
+
+
+def shared_run_from(d: Mapping[str, object]) -> SharedRun:
+    return SharedRun(
+        str(d.get("run_id")), _text(d.get("playbook")) or "", _whole(d.get("pid")), _text(d.get("host")) or ""
+    )
 
 
 def _given(value: object) -> str | None:
@@ -435,7 +450,7 @@ def run_info_from(m: Mapping[str, object]) -> RunInfo:
         exit_code=code if isinstance(code := m.get("exit_code"), int) else None,
         final_config_id=_text(m.get("final_config_id")),
         finished_utc=str(m.get("finished_utc", "")),
-        overrides=dict(overrides),
+        overrides=tuple((str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in overrides.items()),
         repeats_override=_whole(repeats) or None,
         image_override=_text(overrides.get("image")) or None,
         only_override=(only,) if isinstance(only, str) and only else tuple(str(s) for s in _items(only)),

@@ -21,6 +21,8 @@ from llmplay.outcomes import REJECTED as REJECTED
 from llmplay.outcomes import GateResult as GateResult
 from llmplay.outcomes import MetricDelta as MetricDelta
 from llmplay.runtime.base import EngineDescription as EngineDescription
+from llmplay.runtime.live_runs import SharedRun as SharedRun
+from llmplay.runtime.ray import TrialNode as TrialNode
 from llmplay.spec import EngineSpec, Workload
 from llmplay.spec import Scalar as KnobValue  # a knob's value: None is the engine default
 
@@ -42,15 +44,6 @@ class ConfigRecord:
 
 
 @dataclass(frozen=True)
-class SharedRun:
-    """Another llmplay run that was live on the same host during a trial."""
-
-    run_id: str
-    playbook: str  # "?" when it did not say
-    pid: str
-
-
-@dataclass(frozen=True)
 class TrialRecord:
     trial_id: str  # "t003"
     config_id: str
@@ -65,30 +58,19 @@ class TrialRecord:
     error: str | None = None  # failure cause, one line
     files: Mapping[str, str] = field(default_factory=dict)  # role -> relative path: records, telemetry, log
     notes: tuple[str, ...] = ()  # e.g. "no NVML: ...", "output tokens counted, not from usage"
-    # The cluster node that ran it (runtime ray): id, address, hostname; empty on one machine.
-    node: Mapping[str, str] = field(default_factory=dict)
+    node: TrialNode | None = None  # the cluster node that ran it (runtime ray); None on one machine
     # Why its figures are not used: its node was lost before its A/B pair finished, so the whole pair was measured
     # again on one other node (the decision then pairs the two trials of the re-run). None: used as measured.
     superseded: str | None = None
-    # Other llmplay runs live on this host at some time during the trial (run_id, playbook, pid, host): they
-    # competed for its CPUs and GPUs, so its figures may be slower and noisier than on a quiet machine.
-    # Empty: none; None: not looked for (a cluster trial, a host registry that could not be read).
-    shared_with: tuple[Mapping[str, object], ...] | None = None
-
-    @property
-    def sharing(self) -> tuple[SharedRun, ...]:
-        """The other runs live on the host during the trial, as records (empty when none, or not looked for)."""
-        return tuple(
-            SharedRun(str(o.get("run_id")), str(o.get("playbook") or "?"), str(o.get("pid", "?")))
-            for o in self.shared_with or ()
-        )
+    # Other llmplay runs live on this host at some time during the trial: they competed for its CPUs and GPUs, so its
+    # figures may be slower and noisier than on a quiet machine. Empty: none; None: not looked for (a cluster trial,
+    # a host registry that could not be read).
+    shared_with: tuple[SharedRun, ...] | None = None
 
     @property
     def node_label(self) -> str:
         """The cluster node as people name it, "10.0.0.5 (3f2a9c1b)"; "" on one machine."""
-        if not self.node.get("id"):
-            return ""
-        return f"{self.node.get('address') or self.node.get('hostname', '')} ({self.node['id'][:8]})"
+        return self.node.label if self.node is not None else ""
 
 
 @dataclass(frozen=True)
@@ -339,7 +321,8 @@ class RunInfo:
     exit_code: int | None = None
     final_config_id: str | None = None
     finished_utc: str = ""
-    overrides: Mapping[str, object] = field(default_factory=dict)  # command-line overrides as given (JSON values)
+    # The command-line overrides as archived, in order: (name, value as written: text as it is, anything else as JSON).
+    overrides: tuple[tuple[str, str], ...] = ()
     repeats_override: int | None = None  # overrides' "repeats", when it is a number
     image_override: str | None = None  # overrides' "image": the run re-tested the playbook on another engine image
     only_override: tuple[str, ...] = ()  # overrides' "only": the steps run alone

@@ -45,7 +45,9 @@ from llmplay.archive.model import (
     Finding,
     GateResult,
     RooflineFacts,
+    SharedRun,
     StepVerdict,
+    TrialNode,
     TrialRecord,
     TuningRow,
     to_plain,
@@ -222,9 +224,25 @@ def _engine_json(d: EngineDescription | None) -> dict[str, object]:
     return {k: plain[k] for k in keys}
 
 
+def _node_json(node: TrialNode | None) -> dict[str, str]:
+    """`{}` on one machine; a node the cluster had forgotten by its id alone."""
+    if node is None:
+        return {}
+    given = {"id": node.id, "address": node.address, "hostname": node.hostname}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _shared_json(run: SharedRun) -> dict[str, object]:
+    """The run as the host's registry named it (an older archive's run without a pid is written without one)."""
+    given = {"run_id": run.run_id, "playbook": run.playbook, "pid": run.pid, "host": run.host}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def _trial_json(trial: TrialRecord) -> dict[str, object]:
     out = to_plain(trial)
     out["engine_describe"] = _engine_json(trial.engine_describe)
+    out["node"] = _node_json(trial.node)
+    out["shared_with"] = None if trial.shared_with is None else [_shared_json(o) for o in trial.shared_with]
     return out
 
 

@@ -71,11 +71,13 @@ def _shared_host(run: RunData) -> dict[str, object] | None:
     shared = [t for t in run.trials.values() if t.shared_with]
     if not shared:
         return None
-    runs = {o.run_id: o for t in shared for o in t.sharing}
+    runs = {o.run_id: o for t in shared for o in t.shared_with or ()}
     return {
         "trials": len(shared),
         "of": len(run.trials),
-        "runs": [f"{rid} ({o.playbook}, pid {o.pid})" for rid, o in sorted(runs.items())],
+        "runs": [
+            f"{rid} ({o.playbook or '?'}, pid {'?' if o.pid is None else o.pid})" for rid, o in sorted(runs.items())
+        ],
     }
 
 

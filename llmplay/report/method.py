@@ -3,8 +3,6 @@ definitions) and the goals it quotes, from the archived configuration and the ar
 
 from __future__ import annotations
 
-import json
-
 from llmplay.archive.model import TRIAL_OK, PlaybookAsRun
 from llmplay.archive.verdicts import error_rates_text
 from llmplay.catalog import METRIC_DEFINITIONS, fmt_pct
@@ -108,7 +106,10 @@ def trial_rows(run: RunData, playbook: PlaybookAsRun) -> Rows:
     trials = playbook.trials
     repeats = run.info.repeats_override or trials.repeats
     rows = [
-        ("repeats per side", str(repeats) + (" (overridden)" if "repeats" in run.info.overrides else "")),
+        (
+            "repeats per side",
+            str(repeats) + (" (overridden)" if any(name == "repeats" for name, _ in run.info.overrides) else ""),
+        ),
         ("order", _INTERLEAVED if trials.interleave else "blocked A A … B B …"),
         ("each trial", "a fresh engine start; warm-up discarded"),
         ("sequential", str(trials.sequential)),
@@ -146,7 +147,7 @@ def method(run: RunData, playbook: PlaybookAsRun, diagnosis_rules: Rows) -> dict
         "workload": workload_rows(config.workload) if config else _NOT_RECORDED,
         "trials": trial_rows(run, playbook),
         "histograms": _histograms(run),
-        "overrides": [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in run.info.overrides.items()],
+        "overrides": list(run.info.overrides),
         "definitions": METRIC_DEFINITIONS,
         "slo": playbook.slo,
         "rules": diagnosis_rules,

@@ -249,7 +249,7 @@ def steps(run: RunData, descriptions: Mapping[str, str], kept_text: str) -> list
                 "charts": _section_charts(run, sorted(used), objective),
                 "notes": _notes(run, trial_ids),
                 "anchor": f"step-{v.index}",
-                "nodes": any(run.trials[t].node for t in trial_ids if t in run.trials),
+                "nodes": any(run.trials[t].node is not None for t in trial_ids if t in run.trials),
             }
         )
     stepped = {t for v in run.verdicts for t in (*v.trials_baseline, *v.trials_candidate)}
@@ -278,7 +278,7 @@ def steps(run: RunData, descriptions: Mapping[str, str], kept_text: str) -> list
                 "trials": _trial_rows(run, loose, "throughput.output_tok_s"),
                 "charts": _section_charts(run, [t for t in loose if t not in superseded], "throughput.output_tok_s"),
                 "notes": _notes(run, loose),
-                "nodes": any(run.trials[t].node for t in loose),
+                "nodes": any(run.trials[t].node is not None for t in loose),
             }
         )
     return out

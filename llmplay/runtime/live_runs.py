@@ -49,6 +49,17 @@ def _make_registry(directory: Path) -> None:
 
 
 @dataclass(frozen=True)
+class SharedRun:
+    """Another llmplay run that was live on the same host during a trial, as the trial's record keeps it. An older
+    archive may lack its playbook or host ("") or its pid (None)."""
+
+    run_id: str
+    playbook: str = ""
+    pid: int | None = None
+    host: str = ""
+
+
+@dataclass(frozen=True)
 class RunEntry:
     """One run in the registry: who runs it, since when, and (once it ended cleanly) until when."""
 
@@ -58,9 +69,9 @@ class RunEntry:
     started: float  # seconds since the epoch
     ended: float | None
 
-    def as_record(self) -> dict[str, object]:
+    def as_shared(self) -> SharedRun:
         """What a trial archives of a run that shared its host."""
-        return {"run_id": self.run_id, "playbook": self.playbook, "pid": self.owner.pid, "host": self.owner.host}
+        return SharedRun(self.run_id, self.playbook, self.owner.pid, self.owner.host)
 
 
 def _lock_path(directory: Path, run_id: str) -> Path:

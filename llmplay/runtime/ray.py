@@ -70,6 +70,23 @@ def pair_needs(configs: Sequence[Config], runtime: RuntimeSpec) -> Needs:
 
 
 @dataclass(frozen=True)
+class TrialNode:
+    """The cluster node that ran a trial, as its record names it. Its address and hostname are None once the cluster
+    had forgotten the node when the driver labelled the trial (its id is all that is left)."""
+
+    id: str
+    address: str | None = None
+    hostname: str | None = None
+
+    @property
+    def label(self) -> str:
+        """As people name it, "10.0.0.5 (3f2a9c1b)"; "" without an id."""
+        if not self.id:
+            return ""
+        return f"{self.address or self.hostname or ''} ({self.id[:8]})"
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     """One live node of the cluster as the archive header keeps it."""
 
@@ -116,8 +133,8 @@ class Node:
             tuple(gpu_types),
         )
 
-    def label(self) -> dict[str, str]:
-        return {"id": self.id, "address": self.address, "hostname": self.hostname}
+    def label(self) -> TrialNode:
+        return TrialNode(self.id, self.address, self.hostname)
 
 
 @dataclass(frozen=True)
@@ -134,15 +151,15 @@ class TaskCrashed:
     error: BaseException
 
 
-def here() -> dict[str, str]:
+def here() -> TrialNode:
     """The node a task runs on, as a record names it (called on the node)."""
     import ray  # deferred: runs on a cluster node only
 
-    return {
-        "id": ray.get_runtime_context().get_node_id(),
-        "address": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]  # ray leaves it unannotated
-        "hostname": socket.gethostname(),
-    }
+    return TrialNode(
+        id=ray.get_runtime_context().get_node_id(),
+        address=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]  # ray leaves it unannotated
+        hostname=socket.gethostname(),
+    )
 
 
 def granted_gpus() -> tuple[str, ...]:
@@ -253,10 +270,10 @@ class RayCluster(Generic[Job]):
     def node(self, node_id: str) -> Node | None:
         return self._nodes.get(node_id)
 
-    def label(self, node_id: str) -> dict[str, str]:
+    def label(self, node_id: str) -> TrialNode:
         """The node as a record names it; its id alone once the cluster has forgotten it."""
         known = self.node(node_id)
-        return known.label() if known else {"id": node_id}
+        return known.label() if known else TrialNode(node_id)
 
     def check_placeable(self, needs: Needs, what: str) -> None:
         """Refuse at once (not a task pending forever) when no live node can host `needs`."""

@@ -71,4 +71,4 @@ class HostSharing:
                     f"warning: llmplay run {other.run_id} ({other.playbook}, {other.owner.describe()}) shares this "
                     "host; its load is in this run's figures too (recorded with each trial it overlapped)"
                 )
-        return replace(trial, shared_with=tuple(o.as_record() for o in others))
+        return replace(trial, shared_with=tuple(o.as_shared() for o in others))

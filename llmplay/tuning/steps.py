@@ -190,8 +190,8 @@ class StepLoop:
         target.trial_ids.append(trial.trial_id)
         if trial.wall_s:
             self._wall_s.append(float(trial.wall_s))
-        if trial.node.get("id"):
-            target.nodes[trial.repeat] = trial.node["id"]
+        if trial.node is not None and trial.node.id:
+            target.nodes[trial.repeat] = trial.node.id
         if target.probes is None and trial.status == TRIAL_OK:
             target.probes = load_probes(self.book.archive.run_dir, trial.trial_id)
         if sample is None:

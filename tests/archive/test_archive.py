@@ -14,10 +14,18 @@ import yaml
 from click.testing import CliRunner
 
 import llmplay.archive.writer as archive_writer
-from llmplay.archive.convert import config_from, diagnosis_from, environment_from, playbook_as_run, tuning_row_from
+from llmplay.archive.convert import (
+    config_from,
+    diagnosis_from,
+    environment_from,
+    playbook_as_run,
+    run_info_from,
+    trial_from,
+    tuning_row_from,
+)
 from llmplay.archive.layout import MANIFEST
 from llmplay.archive.listing import archive_root, list_runs
-from llmplay.archive.model import TrialRecord
+from llmplay.archive.model import SharedRun, TrialNode, TrialRecord
 from llmplay.archive.reader import ArchivedRun
 from llmplay.archive.run_facts import RunEnvironment, RunOverrides
 from llmplay.archive.verify import schema_problems, verify
@@ -316,3 +324,33 @@ def test_older_manifest_shapes_become_the_same_records():
     config = config_from({"config_id": "baseline", "engine": {"kind": "vllm", "gpus": [0, 1]}, "workload": {}})
     assert config.engine.gpus == ("0", "1") and config.workload.input.kind == "fixed" and config.command == ()
     assert playbook_as_run({"trials": {"confidence": "95%"}}).trials.confidence == 0.95  # the spec's default
+
+
+def test_a_trials_node_and_sharers_read_into_records_and_write_back_as_archived():
+    """The cluster node and the runs that shared the host: every archived shape reads into the records, and the
+    writer turns them into exactly the JSON the manifest holds (a forgotten node by its id alone, `{}` on one
+    machine, `null` when no one looked for sharers)."""
+    head = {"trial_id": "t001", "config_id": "baseline", "step": None, "role": "baseline", "repeat": 0}
+    head |= {"status": "ok", "started_utc": "now", "wall_s": 1.0, "summary": {}}
+    node = {"id": "3f2a9c1b77", "address": "10.0.0.5", "hostname": "n1"}
+    who = [{"run_id": "r1", "playbook": "other", "pid": 12, "host": "h"}]
+    trial = trial_from(head | {"node": node, "shared_with": who})
+    assert trial.node == TrialNode("3f2a9c1b77", "10.0.0.5", "n1") and trial.node_label == "10.0.0.5 (3f2a9c1b)"
+    assert trial.shared_with == (SharedRun("r1", "other", 12, "h"),)
+    for shapes in ({"node": node, "shared_with": who}, {"node": {"id": "abc"}, "shared_with": []}, {"node": {}}):
+        written = archive_writer._trial_json(trial_from(head | shapes))
+        assert {k: written[k] for k in ("node", "shared_with")} == {"shared_with": None} | shapes
+    alone = trial_from(head)  # an archive from before nodes and sharers were recorded
+    assert alone.node is None and alone.node_label == "" and alone.shared_with is None
+    older = trial_from(head | {"node": {"hostname": "n2"}, "shared_with": [{"run_id": "r2"}]})
+    assert older.node == TrialNode("", None, "n2") and older.node_label == ""
+    assert older.shared_with == (SharedRun("r2"),)
+
+
+def test_overrides_read_as_written():
+    """The command-line overrides as the report quotes them: text as it is, anything else as its JSON."""
+    m = {"run_id": "r", "overrides": {"repeats": 3, "only": ["a", "b"], "image": "x:y", "capacity": False}}
+    info = run_info_from(m)
+    assert info.overrides == (("repeats", "3"), ("only", '["a", "b"]'), ("image", "x:y"), ("capacity", "false"))
+    assert info.repeats_override == 3 and info.only_override == ("a", "b") and not info.capacity_override
+    assert run_info_from({"run_id": "r"}).overrides == ()

@@ -27,7 +27,7 @@ from llmplay.cli import cli
 from llmplay.playbook.load import load_playbook
 from llmplay.report.context import build_context
 from llmplay.runtime import live_runs
-from llmplay.runtime.live_runs import LiveRun, RunTaken
+from llmplay.runtime.live_runs import LiveRun, RunTaken, SharedRun
 from llmplay.runtime.owner import Owner
 from llmplay.tuning.run import RunOptions, TuningRun
 from llmplay.tuning.trial import TrialResult
@@ -127,6 +127,8 @@ def test_trials_record_the_runs_that_shared_the_host_and_the_report_warns(tmp_pa
         "of": 4,
         "runs": [f"20261204T000000Z-0a0a0a (other-playbook, pid {other.pid})"],
     }
+    sharer = SharedRun("20261204T000000Z-0a0a0a", "other-playbook", other.pid, socket.gethostname())
+    assert [t.shared_with for t in ArchivedRun.open(run.run_dir).trials()] == [(sharer,)] * 3 + [()]
 
 
 def test_a_run_alone_on_its_host_records_no_sharer(tmp_path: Path) -> None:

@@ -207,7 +207,7 @@ class RayScheduler:
             earlier = self.book.earlier(slot)
             if earlier is not None:
                 run.results[index] = earlier
-        nodes = {trial.node.get("id") for trial, _ in run.results.values()}
+        nodes = {trial.node.id if trial.node is not None else None for trial, _ in run.results.values()}
         if len(nodes) == 1 and not run.complete:
             run.node = nodes.pop() or None
 
@@ -251,11 +251,13 @@ class RayScheduler:
         run.inflight = None
         if isinstance(outcome, TrialResult):
             result = outcome
-            if not result.trial.node:
-                result = replace(result, trial=replace(result.trial, node=self.cluster.label(node_id)))
+            node = result.trial.node
+            if node is None:
+                node = self.cluster.label(node_id)
+                result = replace(result, trial=replace(result.trial, node=node))
             self._pending[result.trial.trial_id] = result
             run.results[index] = (result.trial, result.sample)
-            run.node = result.trial.node.get("id") or node_id
+            run.node = node.id or node_id
             return
         if isinstance(outcome, TaskCrashed):
             error = outcome.error
