@@ -17,6 +17,7 @@ from llmplay.spec import Playbook
 from llmplay.tune import trail
 from llmplay.tune.loop import TuneLoop, rank_incumbent, ranking_lines
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
+from llmplay.tuning.schedule import pairs_at_once
 
 
 def tune_command(
@@ -61,7 +62,7 @@ def tune_command(
         options = RunOptions(archive_root=root, progress=sys.stderr.isatty())
         return run_playbook(pb, options, publish=publish_run, report=say)
 
-    outcome = TuneLoop(playbook, tune_dir, run, say, state, archive_root=root).execute()
+    outcome = TuneLoop(playbook, tune_dir, run, say, state, archive_root=root, room=pairs_at_once).execute()
     say(
         f"tune: {len([r for r in outcome.trail.rounds if r.step])} steps chosen, {outcome.trail.engine_s / 60:.1f} engine minutes"
     )

@@ -21,6 +21,20 @@ TUNED_FILE = "tuned.yaml"
 
 
 @dataclass(frozen=True)
+class Raced:
+    """One candidate of a raced round: its step, its rank in the round's ranking, and what its own A/B decided."""
+
+    step: str
+    rank: int
+    remedy: str
+    knob: str
+    verdict: str  # kept | rejected | inconclusive | failed
+    reason: str
+    carried: bool = False  # the one the round carried (the first kept in ranking order)
+    step_document: Mapping[str, Any] = field(default_factory=dict)  # as Round.step_document
+
+
+@dataclass(frozen=True)
 class Round:
     """One round: the incumbent it diagnosed, what the ranking said, and what the chosen step's A/B decided."""
 
@@ -39,6 +53,33 @@ class Round:
     gates_met: bool | None = None
     # A rejected search's values dropped only for trailing its leader: the next round races them without it.
     retry_values: tuple[Scalar, ...] = ()
+    rank: int = 1  # the step's rank in `ranked` (a raced round's carried step may be ranked below the first)
+    raced: tuple[Raced, ...] = ()  # a raced round (tune.race on a cluster): every candidate it ran, the step's too
+    race: str = ""  # how many it raced and why the one carried was chosen
+
+    @property
+    def candidates(self) -> tuple[Raced, ...]:
+        """What the round ran: each raced candidate, or its one step."""
+        if self.raced or not self.step:
+            return self.raced
+        chosen = self.chosen
+        return (
+            Raced(
+                self.step,
+                self.rank,
+                chosen.remedy.value,
+                chosen.knob or "",
+                self.verdict or "",
+                self.reason,
+                self.verdict == "kept",
+                self.step_document,
+            ),
+        )
+
+    @property
+    def chosen(self) -> Ranked:
+        """The ranked candidate the round's step is."""
+        return next(c for c in self.ranked if c.rank == self.rank)
 
 
 @dataclass(frozen=True)
@@ -59,11 +100,7 @@ class Trail:
 
     def tried(self) -> tuple[Tried, ...]:
         return tuple(
-            Tried(c.remedy, c.knob or "", r.verdict or "", f"round {r.number}")
-            for r in self.rounds
-            if r.step
-            for c in r.ranked
-            if c.rank == 1
+            Tried(Remedy(c.remedy), c.knob, c.verdict, f"round {r.number}") for r in self.rounds for c in r.candidates
         )
 
     def with_round(self, done: Round) -> Trail:
@@ -106,6 +143,9 @@ def _round(r: Mapping[str, Any]) -> Round:  # Any: json.loads' values (trail.jso
         summary={str(k): float(v) for k, v in dict(r.get("summary") or {}).items()},
         gates_met=r.get("gates_met"),
         retry_values=tuple(r.get("retry_values") or ()),
+        rank=int(r.get("rank") or 1),
+        raced=tuple(Raced(**dict(c)) for c in r.get("raced", ())),
+        race=str(r.get("race") or ""),
     )
 
 

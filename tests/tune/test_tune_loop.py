@@ -6,17 +6,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
+from llmplay.archive.reader import ArchivedRun
 from llmplay.cli import cli
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Scalar
 from llmplay.tune import trail
 from llmplay.tune.loop import TuneLoop
+from llmplay.tuning import run as run_module
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
+from llmplay.tuning.schedule import LocalScheduler
 from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,3 +177,108 @@ def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying
     skipped = {c.remedy.value: c.reason for c in outcome.trail.final_ranking}
     assert skipped["max_batch"].startswith("parallel rejected 2 times before on this engine and image (run ")
     assert skipped["max_batch"].endswith("tune.retry_rejected tries it again")
+
+
+def two_cures(args: Mapping[str, Scalar], users: int) -> Response:
+    """Queueing that more slots cure, and a prefix the cache misses that cache_reuse cures (TTFT -30%): two
+    candidates that each beat the baseline on their own."""
+    base = one_slot_chat(args, users)
+    reused = args.get("cache_reuse") not in (None, 0)
+    return replace(base, ttft_s=base.ttft_s * (0.7 if reused else 1.0), reuse_achieved=0.35 if reused else 0.05)
+
+
+class RecordingScheduler(LocalScheduler):
+    """This machine's scheduler, claiming room for two pairs at once (as a two-node cluster would): the raced
+    steps' pairs then reach it together, and each call's groups are recorded."""
+
+    calls: ClassVar[list[list[list[str | None]]]] = []
+
+    def batch(self, configs):
+        return 2
+
+    def run(self, groups, take):
+        RecordingScheduler.calls.append([[slot.step for slot in group] for group in groups])
+        super().run(groups, take)
+
+
+def test_a_raced_round_runs_the_top_two_against_the_incumbent_carries_the_first_kept_and_records_both(
+    tmp_path, monkeypatch
+):
+    """tune.race 2 with room for two pairs at once: round 1 races the two ranked candidates in one run, their pairs
+    handed to the scheduler together; both are kept, the first ranked is carried, the other recorded as kept but
+    not carried and, counted as tried with that verdict, run again on the new incumbent in round 2."""
+    monkeypatch.setattr(run_module, "scheduler_for", lambda playbook, sharing: RecordingScheduler(playbook, sharing))
+    RecordingScheduler.calls = []
+    engine = SimulatedEngine(two_cures, seed=11)
+    playbook = load_playbook(tune_playbook(tmp_path, race=2))
+
+    def run(pb, root: Path) -> RunOutcome:
+        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _l: None, measure_trial=engine)
+
+    lines: list[str] = []
+    rooms: list[str] = []
+
+    def room(pb) -> int:
+        rooms.append(pb.metadata.name)
+        return 2
+
+    outcome = TuneLoop(playbook, tmp_path / "tune", run, lines.append, room=room).execute()
+    first = outcome.trail.rounds[1]
+    assert [(c.step, c.rank, c.knob) for c in first.raced] == [
+        ("tune-prefix-caching-cache-reuse", 1, "cache_reuse"),
+        ("tune-max-batch-parallel", 2, "parallel"),
+    ], "\n".join(lines)
+    assert [(c.verdict, c.carried) for c in first.raced] == [("kept", True), ("kept", False)], first.raced
+    # Ranking order decides which kept one is carried, even against a larger measured gain (-81% beside -30% here):
+    # the step a session without racing would have carried; the other is tried again on the new incumbent.
+    assert first.raced[1].reason.endswith("; not carried: tune-prefix-caching-cache-reuse, before it in the race, was")
+    assert first.step == "tune-prefix-caching-cache-reuse" and first.verdict == "kept" and first.rank == 1
+    assert first.kept_args["cache_reuse"] in (64, 256) and first.kept_args["parallel"] == 1
+    assert first.race.startswith("2 candidates raced (tune.race; the cluster runs 2 pair(s) at once)")
+    # The round's playbook: both steps with carry: race, against the same incumbent knobs.
+    round_doc = yaml.safe_load((outcome.tune_dir / "round-1.yaml").read_text())
+    assert [s.get("carry") for s in round_doc["steps"]] == ["race", "race"]
+    # Their pairs reached the scheduler in one call, interleaved (each step's first group first).
+    raced_calls = [c for c in RecordingScheduler.calls if {g[0] for g in c} == {s["name"] for s in round_doc["steps"]}]
+    assert raced_calls, RecordingScheduler.calls
+    assert [g[0] for g in raced_calls[0][:2]] == ["tune-prefix-caching-cache-reuse", "tune-max-batch-parallel"]
+    # The run archived the race: the first kept carried, the other's verdict saying why it was not.
+    archived = {v.step: v for v in ArchivedRun.open(Path(first.run_dir)).verdicts()}
+    assert archived["tune-prefix-caching-cache-reuse"].carried and not archived["tune-max-batch-parallel"].carried
+    # Round 2 counts both as tried: the kept-not-carried one is tried again on the new incumbent, alone.
+    tried = outcome.trail.tried()
+    assert [(t.knob, t.verdict, t.where) for t in tried[:2]] == [
+        ("cache_reuse", "kept", "round 1"),
+        ("parallel", "kept", "round 1"),
+    ]
+    second = outcome.trail.rounds[2]
+    assert second.step == "tune-max-batch-parallel-2" and second.raced == ()
+    assert second.verdict == "kept", second.reason
+    assert trail.load(outcome.tune_dir) == outcome.trail
+    tuned = load_playbook(outcome.tuned)
+    assert [s.name for s in tuned.steps] == ["tune-prefix-caching-cache-reuse", "tune-max-batch-parallel-2"]
+    assert all(s.carry == "if_kept" for s in tuned.steps)
+    assert "- step: tune-max-batch-parallel\n  knob: parallel\n  verdict: kept\n" in outcome.tuned.read_text()
+
+
+@pytest.mark.parametrize(("race", "room", "asks"), [(None, 2, 0), (2, 1, 1)])
+def test_without_race_or_without_room_for_two_pairs_a_round_runs_one_candidate(tmp_path, race, room, asks):
+    """tune.race absent (the cluster never asked), or a cluster with room for one pair at once: as before racing."""
+    asked: list[int] = []
+    engine = SimulatedEngine(two_cures, seed=12)
+    section = {"budget": {"steps": 1}, **({"race": race} if race else {})}
+    playbook = load_playbook(tune_playbook(tmp_path, **section))
+
+    def run(pb, root: Path) -> RunOutcome:
+        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _l: None, measure_trial=engine)
+
+    def cluster_room(_pb) -> int:
+        asked.append(1)
+        return room
+
+    outcome = TuneLoop(playbook, tmp_path / "tune", run, lambda _l: None, room=cluster_room).execute()
+    assert len(asked) == asks and outcome.trail.rounds[1].raced == ()
+    steps = yaml.safe_load((outcome.tune_dir / "round-1.yaml").read_text())["steps"]
+    assert steps == [{k: v for k, v in steps[0].items() if k != "carry"}]  # one ordinary step, carry if_kept
+    assert [s["name"] for s in steps] == ["tune-prefix-caching-cache-reuse"]
+    assert outcome.trail.stop == "budget spent: 1 of 1 steps"
