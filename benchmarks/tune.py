@@ -195,8 +195,8 @@ def tune_once(s: Scenario, seed: int, root: Path, tally: Tally, noise: float = 0
     playbook = load_playbook(path)
     engine = SimulatedEngine(s.surface, seed=seed, trial_s=1.0, noise=noise)
 
-    def run(pb: Any, archive: Path) -> RunOutcome:
-        return run_playbook(pb, RunOptions(archive_root=archive), report=lambda _l: None, measure_trial=engine)
+    def run(pb: Any, options: RunOptions) -> RunOutcome:
+        return run_playbook(pb, options, report=lambda _l: None, measure_trial=engine)
 
     outcome = TuneLoop(playbook, root / f"tune-{s.name}-{seed}", run, lambda _l: None).execute()
     rounds = outcome.trail.rounds

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from llmplay.archive.layout import MANIFEST
-from llmplay.archive.model import ConfigRecord, Diagnosis, GateResult, TrialRecord
+from llmplay.archive.model import ConfigRecord, Diagnosis, EngineDescription, GateResult, TrialRecord
+from llmplay.archive.run_facts import RunEnvironment, RunOverrides
 from llmplay.archive.verify import manifest_sha256
 from llmplay.archive.writer import RunArchive
 from llmplay.playbook.load import load_playbook
@@ -101,8 +102,8 @@ def template_run(root: Path, *, playbook_text: str = PLAYBOOK_TEXT) -> Path:
     source.parent.mkdir(parents=True, exist_ok=True)
     source.write_text(playbook_text)
     playbook = load_playbook(source)
-    env = {"host": "bench-01", "llmplay_version": "0.1.0", "gpu": None, "seed": 42}
-    archive = RunArchive.create(root, playbook, overrides={}, environment=env, secrets=[])
+    env = RunEnvironment(host="bench-01", llmplay_version="0.1.0", seed=42)
+    archive = RunArchive.create(root, playbook, overrides=RunOverrides(), environment=env, secrets=[])
     engine = replace(playbook.engine, image="llmplay/llamacpp-cpu:local", args={"parallel": 4, "threads": 1})
     archive.write_config(ConfigRecord("baseline", engine, playbook.workload, (), ""))
     rng = np.random.default_rng(0)
@@ -117,7 +118,7 @@ def template_run(root: Path, *, playbook_text: str = PLAYBOOK_TEXT) -> Path:
             "2026-01-01T00:00:00Z",
             10.0,
             _summary(rng, 0.06, 600.0),
-            engine_describe={"engine_version": BUILDS[0].version, "image_digest": BUILDS[0].digest},
+            engine_describe=EngineDescription(engine_version=BUILDS[0].version, image_digest=BUILDS[0].digest),
         )
         archive.write_trial(trial, None, None, "")
     gates = [GateResult("ttft.p95 < 2s", "ttft.p95", "<", 2.0, 0.06, True, 0.97)]

@@ -18,6 +18,7 @@ import pandas as pd
 from llmplay.archive.model import (
     ConfigRecord,
     Diagnosis,
+    EngineDescription,
     Finding,
     GateResult,
     MemoryFacts,
@@ -28,6 +29,7 @@ from llmplay.archive.model import (
     TrialRecord,
     TuningRow,
 )
+from llmplay.archive.run_facts import ClusterFacts, GpuInventory, RunEnvironment, RunOverrides
 from llmplay.archive.writer import RunArchive
 from llmplay.catalog import RECORD_METRICS
 from llmplay.loadgen.records import RequestRecord, records_to_dataframe
@@ -306,20 +308,21 @@ def make_archive(
     root.mkdir(parents=True, exist_ok=True)
     pb_path.write_text(PLAYBOOK_TEXT)
     playbook = load_playbook(pb_path)
-    env = {
-        "host": "bench-01",
-        "user": "tester",
-        "llmplay_version": "0.1.0",
-        "python": "3.11.9",
-        "gpu": {"name": "NVIDIA H100 80GB HBM3", "driver": "550.54.15", "cuda": "12.4", "count": 1},
-        "docker": "26.1.4",
-        "seed": 42,
-        "started_utc": "2025-01-02T03:04:05Z",
-        "proxy": f"http://bob:{URL_PASSWORD}@proxy.internal:3128",
-        "HF_TOKEN": SECRET,
-    }
+    gpu = "NVIDIA H100 80GB HBM3"
+    env = RunEnvironment(
+        host="bench-01",
+        docker="26.1.4",
+        user="tester",
+        llmplay_version="0.1.0",
+        python="3.11.9",
+        gpu=GpuInventory(name=gpu, names=(gpu,), count=1, driver="550.54.15", cuda="12.4"),
+        seed=42,
+        started_utc="2025-01-02T03:04:05Z",
+        # A cluster address with credentials in it: the header's one place a secret can come from, redacted.
+        cluster=ClusterFacts(f"ray://bob:{URL_PASSWORD}@ray.internal:10001", "2.40.0", "docker", None, 1.0, ()),
+    )
     archive = RunArchive.create(
-        root / "reports", playbook, overrides={"repeats": 2}, environment=env, secrets=list(SECRETS)
+        root / "reports", playbook, overrides=RunOverrides(repeats=2), environment=env, secrets=list(SECRETS)
     )
     rng = np.random.default_rng(seed)
 
@@ -382,12 +385,12 @@ def make_archive(
             "2025-01-02T03:05:00Z",
             duration + 4.0,
             summary,
-            engine_describe={
-                "version": "b4567 (abc123)",
-                "image": "llmplay/llamacpp-cpu:local",
-                "image_digest": "sha256:" + "ab" * 32,
-                "container": "c0ffee",
-            },
+            engine_describe=EngineDescription(
+                engine_version="b4567 (abc123)",
+                image="llmplay/llamacpp-cpu:local",
+                image_digest="sha256:" + "ab" * 32,
+                container_id="c0ffee",
+            ),
             notes=(*notes, "tokenizer: engine /tokenize"),
         )
         archive.write_trial(rec, frame, tele, f"server started\nHF_TOKEN={SECRET}\nslot 0 ready\n")

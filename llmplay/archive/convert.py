@@ -19,6 +19,7 @@ from llmplay.archive.model import (
     Candidate,
     ConfigRecord,
     Diagnosis,
+    EngineDescription,
     Environment,
     Finding,
     GateResult,
@@ -100,11 +101,51 @@ def trial_from(d: Mapping[str, object]) -> TrialRecord:
     kw["summary"] = {k: v for k, v in mapping(d.get("summary")).items() if v is not None}
     kw["notes"] = tuple(_items(d.get("notes")))
     kw["files"] = dict(mapping(d.get("files")))
-    kw["engine_describe"] = dict(mapping(d.get("engine_describe")))
+    kw["engine_describe"] = engine_description_from(mapping(d.get("engine_describe")))
     kw["node"] = dict(mapping(d.get("node")))
     if d.get("shared_with") is not None:
         kw["shared_with"] = tuple(mapping(o) for o in _items(d.get("shared_with")))
     return TrialRecord(**kw)
+
+
+def _given(value: object) -> str | None:
+    """A fact as text; None when it is not given (absent, null, empty)."""
+    return str(value) if value else None
+
+
+def _labels(value: object) -> dict[str, str]:
+    return {str(k): str(v) for k, v in mapping(value).items()}
+
+
+def engine_description_from(d: Mapping[str, object]) -> EngineDescription | None:
+    """A trial's engine as archived; None when it was never described (`{}`). Older archives named the version
+    `version` and the digest `digest` or `repo_digest`: read into the same facts."""
+    if not d:
+        return None
+    gpus, command = d.get("gpus"), d.get("command")
+    return EngineDescription(
+        runtime=_text(d.get("runtime")),
+        engine=_text(d.get("engine")),
+        engine_version=_given(d.get("version") or d.get("engine_version")),
+        image=_given(d.get("image")),
+        image_id=_given(d.get("image_id")),
+        image_digest=_given(d.get("image_digest") or d.get("digest") or d.get("repo_digest")),
+        command=None if command is None else tuple(str(a) for a in _items(command)),
+        command_line=_text(d.get("command_line")),
+        container_id=_text(d.get("container_id")),
+        container_name=_text(d.get("container_name")),
+        host_port=_whole(d.get("host_port")),
+        container_port=_whole(d.get("container_port")),
+        labels=_labels(d.get("labels")),
+        gpus=gpus if isinstance(gpus, int) else tuple(str(g) for g in _items(gpus)) if gpus is not None else None,
+        image_labels=_labels(d.get("image_labels")) if d.get("image_labels") is not None else None,
+        health_s=_number(d.get("health_s")),
+        engine_version_reported=_text(d.get("engine_version_reported")),
+        base_url=_text(d.get("base_url")),
+        executable=_text(d.get("executable")),
+        log_path=_text(d.get("log_path")),
+        pid=_whole(d.get("pid")),
+    )
 
 
 def _length_from(value: object, default: LengthDist) -> LengthDist:

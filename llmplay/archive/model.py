@@ -20,6 +20,7 @@ from llmplay.outcomes import KEPT as KEPT
 from llmplay.outcomes import REJECTED as REJECTED
 from llmplay.outcomes import GateResult as GateResult
 from llmplay.outcomes import MetricDelta as MetricDelta
+from llmplay.runtime.base import EngineDescription as EngineDescription
 from llmplay.spec import EngineSpec, Workload
 from llmplay.spec import Scalar as KnobValue  # a knob's value: None is the engine default
 
@@ -60,7 +61,7 @@ class TrialRecord:
     started_utc: str
     wall_s: float
     summary: Mapping[str, float]  # flat metric paths -> value (load + telemetry + cost); absent = not measured
-    engine_describe: Mapping[str, object] = field(default_factory=dict)  # version, image digest, command, container id
+    engine_describe: EngineDescription | None = None  # version, image digest, command; None: never described
     error: str | None = None  # failure cause, one line
     files: Mapping[str, str] = field(default_factory=dict)  # role -> relative path: records, telemetry, log
     notes: tuple[str, ...] = ()  # e.g. "no NVML: ...", "output tokens counted, not from usage"

@@ -29,6 +29,7 @@ from llmplay.archive.model import (
     TRIAL_OK,
     ConfigRecord,
     Diagnosis,
+    EngineDescription,
     EngineFacts,
     Finding,
     GateResult,
@@ -66,20 +67,18 @@ def have_pyarrow() -> bool:
 
 # ---------------------------------------------------------------------------------------------- describing a run
 def engine_facts(trials: Sequence[TrialRecord], configs: Sequence[ConfigRecord], final: str | None) -> EngineFacts:
-    described = [t for t in trials if t.engine_describe]
-    chosen = [t for t in described if t.config_id == final] or described
-    d = chosen[-1].engine_describe if chosen else {}
+    described = [d for t in trials if (d := t.engine_describe) is not None]
+    chosen = [t.engine_describe for t in trials if t.engine_describe is not None and t.config_id == final]
+    d = (chosen or described or [EngineDescription()])[-1]
     config = next((c for c in configs if c.config_id == final), configs[0] if configs else None)
     engine = config.engine if config else None
-    digest = next((str(d[k]) for k in ("image_digest", "digest", "repo_digest", "image_id") if d.get(k)), None)
-    version = d.get("version") or d.get("engine_version")
     return EngineFacts(
         kind=engine.kind if engine else "",
         model=engine.model if engine else "",
-        image=str(d.get("image") or (engine.image if engine else None) or "") or None,
-        version=str(version) if version else None,
-        digest=digest,
-        images=tuple(sorted({str(t.engine_describe["image"]) for t in described if t.engine_describe.get("image")})),
+        image=d.image or (engine.image if engine else None) or None,
+        version=d.engine_version or None,
+        digest=d.image_digest or d.image_id or None,
+        images=tuple(sorted({e.image for e in described if e.image})),
     )
 
 

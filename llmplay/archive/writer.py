@@ -41,6 +41,7 @@ from llmplay.archive.layout import (
 from llmplay.archive.model import (
     ConfigRecord,
     Diagnosis,
+    EngineDescription,
     Finding,
     GateResult,
     RooflineFacts,
@@ -50,6 +51,7 @@ from llmplay.archive.model import (
     to_plain,
 )
 from llmplay.archive.reader import ArchivedRun, have_pyarrow, read_manifest
+from llmplay.archive.run_facts import GpuInventory, RunEnvironment, RunOverrides
 from llmplay.archive.signing import signature_document, signing_key_from_env
 from llmplay.archive.verify import manifest_sha256, schema_problems
 from llmplay.errors import ArchiveError
@@ -153,6 +155,127 @@ def _diagnosis_json(d: Diagnosis) -> dict[str, object]:
     return out
 
 
+# The order each runtime has always described its engine in (every fact it has, null included); a description
+# from elsewhere (a test's maker) is written with the facts it gives.
+_DESCRIBED_AS: dict[str, tuple[str, ...]] = {
+    "docker": (
+        "runtime",
+        "engine",
+        "engine_version",
+        "image",
+        "image_id",
+        "image_digest",
+        "command",
+        "command_line",
+        "container_id",
+        "container_name",
+        "host_port",
+        "container_port",
+        "labels",
+        "gpus",
+        "image_labels",
+        "health_s",
+        "engine_version_reported",
+        "base_url",
+    ),
+    "process": (
+        "runtime",
+        "engine",
+        "engine_version",
+        "image",
+        "image_id",
+        "image_digest",
+        "container_id",
+        "executable",
+        "command",
+        "command_line",
+        "host_port",
+        "log_path",
+        "labels",
+        "pid",
+        "health_s",
+        "base_url",
+    ),
+    "endpoint": (
+        "runtime",
+        "engine",
+        "engine_version",
+        "image",
+        "image_id",
+        "image_digest",
+        "container_id",
+        "command",
+        "command_line",
+        "base_url",
+        "health_s",
+        "labels",
+    ),
+}
+
+
+def _engine_json(d: EngineDescription | None) -> dict[str, object]:
+    """A trial's engine as the manifest holds it: `{}` when it was never described."""
+    if d is None:
+        return {}
+    plain = to_plain(d)
+    keys = _DESCRIBED_AS.get(d.runtime or "") or [k for k, v in plain.items() if v is not None and v != {}]
+    return {k: plain[k] for k in keys}
+
+
+def _trial_json(trial: TrialRecord) -> dict[str, object]:
+    out = to_plain(trial)
+    out["engine_describe"] = _engine_json(trial.engine_describe)
+    return out
+
+
+def _gpu_json(gpu: GpuInventory | None) -> dict[str, object] | None:
+    """The GPU inventory as NVML gave it: `error` alone when it could not say; the node that answered on a cluster."""
+    if gpu is None:
+        return None
+    out: dict[str, object]
+    if gpu.error is not None:
+        out = {"error": gpu.error}
+    else:
+        out = {"name": gpu.name, "names": list(gpu.names), "count": gpu.count, "driver": gpu.driver, "cuda": gpu.cuda}
+    if gpu.node is not None:
+        out["node"] = gpu.node
+    return out
+
+
+def _environment_json(env: RunEnvironment, started_utc: str) -> dict[str, object]:
+    """The header as a run has always written it; a text fact not given ("") is left out, as a maker of test
+    archives leaves it."""
+    given: dict[str, object] = {
+        "host": env.host,
+        "docker": env.docker,
+        "user": env.user,
+        "llmplay_version": env.llmplay_version,
+        "python": env.python,
+        "platform": env.platform,
+        "gpu": _gpu_json(env.gpu),
+        "seed": env.seed,
+        "started_utc": env.started_utc or started_utc,
+    }
+    out = {k: v for k, v in given.items() if v != ""}
+    if env.cluster is not None:
+        out["cluster"] = to_plain(env.cluster)
+    return out
+
+
+def _overrides_json(o: RunOverrides) -> dict[str, object]:
+    """Only what the command line overrode."""
+    given = {
+        "repeats": o.repeats,
+        "duration_s": o.duration_s,
+        "warmup_s": o.warmup_s,
+        "only": list(o.only) or None,
+        "image": o.image,
+        "ray": o.ray,
+        "capacity": o.capacity or None,
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
 class RunArchive(ArchivedRun):
     """One run directory the runner writes through (and reads back from, for --resume)."""
 
@@ -174,8 +297,8 @@ class RunArchive(ArchivedRun):
         root: Path,
         playbook: Playbook,
         *,
-        overrides: Mapping[str, object],
-        environment: Mapping[str, object],
+        overrides: RunOverrides,
+        environment: RunEnvironment,
         secrets: list[str],
     ) -> RunArchive:
         signing_key = signing_key_from_env()  # a set but broken key fails here, before the run directory exists
@@ -192,8 +315,7 @@ class RunArchive(ArchivedRun):
                 f"expected a writable --archive directory or ${ENV_ARCHIVE}"
             ) from None
         redacted: list[str] = []
-        env = redact(_finite(to_plain(dict(environment))), list(secrets), redacted, "environment")
-        env.setdefault("started_utc", iso)
+        env = redact(_finite(_environment_json(environment, iso)), list(secrets), redacted, "environment")
         manifest: dict[str, object] = {
             "schema": SCHEMA_ID,
             "run_id": f"{stamp}-{short}",
@@ -206,7 +328,7 @@ class RunArchive(ArchivedRun):
                 "api_version": getattr(playbook, "api_version", ""),
             },
             "environment": env,
-            "overrides": redact(_finite(to_plain(dict(overrides))), list(secrets), redacted, "overrides"),
+            "overrides": redact(_finite(_overrides_json(overrides)), list(secrets), redacted, "overrides"),
             "status": "running",
             "exit_code": None,
             "configs": [],
@@ -354,7 +476,7 @@ class RunArchive(ArchivedRun):
         if engine_log:
             files["log"] = f"{base}/engine.log"
             self._write_text(files["log"], self._redact_text(engine_log, files["log"]))
-        record = self._redact_record(replace(trial, files=files), f"trials[{trial.trial_id}]")
+        record = self._redact_record(_trial_json(replace(trial, files=files)), f"trials[{trial.trial_id}]")
         _upsert(self._entries("trials"), "trial_id", record)
         self._save()
 

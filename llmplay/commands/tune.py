@@ -4,6 +4,7 @@ first round's ranking from an archived baseline without starting an engine."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -58,17 +59,18 @@ def tune_command(
             say(line)
         return ExitCode.OK
 
-    def run(pb: Playbook, root: Path) -> RunOutcome:
-        options = RunOptions(archive_root=root, progress=sys.stderr.isatty())
-        return run_playbook(pb, options, publish=publish_run, report=say)
+    def run(pb: Playbook, options: RunOptions) -> RunOutcome:
+        return run_playbook(pb, replace(options, progress=sys.stderr.isatty()), publish=publish_run, report=say)
 
     outcome = TuneLoop(playbook, tune_dir, run, say, state, archive_root=root, room=pairs_at_once).execute()
     say(
-        f"tune: {len([r for r in outcome.trail.rounds if r.step])} steps chosen, {outcome.trail.engine_s / 60:.1f} engine minutes"
+        f"tune: {sum(len(r.candidates) for r in outcome.trail.rounds)} steps chosen, {outcome.trail.engine_s / 60:.1f} engine minutes"
     )
     say(f"tune: stop reason: {outcome.trail.stop}")
     if outcome.tuned is not None:
         say(f"tuned playbook: {outcome.tuned}")
+    if outcome.report is not None:
+        say(f"report: {outcome.report}")
     return ExitCode.GATES if outcome.trail.infeasible else ExitCode.OK
 
 

@@ -115,7 +115,7 @@ def diagnose_run(
         notes.append("model facts unavailable: no config.json or GGUF found on the host (set engine.model_dir)")
     gpus = gpu_count(config.engine.gpus)
     gpu = gpu_inventory() if gpus else None
-    on_gpu = bool(gpus) and gpu and gpu.get("name")
+    on_gpu = bool(gpus) and gpu is not None and bool(gpu.name)
     if on_gpu:
         peak, capacity, device = telemetry.get("memory.peak_bytes"), telemetry.get("memory.capacity_bytes"), "gpu"
     else:
@@ -129,7 +129,7 @@ def diagnose_run(
         kv_bytes = KV_DTYPE_BYTES.get(kv_dtype, 2.0)
         breakdown = memory_breakdown(facts, kv_bytes, _tokens_in_flight(config, samples), peak, capacity, device=device)
         memory = MemoryFacts(**{f.name: getattr(breakdown, f.name) for f in fields(breakdown)})
-        spec = lookup_gpu(str(gpu.get("name"))) if on_gpu and gpu else None
+        spec = lookup_gpu(str(gpu.name)) if on_gpu and gpu is not None else None
         if spec is not None:
             kv_step = breakdown.kv_bytes / max(config.workload.concurrency or 1, 1)
             roofline = decode_roofline(

@@ -3,6 +3,8 @@ scheduler, and the checklist rules that were evaluated."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from llmplay.archive.model import Diagnosis, Finding, MemoryFacts, RooflineFacts
 from llmplay.catalog import fmt_bytes, fmt_full, fmt_pct
 from llmplay.report import charts
@@ -54,18 +56,23 @@ def diagnosis(d: Diagnosis, findings: list[Finding]) -> dict[str, object]:
         # A fact the engine or the model file did not give is left out (the reader drops it), never "None".
         "model": [(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else str(v)) for k, v in d.model.items()],
         "scheduler": [(k.replace("_", " "), str(v)) for k, v in d.scheduler.items()],
-        "findings": [
-            {
-                "id": f.id,
-                "severity": f.severity,
-                "title": f.title,
-                "evidence": f.evidence,
-                "suggestion": f.suggestion,
-                "ref": f.checklist_ref,
-            }
-            for f in findings
-        ],
+        "findings": finding_rows(findings),
     }
+
+
+def finding_rows(findings: Sequence[Finding]) -> list[dict[str, str]]:
+    """The findings as the findings table shows them (the run's report and the tuning session's)."""
+    return [
+        {
+            "id": f.id,
+            "severity": f.severity,
+            "title": f.title,
+            "evidence": f.evidence,
+            "suggestion": f.suggestion,
+            "ref": f.checklist_ref,
+        }
+        for f in findings
+    ]
 
 
 def rules_checked(d: Diagnosis) -> list[tuple[str, str]]:

@@ -151,7 +151,9 @@ def _direction(d: MetricDelta) -> str:
     return "better" if d.better else "worse"
 
 
-def _delta_rows(verdict: StepVerdict) -> list[dict[str, object]]:
+def delta_rows(verdict: StepVerdict) -> list[dict[str, object]]:
+    """A step's metric changes with their intervals, objective and guards first (the run's report and the tuning
+    session's)."""
     rows: list[dict[str, object]] = []
     guard_metrics = {g.metric for g in verdict.guards}
     seen = set()
@@ -212,7 +214,7 @@ def _interval_note(verdict: StepVerdict) -> str:
     )
 
 
-def _ci_header(verdict: StepVerdict) -> str:
+def ci_header(verdict: StepVerdict) -> str:
     d = verdict.objective
     return f"{d.confidence:.1%} CI".replace(".0%", "%") if d is not None and d.confidence is not None else "CI"
 
@@ -240,8 +242,8 @@ def steps(run: RunData, descriptions: Mapping[str, str], kept_text: str) -> list
                 "description": value_of(descriptions, v.step) or "",
                 "more_trials": v.more_trials_needed,
                 "interval": _interval_note(v),
-                "ci_header": _ci_header(v),
-                "deltas": _delta_rows(v),
+                "ci_header": ci_header(v),
+                "deltas": delta_rows(v),
                 "search": search_section(v),
                 "trials": _trial_rows(run, trial_ids, objective),
                 "charts": _section_charts(run, sorted(used), objective),

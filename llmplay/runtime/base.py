@@ -43,6 +43,35 @@ def live_runtimes() -> list[Runtime]:
 
 
 @dataclass(frozen=True)
+class EngineDescription:
+    """An engine a runtime started (or reached), as the trial's record keeps it: what ran, from which image or
+    program, where, and which version answered. A fact the runtime does not have is None (a process has no image,
+    an endpoint no command)."""
+
+    runtime: str | None = None  # docker | process | endpoint; None: described by something else (a test's maker)
+    engine: str | None = None  # the adapter's kind
+    engine_version: str | None = None  # the image's release label, else what the engine reported; None: neither
+    image: str | None = None
+    image_id: str | None = None
+    image_digest: str | None = None  # the first repo digest, else the image id
+    command: tuple[str, ...] | None = None  # the argv (the image first, in a container)
+    command_line: str | None = None
+    container_id: str | None = None
+    container_name: str | None = None
+    host_port: int | None = None
+    container_port: int | None = None
+    labels: Mapping[str, str] = field(default_factory=frozen_map)
+    gpus: int | tuple[str, ...] | None = None  # as the engine spec asked for them
+    image_labels: Mapping[str, str] | None = None
+    health_s: float | None = None  # how long it took to answer its health check
+    engine_version_reported: str | None = None  # what the engine itself reported, beside an image's label
+    base_url: str | None = None
+    executable: str | None = None  # a process's program
+    log_path: str | None = None
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """A healthy engine: where to send requests and what model name to put in them.
 
@@ -50,7 +79,7 @@ class Endpoint:
 
     base_url: str  # e.g. http://127.0.0.1:PORT, no trailing slash
     model: str
-    describe: Mapping[str, object] = field(default_factory=frozen_map)
+    describe: EngineDescription = field(default_factory=EngineDescription)
     _stop: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -97,7 +126,8 @@ class Runtime(ABC):
     def logs(self, tail: int | None = None) -> str: ...
 
     @abstractmethod
-    def describe(self) -> dict[str, object]: ...
+    def describe(self) -> EngineDescription | None:
+        """The engine as started (None before a start: nothing to describe)."""
 
     def alive(self) -> bool:
         return True

@@ -8,7 +8,7 @@ import shlex
 import threading
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,7 @@ from llmplay.runtime import dockerd
 from llmplay.runtime.base import (
     BIND_FAILED,
     Endpoint,
+    EngineDescription,
     Runtime,
     free_port,
     port_in_use,
@@ -150,7 +151,7 @@ class DockerRuntime(Runtime):
         self.bind_host = bind_host
         self.container: Container | None = None  # docker SDK Container while it exists (telemetry reads its stats)
         self._lock = threading.RLock()
-        self._info: dict[str, object] = {}
+        self._info: EngineDescription | None = None
         self._final_logs = ""
         self._instance = ""
 
@@ -196,30 +197,29 @@ class DockerRuntime(Runtime):
         kwargs = self._run_options(spec, engine, command, all_labels, container_port, host_port)
         digests = image.attrs.get("RepoDigests") or []
         image_labels = image_version_labels(image)
-        self._info = {
-            "runtime": self.kind,
-            "engine": engine.kind,
-            "engine_version": None,
-            "image": image_ref,
-            "image_id": image.id,
-            "image_digest": digests[0] if digests else image.id,
-            "command": [image_ref, *command],
-            "command_line": shlex.join([image_ref, *command]),
-            "container_id": None,
-            "container_name": kwargs["name"],
-            "host_port": host_port,
-            "container_port": container_port,
-            "labels": all_labels,
-            "gpus": spec.gpus if isinstance(spec.gpus, int) else list(spec.gpus),
-            "image_labels": image_labels,
-        }
+        info = EngineDescription(
+            runtime=self.kind,
+            engine=engine.kind,
+            image=image_ref,
+            image_id=image.id,
+            image_digest=digests[0] if digests else image.id,
+            command=(image_ref, *command),
+            command_line=shlex.join([image_ref, *command]),
+            container_name=str(kwargs["name"]),
+            host_port=host_port,
+            container_port=container_port,
+            labels=all_labels,
+            gpus=spec.gpus if isinstance(spec.gpus, int) else tuple(spec.gpus),
+            image_labels=image_labels,
+        )
+        self._info = info
         try:
             self.container = client.containers.run(image_ref, **kwargs)
         except docker.errors.APIError as exc:
             raise _start_failure(exc, spec, image_ref, host_port, self.bind_host) from None
-        self._info["container_id"] = self.container.id
+        self._info = info = replace(info, container_id=self.container.id)
         base_url = f"http://127.0.0.1:{host_port}"
-        self._info["health_s"] = wait_healthy(
+        health_s = wait_healthy(
             base_url + (spec.health_path or engine.health_path),
             spec.health_timeout_s,
             self._exit_code,
@@ -230,10 +230,14 @@ class DockerRuntime(Runtime):
         labelled = next((image_labels[k] for k in IMAGE_VERSION_LABELS if image_labels.get(k)), None)
         # The label names the release an image was built from; an engine built without its git metadata
         # reports a placeholder (llama.cpp from an sdist: b0-unknown), so the label wins and both are kept.
-        self._info["engine_version"] = labelled or reported
-        self._info["engine_version_reported"] = reported
-        self._info["base_url"] = base_url
-        return Endpoint(base_url, engine.served_model(spec), dict(self._info), self.stop)
+        self._info = info = replace(
+            info,
+            health_s=health_s,
+            engine_version=labelled or reported,
+            engine_version_reported=reported,
+            base_url=base_url,
+        )
+        return Endpoint(base_url, engine.served_model(spec), info, self.stop)
 
     def _run_options(
         self,
@@ -326,8 +330,8 @@ class DockerRuntime(Runtime):
                     self._client.close()
                     self._client = None
 
-    def describe(self) -> dict[str, object]:
-        return dict(self._info)
+    def describe(self) -> EngineDescription | None:
+        return self._info
 
 
 def owner_labels(owner: Owner | None = None) -> dict[str, str]:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from llmplay.engines.base import Engine
 from llmplay.errors import PlaybookError
-from llmplay.runtime.base import Endpoint, Runtime, probe_version, wait_healthy
+from llmplay.runtime.base import Endpoint, EngineDescription, Runtime, probe_version, wait_healthy
 from llmplay.spec import EngineSpec, Step
 
 
@@ -28,7 +28,7 @@ class EndpointRuntime(Runtime):
     def __init__(self, url: str, *, health_timeout_s: float | None = None):
         self.url = url.rstrip("/")
         self.health_timeout_s = health_timeout_s
-        self._info: dict[str, object] = {}
+        self._info: EngineDescription | None = None
 
     def start(self, spec: EngineSpec, engine: Engine, labels: Mapping[str, str] | None = None) -> Endpoint:
         timeout_s = self.health_timeout_s if self.health_timeout_s is not None else min(spec.health_timeout_s, 30.0)
@@ -39,21 +39,15 @@ class EndpointRuntime(Runtime):
             lambda: "(engine not started by llmplay: no logs)",
             f"{engine.kind} endpoint {self.url}",
         )
-        self._info = {
-            "runtime": self.kind,
-            "engine": engine.kind,
-            "engine_version": probe_version(self.url, engine),
-            "image": None,
-            "image_id": None,
-            "image_digest": None,
-            "container_id": None,
-            "command": None,
-            "command_line": None,
-            "base_url": self.url,
-            "health_s": health_s,
-            "labels": dict(labels or {}),
-        }
-        return Endpoint(self.url, engine.served_model(spec), dict(self._info), self.stop)
+        self._info = info = EngineDescription(
+            runtime=self.kind,
+            engine=engine.kind,
+            engine_version=probe_version(self.url, engine),
+            base_url=self.url,
+            health_s=health_s,
+            labels=dict(labels or {}),
+        )
+        return Endpoint(self.url, engine.served_model(spec), info, self.stop)
 
     def stop(self) -> None:
         """Nothing to stop: the engine is not ours."""
@@ -61,5 +55,5 @@ class EndpointRuntime(Runtime):
     def logs(self, tail: int | None = None) -> str:
         return ""
 
-    def describe(self) -> dict[str, object]:
-        return dict(self._info)
+    def describe(self) -> EngineDescription | None:
+        return self._info

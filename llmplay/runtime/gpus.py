@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, TypedDict  # Any: the NVML module, pynvml (which ships no types) or its test fake
+from dataclasses import dataclass, replace
+from typing import Any  # Any: the NVML module, pynvml (which ships no types) or its test fake
 
 import pynvml
 
 
-class GpuInventory(TypedDict, total=False):
+@dataclass(frozen=True)
+class GpuInventory:
     """The host's GPUs as the archive header keeps them; `error` alone when NVML could not say."""
 
-    name: str | None
-    names: list[str]
-    count: int
-    driver: str
-    cuda: str
-    error: str
+    name: str | None = None
+    names: tuple[str, ...] = ()
+    count: int = 0
+    driver: str = ""
+    cuda: str = ""
+    error: str | None = None  # why NVML could not say: then the only fact
+    node: str | None = None  # the cluster node that answered (a Ray run's trials' GPUs); None: this host
+
+    def on_node(self, node: str) -> GpuInventory:
+        return replace(self, node=node)
 
 
 def gpu_inventory(nvml: Any = None) -> GpuInventory | None:  # nvml: pynvml, untyped, or a fake of it
@@ -30,15 +36,15 @@ def gpu_inventory(nvml: Any = None) -> GpuInventory | None:  # nvml: pynvml, unt
         count = nvml.nvmlDeviceGetCount()
         names = [str(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
         cuda = nvml.nvmlSystemGetCudaDriverVersion()
-        return {
-            "name": names[0] if names else None,
-            "names": names,
-            "count": count,
-            "driver": str(nvml.nvmlSystemGetDriverVersion()),
-            "cuda": f"{cuda // 1000}.{cuda % 1000 // 10}",
-        }
+        return GpuInventory(
+            name=names[0] if names else None,
+            names=tuple(names),
+            count=count,
+            driver=str(nvml.nvmlSystemGetDriverVersion()),
+            cuda=f"{cuda // 1000}.{cuda % 1000 // 10}",
+        )
     except Exception as exc:  # any NVML failure is reported in the header, never fatal to the run
-        return {"error": f"NVML query failed: {exc}"}
+        return GpuInventory(error=f"NVML query failed: {exc}")
     finally:
         with contextlib.suppress(Exception):  # shutting down is best effort; the inventory is already taken
             nvml.nvmlShutdown()

@@ -22,6 +22,7 @@ from llmplay.engines.base import Engine
 from llmplay.errors import InfrastructureError
 from llmplay.runtime.base import (
     Endpoint,
+    EngineDescription,
     Runtime,
     free_port,
     probe_version,
@@ -63,7 +64,7 @@ class ProcessRuntime(Runtime):
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid: int | None = None  # telemetry samples this process (and its children)
         self.log_path: Path | None = None
-        self._info: dict[str, object] = {}
+        self._info: EngineDescription | None = None
         self._lock = threading.RLock()
 
     def start(self, spec: EngineSpec, engine: Engine, labels: Mapping[str, str] | None = None) -> Endpoint:
@@ -88,21 +89,16 @@ class ProcessRuntime(Runtime):
         self.log_path = log_dir / f"{engine.kind}-{run}-{port}.log"
         env = dict(os.environ)
         env.update(spec.env)
-        self._info = {
-            "runtime": self.kind,
-            "engine": engine.kind,
-            "engine_version": None,
-            "image": None,
-            "image_id": None,
-            "image_digest": None,
-            "container_id": None,
-            "executable": program,
-            "command": argv,
-            "command_line": shlex.join(argv),
-            "host_port": port,
-            "log_path": str(self.log_path),
-            "labels": dict(labels or {}),
-        }
+        self._info = info = EngineDescription(
+            runtime=self.kind,
+            engine=engine.kind,
+            executable=program,
+            command=tuple(argv),
+            command_line=shlex.join(argv),
+            host_port=port,
+            log_path=str(self.log_path),
+            labels=dict(labels or {}),
+        )
         self._register()
         try:
             with open(self.log_path, "wb") as log:
@@ -117,21 +113,21 @@ class ProcessRuntime(Runtime):
                     start_new_session=True,
                 )
             self.pid = self.proc.pid
-            self._info["pid"] = self.pid
+            self._info = info = replace(info, pid=self.pid)
             base_url = f"http://127.0.0.1:{port}"
-            self._info["health_s"] = wait_healthy(
+            health_s = wait_healthy(
                 base_url + (spec.health_path or engine.health_path),
                 spec.health_timeout_s,
                 self.proc.poll,
                 self.logs,
                 f"{engine.kind} process {program} (pid {self.pid})",
             )
-            self._info["engine_version"] = probe_version(base_url, engine, self.logs(tail=200))
-            self._info["base_url"] = base_url
+            version = probe_version(base_url, engine, self.logs(tail=200))
+            self._info = info = replace(info, health_s=health_s, engine_version=version, base_url=base_url)
         except BaseException:
             self.stop()
             raise
-        return Endpoint(base_url, engine.served_model(spec), dict(self._info), self.stop)
+        return Endpoint(base_url, engine.served_model(spec), info, self.stop)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -152,8 +148,8 @@ class ProcessRuntime(Runtime):
                 self.proc = None
                 self._unregister()
 
-    def describe(self) -> dict[str, object]:
-        return dict(self._info)
+    def describe(self) -> EngineDescription | None:
+        return self._info
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

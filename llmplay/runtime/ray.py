@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar  # Any: Ray's object refs and remote functions, untyped until run time
 
 from llmplay.errors import InfrastructureError
+from llmplay.runtime.gpus import GpuInventory
 from llmplay.spec import Config, RuntimeSpec, gpu_count
 
 # Tasks Ray queues for a node that never frees up are legitimate waits on a shared cluster; a node that cannot host
@@ -69,6 +70,30 @@ def pair_needs(configs: Sequence[Config], runtime: RuntimeSpec) -> Needs:
 
 
 @dataclass(frozen=True)
+class NodeFacts:
+    """One live node of the cluster as the archive header keeps it."""
+
+    id: str
+    address: str
+    hostname: str
+    cpus: float
+    gpus: float
+    accelerator_types: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """The Ray cluster a run's trials ran on, as the archive header keeps it."""
+
+    address: str | None
+    ray_version: str
+    inner_runtime: str
+    accelerator_type: str | None
+    cpus_per_trial: float
+    nodes: tuple[NodeFacts, ...]
+
+
+@dataclass(frozen=True)
 class Node:
     id: str
     address: str
@@ -80,16 +105,16 @@ class Node:
         fits = [math.floor(self.resources.get(name, 0.0) / amount + 1e-9) for name, amount in needs.resources().items()]
         return max(0, min(fits))
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> NodeFacts:
         gpu_types = sorted(k.split(":", 1)[1] for k in self.resources if k.startswith("accelerator_type:"))
-        return {
-            "id": self.id,
-            "address": self.address,
-            "hostname": self.hostname,
-            "cpus": self.resources.get("CPU", 0.0),
-            "gpus": self.resources.get("GPU", 0.0),
-            "accelerator_types": gpu_types,
-        }
+        return NodeFacts(
+            self.id,
+            self.address,
+            self.hostname,
+            self.resources.get("CPU", 0.0),
+            self.resources.get("GPU", 0.0),
+            tuple(gpu_types),
+        )
 
     def label(self) -> dict[str, str]:
         return {"id": self.id, "address": self.address, "hostname": self.hostname}
@@ -191,17 +216,17 @@ class RayCluster(Generic[Job]):
             ray.shutdown()
             self._owns_connection = False
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> ClusterFacts:
         import ray  # deferred: see connect
 
-        return {
-            "address": self.spec.address,
-            "ray_version": ray.__version__,
-            "inner_runtime": self.spec.inner,
-            "accelerator_type": self.spec.accelerator_type,
-            "cpus_per_trial": self.spec.cpus_per_trial,
-            "nodes": [n.describe() for n in self._nodes.values()],
-        }
+        return ClusterFacts(
+            address=self.spec.address,
+            ray_version=str(ray.__version__),
+            inner_runtime=self.spec.inner,
+            accelerator_type=self.spec.accelerator_type,
+            cpus_per_trial=self.spec.cpus_per_trial,
+            nodes=tuple(n.describe() for n in self._nodes.values()),
+        )
 
     # ---------------------------------------------------------------- nodes
     def refresh(self, *, force: bool = False) -> dict[str, Node]:
@@ -340,7 +365,7 @@ class RayCluster(Generic[Job]):
                 ray.cancel(ref, force=True)
         self._inflight.clear()
 
-    def ask_node(self, needs: Needs, probe: Callable[[], Mapping[str, object] | None]) -> dict[str, object] | None:
+    def ask_node(self, needs: Needs, probe: Callable[[], GpuInventory | None]) -> GpuInventory | None:
         """`probe()` run on a node that could host `needs` (the GPU model, driver and CUDA of a node the trials run
         on, for the archive header: the driver's own may have none), its node id added; None from a CPU node."""
         import ray  # deferred: see connect
@@ -352,10 +377,10 @@ class RayCluster(Generic[Job]):
         task = ray.remote(max_retries=0, num_cpus=0)(probe)
         ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote()
         try:
-            found: Mapping[str, object] | None = ray.get(ref, timeout=60)
+            found: GpuInventory | None = ray.get(ref, timeout=60)
         except Exception as exc:  # the header then says why; the trials report real failures themselves
-            return {"error": f"GPU inventory of node {short(node.id)} failed: {type(exc).__name__}"}
-        return None if found is None else {**found, "node": node.id}
+            return GpuInventory(error=f"GPU inventory of node {short(node.id)} failed: {type(exc).__name__}")
+        return None if found is None else found.on_node(node.id)
 
     def collect_orphans(self, run_id: str, docker_host: str | None) -> None:
         """On every live node: remove the engines of `run_id` whose worker died (a resumed run's earlier driver)."""

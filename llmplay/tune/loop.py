@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from llmplay.archive.layout import MANIFEST
 from llmplay.archive.model import Finding, RooflineFacts, StepVerdict
 from llmplay.archive.reader import ArchivedRun
 from llmplay.engines import get_engine
@@ -22,12 +23,15 @@ from llmplay.stats.search import DROPPED_VS_LEADER
 from llmplay.tune import documents, trail
 from llmplay.tune.bounds import roofline_bound, unloaded_bound
 from llmplay.tune.history import tried_before
+from llmplay.tune.page import write_page
 from llmplay.tune.rank import Ranked, RankInput, Tried, TunePolicy, next_step, rank
 from llmplay.tune.trail import Raced, Round, Trail
-from llmplay.tuning.run import RunOutcome
+from llmplay.tuning.resume import resumed_playbook
+from llmplay.tuning.run import RunOptions, RunOutcome
 
-# Runs one playbook as an ordinary run, archived under the given root.
-RunFn = Callable[[Playbook, Path], RunOutcome]
+# Runs one playbook as an ordinary run with these options (its archive root; the run to continue, on resume).
+RunFn = Callable[[Playbook, RunOptions], RunOutcome]
+INTERRUPTED = "interrupted"  # a run's status after a signal (or a bug), continued with --resume
 Say = Callable[[str], None]
 # How many A/B pairs the playbook's runtime runs at once (a Ray cluster's room; 1 on one machine).
 Room = Callable[[Playbook], int]
@@ -38,6 +42,7 @@ class TuneOutcome:
     tune_dir: Path
     trail: Trail
     tuned: Path | None  # tuned.yaml, None when the loop stopped before the baseline
+    report: Path | None = None  # the session's report.html, None when it could not be rendered (the warning says why)
 
 
 def policy_of(playbook: Playbook) -> TunePolicy:
@@ -116,7 +121,7 @@ class TuneLoop:
         """Measure one request alone; True when a latency gate is below it (the loop then stops before the baseline)."""
         path = documents.write_document(self.tune_dir / "alone.yaml", documents.alone_document(self.playbook))
         self.say(f"tune: one request alone ({documents.ALONE_REQUESTS} requests, one at a time): {path}")
-        outcome, spent = self._measure(load_playbook(path, allow_outside_extends=True))
+        outcome, spent = self._measure(self._resumable(trail.PROBE) or trail.Pending(trail.PROBE, str(path)))
         alone = {k: float(v) for k, v in outcome.final_summary.items() if isinstance(v, int | float)}
         self.trail = replace(self.trail, alone=alone, alone_run=str(outcome.run_dir), alone_s=spent)
         bound = unloaded_bound(self.playbook.goals.gates, alone, documents.ALONE_REQUESTS)
@@ -128,7 +133,8 @@ class TuneLoop:
 
     def _baseline(self) -> None:
         self.say("tune: round 0, the baseline and the playbook's own steps")
-        outcome, spent = self._measure(self.playbook)
+        pending = self._resumable(0) or trail.Pending(0, self.playbook.path)
+        outcome, spent = self._measure(pending, self.playbook)
         done = Round(
             0,
             str(outcome.run_dir),
@@ -144,15 +150,27 @@ class TuneLoop:
 
     def _next_round(self) -> None:
         last = self.trail.rounds[-1]
-        ranked = self._ranking(last)
         number = len(self.trail.rounds)
-        self._print_ranking(number, ranked)
-        chosen = next_step(ranked)
-        stop = self._stop_reason(chosen, ranked, last)
-        if stop:
-            self._stop(stop, ranked=ranked)
-            return
-        assert chosen is not None and chosen.knob is not None  # _stop_reason
+        pending = self._resumable(number)
+        if pending is None:
+            ranked = self._ranking(last)
+            self._print_ranking(number, ranked)
+            chosen = next_step(ranked)
+            stop = self._stop_reason(chosen, ranked, last)
+            if stop:
+                self._stop(stop, ranked=ranked)
+                return
+            assert chosen is not None and chosen.knob is not None  # _stop_reason
+            pending = self._round_playbook(number, last, ranked)
+        else:
+            names = ", ".join(str(e.step_document["name"]) for e in _entrants(pending))
+            self.say(f"tune: round {number} was interrupted: it goes on with {names} ({pending.playbook})")
+        outcome, spent = self._measure(pending)
+        self._record_round(number, last, pending, outcome, spent)
+
+    def _round_playbook(self, number: int, last: Round, ranked: Sequence[Ranked]) -> trail.Pending:
+        """Write round-N.yaml: the incumbent's knobs and the step ranked first (with tune.race on a cluster, the
+        first ranked raced as `carry: race` steps); the round as it will be recorded."""
         raced, room = self._raced(ranked)
         taken = [c.step for r in self.trail.rounds for c in r.candidates]
         steps: list[documents.Doc] = []
@@ -173,9 +191,24 @@ class TuneLoop:
         names = [str(s["name"]) for s in steps]
         race = _race_note(names, room) if len(raced) > 1 else ""
         self.say(f"tune: round {number} runs {', '.join(names)} ({path.name}){': ' + race if race else ''}")
-        outcome, spent = self._measure(load_playbook(path, allow_outside_extends=True))
-        done = _decided(number, last, ranked, list(zip(raced, steps, strict=True)), outcome, spent)
-        self.trail = self.trail.with_round(replace(done, race=race))
+        entrants = tuple(trail.Entrant(c.rank or 1, step) for c, step in zip(raced, steps, strict=True))
+        return trail.Pending(
+            number,
+            str(path),
+            ranked=tuple(ranked),
+            step=names[0],
+            step_document=steps[0],
+            raced=entrants if len(entrants) > 1 else (),
+            race=race,
+        )
+
+    def _record_round(
+        self, number: int, last: Round, pending: trail.Pending, outcome: RunOutcome, spent: float
+    ) -> None:
+        by_rank = {c.rank: c for c in pending.ranked if c.rank is not None}
+        ran = [(by_rank[e.rank], dict(e.step_document)) for e in _entrants(pending)]
+        done = _decided(number, last, pending.ranked, ran, outcome, spent)
+        self.trail = self.trail.with_round(replace(done, race=pending.race))
         for c in done.raced:
             self.say(f"tune: round {number}: raced {c.step} {c.verdict}{' (carried)' if c.carried else ''}: {c.reason}")
         self.say(f"tune: round {number}: {done.step} {done.verdict}: {done.reason}")
@@ -255,10 +288,43 @@ class TuneLoop:
         return ""
 
     # -- helpers
-    def _measure(self, playbook: Playbook) -> tuple[RunOutcome, float]:
-        """The run's outcome and its engine time: the wall time its trials archived (engine starts included)."""
-        outcome = self.run(playbook, self.archive)
+    def _measure(self, pending: trail.Pending, playbook: Playbook | None = None) -> tuple[RunOutcome, float]:
+        """Run `pending` (`playbook`, else its file), recorded in trail.json before it starts and its run directory
+        once it exists; a run archived before (an interrupted session) is continued as `run --resume` continues it,
+        its archived trials kept. The outcome and its engine time: the wall time its trials archived (engine starts
+        included). An interrupted run stops the session (KeyboardInterrupt), resumable with `tune --resume`."""
+        self._record(pending)
+        if pending.run_dir and (Path(pending.run_dir) / MANIFEST).is_file():
+            resumed = resumed_playbook(Path(pending.run_dir), allow_outside_extends=True)
+            if resumed.trust is not None and resumed.trust.warning:
+                self.say(resumed.trust.warning)
+            self.say(f"tune: continuing the interrupted run {pending.run_dir}")
+            signs = resumed.trust is None or resumed.trust.sign
+            options = RunOptions(self.archive, resume=Path(pending.run_dir), resume_signs=signs)
+            playbook = resumed.playbook
+        else:
+            options = RunOptions(self.archive, on_archive=lambda d: self._record(replace(pending, run_dir=str(d))))
+            playbook = playbook or load_playbook(Path(pending.playbook), allow_outside_extends=True)
+        outcome = self.run(playbook, options)
+        if outcome.status == INTERRUPTED:
+            self._record(replace(pending, run_dir=str(outcome.run_dir)))
+            self.say(
+                f"tune: interrupted; the run's archived trials are kept ({outcome.run_dir}): continue with "
+                f"`llmplay tune --resume {self.tune_dir}`"
+            )
+            self._page()
+            raise KeyboardInterrupt(f"tune: {outcome.run_dir} interrupted")
+        self.trail = replace(self.trail, pending=None)  # saved with what the run decided
         return outcome, sum(t.wall_s for t in ArchivedRun.open(outcome.run_dir).trials())
+
+    def _record(self, pending: trail.Pending) -> None:
+        self.trail = replace(self.trail, pending=pending)
+        trail.save(self.trail, self.tune_dir)
+
+    def _resumable(self, number: int) -> trail.Pending | None:
+        """The interrupted run of this round (or of the probe), when the session stopped in it."""
+        pending = self.trail.pending
+        return pending if pending is not None and pending.number == number else None
 
     def _roofline(self) -> RooflineFacts | None:
         return ArchivedRun.open(Path(self.trail.rounds[-1].run_dir)).diagnosis().roofline
@@ -277,7 +343,17 @@ class TuneLoop:
         if tuned is not None:
             tuned.write_text(documents.tuned_text(self.playbook, *self._kept_and_not()))
             self.say(f"tune: wrote {tuned}")
-        return TuneOutcome(self.tune_dir, self.trail, tuned)
+        return TuneOutcome(self.tune_dir, self.trail, tuned, self._page())
+
+    def _page(self) -> Path | None:
+        """The session's report.html; a rendering bug costs the page, never the session (trail.json is its record)."""
+        try:
+            return write_page(self.trail, self.tune_dir, self.playbook.metadata.name)
+        except Exception as exc:
+            self.say(
+                f"warning: the session's report.html not written ({type(exc).__name__}: {exc}); trail.json is complete"
+            )
+            return None
 
     def _kept_and_not(self) -> tuple[list[documents.KeptStep], list[documents.Doc]]:
         kept: list[documents.KeptStep] = []
@@ -340,6 +416,11 @@ def _round_header(number: int, raced: Sequence[Ranked]) -> str:
         f"# llmplay tune, round {number}: the incumbent's knobs and the {len(raced)} steps ranked first, raced (carry:"
         " race: each against the incumbent, the first kept carried).\n" + reasons
     )
+
+
+def _entrants(pending: trail.Pending) -> tuple[trail.Entrant, ...]:
+    """What a pending round runs: its raced candidates, or its one step (the first ranked)."""
+    return pending.raced or (trail.Entrant(1, pending.step_document),)
 
 
 def _race_note(names: Sequence[str], room: int) -> str:

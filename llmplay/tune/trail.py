@@ -1,6 +1,8 @@
 """The tuner's decision trail: per round the incumbent's findings, the ranked candidates with the reason for each
 rank, the step chosen, its verdict and the engine time spent; and why the loop stopped. Written to `trail.json`
-after every round, so a reader replays every choice and `--resume` continues the same ranking."""
+after every round, so a reader replays every choice and `--resume` continues the same ranking. The run in progress is
+recorded before it starts (and its run directory once it exists), so `--resume` continues that run's archive with
+`run --resume`'s machinery, keeping the trials it measured."""
 
 from __future__ import annotations
 
@@ -82,6 +84,31 @@ class Round:
         return next(c for c in self.ranked if c.rank == self.rank)
 
 
+PROBE = -1  # Pending.number of the one-request-alone probe
+
+
+@dataclass(frozen=True)
+class Entrant:
+    """A raced round's candidate before its run: its rank in the round's ranking and its step."""
+
+    rank: int
+    step_document: Mapping[str, Any]  # a YAML step as PyYAML gives it (untyped), `carry: race`
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The run in progress (or interrupted): `--resume` continues its archive, or starts it again when none exists."""
+
+    number: int  # the round's number; PROBE for the one-request-alone probe
+    playbook: str  # the playbook it runs: alone.yaml, the session's playbook (round 0), round-N.yaml
+    run_dir: str = ""  # its archive, once the run made one
+    ranked: tuple[Ranked, ...] = ()  # a round's ranking, kept as it was when the round chose its step
+    step: str | None = None  # the step ranked first (a raced round's first candidate)
+    step_document: Mapping[str, Any] = field(default_factory=dict)  # a YAML step as PyYAML gives it (untyped)
+    raced: tuple[Entrant, ...] = ()  # a raced round (tune.race on a cluster): every candidate it runs, in rank order
+    race: str = ""  # how many it races, as Round.race
+
+
 @dataclass(frozen=True)
 class Trail:
     playbook: str  # the playbook's path
@@ -92,6 +119,7 @@ class Trail:
     stop: str = ""  # why the loop stopped ("" while it runs)
     infeasible: bool = False
     final_ranking: tuple[Ranked, ...] = ()  # the ranking the loop stopped on
+    pending: Pending | None = None  # the run in progress; None between runs
 
     @property
     def engine_s(self) -> float:
@@ -124,6 +152,20 @@ def load(tune_dir: Path) -> Trail:
         stop=str(raw.get("stop") or ""),
         infeasible=bool(raw.get("infeasible")),
         final_ranking=tuple(_ranked(c) for c in raw.get("final_ranking", ())),
+        pending=_pending(raw["pending"]) if raw.get("pending") else None,
+    )
+
+
+def _pending(p: Mapping[str, Any]) -> Pending:  # Any: json.loads' values (trail.json), copied as written
+    return Pending(
+        number=int(p["number"]),
+        playbook=str(p["playbook"]),
+        run_dir=str(p.get("run_dir") or ""),
+        ranked=tuple(_ranked(c) for c in p.get("ranked", ())),
+        step=p.get("step"),
+        step_document=dict(p.get("step_document") or {}),
+        raced=tuple(Entrant(int(e["rank"]), dict(e["step_document"])) for e in p.get("raced", ())),
+        race=str(p.get("race") or ""),
     )
 
 

@@ -8,6 +8,7 @@ import socket
 import sys
 
 from llmplay import __version__
+from llmplay.archive.run_facts import RunEnvironment
 from llmplay.runtime.docker import connect
 from llmplay.runtime.gpus import gpu_inventory
 from llmplay.spec import Playbook
@@ -22,17 +23,16 @@ def _docker_version(playbook: Playbook) -> str | None:
         return None
 
 
-def describe_environment(playbook: Playbook, *, started_utc: str) -> dict[str, object]:
+def describe_environment(playbook: Playbook, *, started_utc: str) -> RunEnvironment:
     """Host, Docker, Python, GPU and seed for the archive header: what a later reader needs to compare runs."""
-    gpu = gpu_inventory()
-    return {
-        "host": socket.gethostname(),
-        "docker": _docker_version(playbook),
-        "user": getpass.getuser(),
-        "llmplay_version": __version__,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "gpu": gpu,
-        "seed": playbook.workload.seed,
-        "started_utc": started_utc,
-    }
+    return RunEnvironment(
+        host=socket.gethostname(),
+        docker=_docker_version(playbook),
+        user=getpass.getuser(),
+        llmplay_version=__version__,
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        gpu=gpu_inventory(),
+        seed=playbook.workload.seed,
+        started_utc=started_utc,
+    )

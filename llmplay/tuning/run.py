@@ -21,6 +21,7 @@ from llmplay.archive.model import (
     StepVerdict,
     TuningRow,
 )
+from llmplay.archive.run_facts import RunOverrides
 from llmplay.archive.writer import RunArchive
 from llmplay.diagnose.from_trials import diagnose_run
 from llmplay.engines import get_engine
@@ -68,22 +69,20 @@ class RunOptions:
     capacity: bool = False
     # --resume: whether the continued archive is signed ($LLMPLAY_SIGNING_KEY); archive.trust decides it
     resume_signs: bool = True
+    # Told a new archive's run directory the moment it exists, before any trial: `llmplay tune` records it so an
+    # interrupted round is continued, not measured again.
+    on_archive: Callable[[Path], object] | None = None
 
-    def overrides(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            k: v
-            for k, v in (
-                ("repeats", self.repeats),
-                ("duration_s", self.duration_s),
-                ("warmup_s", self.warmup_s),
-                ("only", list(self.only) or None),
-                ("image", self.image),
-                ("ray", self.ray_address),
-                ("capacity", self.capacity or None),
-            )
-            if v is not None
-        }
-        return out
+    def overrides(self) -> RunOverrides:
+        return RunOverrides(
+            repeats=self.repeats,
+            duration_s=self.duration_s,
+            warmup_s=self.warmup_s,
+            only=self.only,
+            image=self.image,
+            ray=self.ray_address,
+            capacity=self.capacity,
+        )
 
 
 @dataclass(frozen=True)
@@ -240,7 +239,7 @@ class TuningRun:
             done = book.read_earlier()
             self.narrator.report(f"resuming {archive.run_dir}: {done} trial(s) already archived")
             return book
-        env = {**describe_environment(self.playbook, started_utc=utc_now()), **self.scheduler.environment()}
+        env = self.scheduler.environment(describe_environment(self.playbook, started_utc=utc_now()))
         archive = RunArchive.create(
             self.options.archive_root,
             self.playbook,
@@ -249,6 +248,8 @@ class TuningRun:
             secrets=self.secrets,
         )
         self.narrator.report(f"archive: {archive.run_dir}")
+        if self.options.on_archive is not None:
+            self.options.on_archive(archive.run_dir)
         return TrialBook(archive, self.playbook, self.narrator, self._signals)
 
     def _config_record(self, config: Config) -> ConfigRecord:
@@ -380,9 +381,9 @@ class TuningRun:
             final.config.label,
             tuple(gates),
             tuple(loop.verdicts),
-            tuple(archive.tuning_record()),  # as archived: read back through the archive's one conversion
-            tuple(archive.findings()),
-            archive.diagnosis(),
+            tuple(loop.record_rows),
+            tuple(findings),
+            diagnosis,
             final_summary,
             self.playbook.trials,
         )

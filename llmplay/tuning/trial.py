@@ -31,7 +31,7 @@ from llmplay.metrics import (
 )
 from llmplay.redaction import resolve_args, resolve_env
 from llmplay.runtime import RuntimeFactory, make_runtime
-from llmplay.runtime.base import Endpoint, Runtime
+from llmplay.runtime.base import Endpoint, EngineDescription, Runtime
 from llmplay.runtime.labels import LABEL_CONFIG, LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import CapacitySpec, Config, EngineSpec, Playbook, Workload, gpu_count
 from llmplay.stats.decide import TrialSample, sample_from_records
@@ -174,7 +174,7 @@ class _Started:
         *,
         summary: Mapping[str, float | None] | None = None,
         error: str | None = None,
-        engine_describe: Mapping[str, object] | None = None,
+        engine_describe: EngineDescription | None = None,
         notes: tuple[str, ...] = (),
     ) -> TrialRecord:
         return TrialRecord(
@@ -188,7 +188,7 @@ class _Started:
             wall_s=time.perf_counter() - self.t0,
             # A figure not measured stays null in the manifest, as it always has; archive.convert drops it on reading.
             summary=cast(dict[str, float], dict(summary or {})),
-            engine_describe=dict(engine_describe or {}),
+            engine_describe=engine_describe,
             error=error,
             notes=notes,
         )
@@ -200,7 +200,7 @@ class _Measured:
     capacity search on one engine start, and a search with an engine start per probe."""
 
     load: LoadResult  # the measured load (a search's boundary probe)
-    engine_describe: Mapping[str, object]
+    engine_describe: EngineDescription | None
     engine_log: str
     search: CapacityResult | None = None
     alive: bool = True
@@ -264,8 +264,8 @@ def _on_one_engine(
         with runtime.start(spec, engine, labels) as endpoint:
             try:
                 # The metric names of the release that answered, not of the one the adapter was written for.
-                version = endpoint.describe.get("engine_version")
-                sources = telemetry_sources(runtime, endpoint, engine.at(str(version) if version else None), spec)
+                version = endpoint.describe.engine_version
+                sources = telemetry_sources(runtime, endpoint, engine.at(version or None), spec)
                 with TelemetrySampler(sources) as sampler:
                     sampler_origin_ns = time.perf_counter_ns() - int(sampler.elapsed_s() * 1e9)
                     load, search = _load(playbook, config, endpoint, spec, capacity, progress)
@@ -283,7 +283,7 @@ def _on_one_engine(
             # Read while the engine still exists: its description, whether it outlived the load, its log.
             return _Measured(
                 load,
-                dict(runtime.describe()),
+                runtime.describe(),
                 runtime.logs(),
                 search=search,
                 alive=runtime.alive(),
@@ -349,7 +349,7 @@ def _failed_during(exc: InfrastructureError) -> str:
 class _LastStart(TypedDict):
     """The last engine start of a fresh-engine search: its description and log, for a failure's record."""
 
-    describe: dict[str, object]
+    describe: EngineDescription | None
     log: str
 
 
@@ -365,7 +365,7 @@ def _search_fresh_engines(
 ) -> _Measured | TrialResult:
     """goals.capacity.engine: fresh: a capacity search whose every probe has an engine start of its own (no
     telemetry: no sampler outlives one probe). The engine-seconds count load only, not the starts."""
-    last: _LastStart = {"describe": {}, "log": ""}
+    last: _LastStart = {"describe": None, "log": ""}
 
     def measure(load_value: float, replicate: int) -> ProbeRun:
         runtime = runtime_factory(playbook.runtime)
@@ -380,7 +380,7 @@ def _search_fresh_engines(
                 engine_s = time.perf_counter() - t0
             finally:
                 tokenizer.close()
-            last["describe"], last["log"] = dict(runtime.describe()), runtime.logs()
+            last["describe"], last["log"] = runtime.describe(), runtime.logs()
         attainment = slo_attainment(result.records, result.duration_s, playbook.goals.slo_s, capacity.attainment)
         return ProbeRun(load_value, replicate, attainment, result.duration_s, engine_s, result)
 

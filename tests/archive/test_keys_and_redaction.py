@@ -21,6 +21,7 @@ from click.testing import CliRunner, Result
 
 from llmplay.archive.layout import ENV_PUBLIC_KEY, ENV_SIGNING_KEY, MANIFEST, REPORT_FILE
 from llmplay.archive.model import ConfigRecord
+from llmplay.archive.run_facts import RunEnvironment, RunOverrides
 from llmplay.archive.signing import MAX_KEY_BYTES, keygen
 from llmplay.archive.writer import RunArchive
 from llmplay.cli import cli
@@ -148,13 +149,13 @@ def test_the_mount_rule_names_the_archive_s_variables():
 def test_the_manifest_and_report_say_where_values_were_redacted_never_the_values(run_dir):
     manifest = json.loads((run_dir / MANIFEST).read_text())
     redacted = manifest["redacted"]
-    assert "environment.HF_TOKEN" in redacted and "environment.proxy" in redacted
+    assert "environment.cluster.address" in redacted
     assert any(p.endswith(".engine.env.HF_TOKEN") for p in redacted), redacted
     assert any(p.endswith("/engine.log") for p in redacted), redacted
     text = json.dumps(redacted)
     assert all(secret not in text for secret in SECRETS)
     html = (run_dir / REPORT_FILE).read_text()
-    assert "secrets redacted" in html and "environment.HF_TOKEN" in html
+    assert "secrets redacted" in html and "environment.cluster.address" in html
 
 
 def test_a_value_shaped_like_a_secret_is_redacted_and_recorded(tmp_path, monkeypatch):
@@ -162,7 +163,9 @@ def test_a_value_shaped_like_a_secret_is_redacted_and_recorded(tmp_path, monkeyp
     blanks it by shape, under any name, in the manifest, the engine log and the docker line, and says where."""
     monkeypatch.delenv(ENV_SIGNING_KEY, raising=False)
     playbook = load_playbook(ROOT / "playbooks" / "cpu-tiny.yaml")
-    archive = RunArchive.create(tmp_path / "r", playbook, overrides={}, environment={}, secrets=[])
+    archive = RunArchive.create(
+        tmp_path / "r", playbook, overrides=RunOverrides(), environment=RunEnvironment(), secrets=[]
+    )
     literal, random_note = "sk-live-LITERAL-888888", "Zq8Xw3Lp7Rt5Vb2Nm4Kj6"
     engine = replace(
         playbook.engine,

@@ -112,9 +112,9 @@ def test_vllm_streams_through_the_load_generator(vllm_endpoint, api: str) -> Non
 
 def test_vllm_reports_its_version_and_metrics_in_the_adapter_names(vllm_endpoint) -> None:
     endpoint, _ = vllm_endpoint
-    assert endpoint.describe["engine_version"] == CURRENT  # the image label
-    assert endpoint.describe["engine_version_reported"] == CURRENT  # /version
-    assert endpoint.describe["image_labels"]["llmplay.engine.version"] == CURRENT
+    assert endpoint.describe.engine_version == CURRENT  # the image label
+    assert endpoint.describe.engine_version_reported == CURRENT  # /version
+    assert endpoint.describe.image_labels["llmplay.engine.version"] == CURRENT
     text = httpx.get(endpoint.base_url + "/metrics", timeout=10).text
     names = get_engine("vllm").at(CURRENT).metric_names
     readings, missing = parse_metrics(text, names)

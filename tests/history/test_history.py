@@ -298,7 +298,9 @@ def render_in_chromium(page: Path) -> None:
     if browser is None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("chromium is not installed (CI=true: the site must be checked in a browser)")
-        pytest.skip("chromium is not installed (`scripts/setup.sh --test` installs it); the site was checked without it")
+        pytest.skip(
+            "chromium is not installed (`scripts/setup.sh --test` installs it); the site was checked without it"
+        )
     done = subprocess.run(
         [
             browser,

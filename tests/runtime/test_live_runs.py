@@ -47,10 +47,11 @@ with LiveRun(sys.argv[1], "other-playbook"):
 ARCHIVE_OWNER = """
 import sys, time
 from pathlib import Path
+from llmplay.archive.run_facts import RunEnvironment, RunOverrides
 from llmplay.archive.writer import RunArchive
 from llmplay.playbook.load import load_playbook
 from llmplay.runtime.owner import Owner
-archive = RunArchive.create(Path(sys.argv[2]), load_playbook(sys.argv[1]), overrides={}, environment={}, secrets=[])
+archive = RunArchive.create(Path(sys.argv[2]), load_playbook(sys.argv[1]), overrides=RunOverrides(), environment=RunEnvironment(), secrets=[])
 archive.set_owner(Owner.current())
 print(archive.run_dir, flush=True)
 time.sleep(600)

@@ -71,14 +71,14 @@ def test_start_stream_stop_leaves_nothing(docker_client: Any, llama_server_spec:
         texts, usage = stream_completion(endpoint.base_url, endpoint.model)
         assert len(texts) >= 2 and usage["completion_tokens"] == 16
         d = runtime.describe()
-        assert d["image"] == "llmplay/llamacpp-cpu:local" and d["image_digest"].startswith("sha256:")
-        assert d["engine_version_reported"].startswith("b")  # llama.cpp build_info, e.g. b1-0c1e570
-        assert d["engine_version"] == cpu_engine.engine_version  # the image label: the release it came from
-        assert d["container_id"] == runtime.container.id and runtime.alive()
-        assert d["command"][1:] == LLAMACPP.command(llama_server_spec)
-        assert d["labels"][LABEL_RUN] == labels[LABEL_RUN] and d["labels"][LABEL_TRIAL] == "1"
-        assert endpoint.describe["container_id"] == d["container_id"]
-        container = docker_client.containers.get(d["container_id"])
+        assert d.image == "llmplay/llamacpp-cpu:local" and d.image_digest.startswith("sha256:")
+        assert d.engine_version_reported.startswith("b")  # llama.cpp build_info, e.g. b1-0c1e570
+        assert d.engine_version == cpu_engine.engine_version  # the image label: the release it came from
+        assert d.container_id == runtime.container.id and runtime.alive()
+        assert list(d.command[1:]) == LLAMACPP.command(llama_server_spec)
+        assert d.labels[LABEL_RUN] == labels[LABEL_RUN] and d.labels[LABEL_TRIAL] == "1"
+        assert endpoint.describe.container_id == d.container_id
+        container = docker_client.containers.get(d.container_id)
         assert container.labels[LABEL_RUN] == labels[LABEL_RUN]
         assert "listening on" in runtime.logs() and len(runtime.logs(tail=2).splitlines()) == 2
     assert left_over(docker_client, labels) == []
@@ -239,7 +239,7 @@ def test_fixture_endpoint_metrics_and_endpoint_runtime(llama_endpoint: Any) -> N
     with runtime.start(EngineSpec("llamacpp", "/models/tiny.gguf"), LLAMACPP) as endpoint:
         assert endpoint.base_url == llama_endpoint.base_url
         # An endpoint has no image to read a label from: the engine's own report is all there is.
-        assert runtime.describe()["engine_version"] == llama_endpoint.describe["engine_version_reported"]
+        assert runtime.describe().engine_version == llama_endpoint.describe.engine_version_reported
         texts, _ = stream_completion(endpoint.base_url, endpoint.model, 4)
         assert texts
     assert httpx.get(llama_endpoint.base_url + "/health", timeout=30).status_code == 200  # not ours to stop

@@ -56,10 +56,10 @@ def test_start_stream_stop(llama_spec: EngineSpec, tmp_path: Path) -> None:
                     texts += [c["text"] for c in json.loads(line[6:]).get("choices", []) if c.get("text")]
         assert len(texts) >= 2
         d = runtime.describe()
-        assert d["engine_version"].startswith("b") and d["pid"] == pid and d["image"] is None
-        assert d["command"][0] == llama_spec.executable and "--host" in d["command"]
-        assert d["command"][d["command"].index("--host") + 1] == "127.0.0.1"  # loopback on the host
-        assert Path(d["log_path"]).parent == tmp_path
+        assert d.engine_version.startswith("b") and d.pid == pid and d.image is None
+        assert d.command[0] == llama_spec.executable and "--host" in d.command
+        assert d.command[d.command.index("--host") + 1] == "127.0.0.1"  # loopback on the host
+        assert Path(d.log_path).parent == tmp_path
     assert gone(pid)
     assert runtime not in live_runtimes() and not runtime.alive()
     assert "listening on" in runtime.logs()

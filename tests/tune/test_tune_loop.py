@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
+from llmplay.archive.model import TRIAL_OK
 from llmplay.archive.reader import ArchivedRun
+from llmplay.archive.verify import verify
 from llmplay.cli import cli
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Scalar
@@ -20,47 +21,8 @@ from llmplay.tune import trail
 from llmplay.tune.loop import TuneLoop
 from llmplay.tuning import run as run_module
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
-from llmplay.tuning.schedule import LocalScheduler
-from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def one_slot_chat(args: Mapping[str, Scalar], users: int) -> Response:
-    """llama.cpp-like: users beyond the slots queue (TTFT grows with the queue); slots cost a little throughput;
-    the shared system prompt is served from the prompt cache."""
-    slots = slots_of(args)
-    queue = max(0.0, users / slots - 1)
-    return Response(
-        ttft_s=0.1 * (1 + 1.5 * queue),
-        output_tok_s=100.0 * (1 - 0.03 * (min(slots, users) - 1)),
-        waiting_frac=0.9 if slots < users else 0.0,
-        waiting_mean=float(max(users - slots, 0)),
-        reuse_expected=0.4,
-        reuse_achieved=0.39 if args.get("prefix_caching") is not False else 0.0,
-    )
-
-
-def tune_playbook(tmp_path: Path, gates: list[str] | None = None, **tune: object) -> Path:
-    doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny-tune.yaml").read_text())
-    doc["goals"]["gates"] = gates or doc["goals"]["gates"]
-    doc["runtime"] = "process"
-    doc["trials"] = {"repeats": 3, "max_repeats": 5, "sequential": True}
-    doc["tune"] = {**doc["tune"], **tune}
-    path = tmp_path / "cpu-tiny-tune.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
-def tune(
-    tmp_path: Path, engine: SimulatedEngine, lines: list[str], gates: list[str] | None = None, **tune_section: object
-) -> TuneLoop:
-    playbook = load_playbook(tune_playbook(tmp_path, gates, **tune_section))
-
-    def run(pb, root: Path) -> RunOutcome:
-        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _line: None, measure_trial=engine)
-
-    return TuneLoop(playbook, tmp_path / "tune", run, lines.append)
+from llmplay_testing.simulated import Response, SimulatedEngine
+from llmplay_testing.tune_sessions import CtrlC, TwoPairsAtOnce, one_slot_chat, tune, tune_playbook, two_cures
 
 
 def test_one_slot_for_four_users_keeps_more_slots_skips_prefix_caching_and_stops_with_its_reason(tmp_path):
@@ -132,11 +94,11 @@ def test_an_interrupted_session_resumes_with_the_same_ranking(tmp_path):
     playbook = load_playbook(tune_playbook(tmp_path))
     calls: list[str] = []
 
-    def run(pb, root: Path) -> RunOutcome:
+    def run(pb, options: RunOptions) -> RunOutcome:
         calls.append(pb.steps[0].name if pb.steps else "no steps")
         if len(calls) == 3:  # the probe, round 0, then Ctrl-C in round 1
             raise KeyboardInterrupt
-        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _l: None, measure_trial=engine)
+        return run_playbook(pb, options, report=lambda _l: None, measure_trial=engine)
 
     with pytest.raises(KeyboardInterrupt):
         TuneLoop(playbook, tmp_path / "tune", run, lambda _l: None).execute()
@@ -168,8 +130,8 @@ def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying
         )
     engine = SimulatedEngine(no_effect, seed=8)
 
-    def run(pb, archive: Path) -> RunOutcome:
-        return run_playbook(pb, RunOptions(archive_root=archive), report=lambda _l: None, measure_trial=engine)
+    def run(pb, options: RunOptions) -> RunOutcome:
+        return run_playbook(pb, options, report=lambda _l: None, measure_trial=engine)
 
     loop = TuneLoop(load_playbook(path), tmp_path / "tune", run, lambda _l: None, archive_root=root)
     outcome = loop.execute()
@@ -179,26 +141,41 @@ def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying
     assert skipped["max_batch"].endswith("tune.retry_rejected tries it again")
 
 
-def two_cures(args: Mapping[str, Scalar], users: int) -> Response:
-    """Queueing that more slots cure, and a prefix the cache misses that cache_reuse cures (TTFT -30%): two
-    candidates that each beat the baseline on their own."""
-    base = one_slot_chat(args, users)
-    reused = args.get("cache_reuse") not in (None, 0)
-    return replace(base, ttft_s=base.ttft_s * (0.7 if reused else 1.0), reuse_achieved=0.35 if reused else 0.05)
+def test_a_round_interrupted_mid_run_resumes_its_run_keeping_the_trials_it_archived(tmp_path):
+    playbook = load_playbook(tune_playbook(tmp_path))
+    step = "tune-max-batch-parallel"
+
+    def runner(engine: CtrlC):
+        return lambda pb, options: run_playbook(pb, options, report=lambda _l: None, measure_trial=engine)
+
+    first, lines = CtrlC(SimulatedEngine(one_slot_chat, seed=5), step, at=5), []
+    with pytest.raises(KeyboardInterrupt):
+        TuneLoop(playbook, tmp_path / "tune", runner(first), lines.append).execute()
+    state = trail.load(tmp_path / "tune")
+    pending = state.pending
+    assert [r.number for r in state.rounds] == [0] and pending is not None
+    assert (pending.number, pending.step, Path(pending.playbook).name) == (1, step, "round-1.yaml")
+    assert pending.ranked and pending.ranked[0].knob == "parallel"
+    interrupted = Path(pending.run_dir)
+    kept_before = {t.trial_id for t in ArchivedRun.open(interrupted).trials() if t.status == TRIAL_OK}
+    assert len(kept_before) == 4, kept_before
+    assert any(f"llmplay tune --resume {tmp_path / 'tune'}" in line for line in lines)
+
+    again = CtrlC(SimulatedEngine(one_slot_chat, seed=6))
+    outcome = TuneLoop(playbook, tmp_path / "tune", runner(again), lines.append, state).execute()
+    resumed = outcome.trail.rounds[1]
+    assert resumed.run_dir == str(interrupted) and resumed.step == step and resumed.verdict == "kept"
+    assert resumed.ranked == pending.ranked  # the same ranking, not ranked again
+    trials = ArchivedRun.open(interrupted).trials()
+    assert kept_before <= {t.trial_id for t in trials if t.status == TRIAL_OK}
+    measured_first = {key for key in first.asked if key[0] == step}
+    assert len(measured_first) == 4 and not measured_first & set(again.asked)  # none measured a second time
+    assert all(key[0] == step for key in again.asked)  # no new probe or baseline either
+    assert outcome.trail.pending is None and trail.load(tmp_path / "tune").pending is None
+    assert verify(interrupted) == []
 
 
-class RecordingScheduler(LocalScheduler):
-    """This machine's scheduler, claiming room for two pairs at once (as a two-node cluster would): the raced
-    steps' pairs then reach it together, and each call's groups are recorded."""
-
-    calls: ClassVar[list[list[list[str | None]]]] = []
-
-    def batch(self, configs):
-        return 2
-
-    def run(self, groups, take):
-        RecordingScheduler.calls.append([[slot.step for slot in group] for group in groups])
-        super().run(groups, take)
+RACED = ["tune-prefix-caching-cache-reuse", "tune-max-batch-parallel"]  # two_cures' round 1, in rank order
 
 
 def test_a_raced_round_runs_the_top_two_against_the_incumbent_carries_the_first_kept_and_records_both(
@@ -207,14 +184,8 @@ def test_a_raced_round_runs_the_top_two_against_the_incumbent_carries_the_first_
     """tune.race 2 with room for two pairs at once: round 1 races the two ranked candidates in one run, their pairs
     handed to the scheduler together; both are kept, the first ranked is carried, the other recorded as kept but
     not carried and, counted as tried with that verdict, run again on the new incumbent in round 2."""
-    monkeypatch.setattr(run_module, "scheduler_for", lambda playbook, sharing: RecordingScheduler(playbook, sharing))
-    RecordingScheduler.calls = []
-    engine = SimulatedEngine(two_cures, seed=11)
-    playbook = load_playbook(tune_playbook(tmp_path, race=2))
-
-    def run(pb, root: Path) -> RunOutcome:
-        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _l: None, measure_trial=engine)
-
+    monkeypatch.setattr(run_module, "scheduler_for", lambda playbook, sharing: TwoPairsAtOnce(playbook, sharing))
+    TwoPairsAtOnce.calls = []
     lines: list[str] = []
     rooms: list[str] = []
 
@@ -222,29 +193,29 @@ def test_a_raced_round_runs_the_top_two_against_the_incumbent_carries_the_first_
         rooms.append(pb.metadata.name)
         return 2
 
-    outcome = TuneLoop(playbook, tmp_path / "tune", run, lines.append, room=room).execute()
+    outcome = tune(tmp_path, SimulatedEngine(two_cures, seed=11), lines, room=room, race=2).execute()
     first = outcome.trail.rounds[1]
     assert [(c.step, c.rank, c.knob) for c in first.raced] == [
-        ("tune-prefix-caching-cache-reuse", 1, "cache_reuse"),
-        ("tune-max-batch-parallel", 2, "parallel"),
+        (RACED[0], 1, "cache_reuse"),
+        (RACED[1], 2, "parallel"),
     ], "\n".join(lines)
     assert [(c.verdict, c.carried) for c in first.raced] == [("kept", True), ("kept", False)], first.raced
     # Ranking order decides which kept one is carried, even against a larger measured gain (-81% beside -30% here):
     # the step a session without racing would have carried; the other is tried again on the new incumbent.
-    assert first.raced[1].reason.endswith("; not carried: tune-prefix-caching-cache-reuse, before it in the race, was")
-    assert first.step == "tune-prefix-caching-cache-reuse" and first.verdict == "kept" and first.rank == 1
+    assert first.raced[1].reason.endswith(f"; not carried: {RACED[0]}, before it in the race, was")
+    assert first.step == RACED[0] and first.verdict == "kept" and first.rank == 1
     assert first.kept_args["cache_reuse"] in (64, 256) and first.kept_args["parallel"] == 1
     assert first.race.startswith("2 candidates raced (tune.race; the cluster runs 2 pair(s) at once)")
     # The round's playbook: both steps with carry: race, against the same incumbent knobs.
     round_doc = yaml.safe_load((outcome.tune_dir / "round-1.yaml").read_text())
     assert [s.get("carry") for s in round_doc["steps"]] == ["race", "race"]
     # Their pairs reached the scheduler in one call, interleaved (each step's first group first).
-    raced_calls = [c for c in RecordingScheduler.calls if {g[0] for g in c} == {s["name"] for s in round_doc["steps"]}]
-    assert raced_calls, RecordingScheduler.calls
-    assert [g[0] for g in raced_calls[0][:2]] == ["tune-prefix-caching-cache-reuse", "tune-max-batch-parallel"]
+    raced_calls = [c for c in TwoPairsAtOnce.calls if {g[0] for g in c} == set(RACED)]
+    assert raced_calls, TwoPairsAtOnce.calls
+    assert [g[0] for g in raced_calls[0][:2]] == RACED
     # The run archived the race: the first kept carried, the other's verdict saying why it was not.
     archived = {v.step: v for v in ArchivedRun.open(Path(first.run_dir)).verdicts()}
-    assert archived["tune-prefix-caching-cache-reuse"].carried and not archived["tune-max-batch-parallel"].carried
+    assert archived[RACED[0]].carried and not archived[RACED[1]].carried
     # Round 2 counts both as tried: the kept-not-carried one is tried again on the new incumbent, alone.
     tried = outcome.trail.tried()
     assert [(t.knob, t.verdict, t.where) for t in tried[:2]] == [
@@ -256,29 +227,68 @@ def test_a_raced_round_runs_the_top_two_against_the_incumbent_carries_the_first_
     assert second.verdict == "kept", second.reason
     assert trail.load(outcome.tune_dir) == outcome.trail
     tuned = load_playbook(outcome.tuned)
-    assert [s.name for s in tuned.steps] == ["tune-prefix-caching-cache-reuse", "tune-max-batch-parallel-2"]
+    assert [s.name for s in tuned.steps] == [RACED[0], "tune-max-batch-parallel-2"]
     assert all(s.carry == "if_kept" for s in tuned.steps)
     assert "- step: tune-max-batch-parallel\n  knob: parallel\n  verdict: kept\n" in outcome.tuned.read_text()
+
+
+def test_a_raced_round_interrupted_mid_run_is_pending_and_resumes_its_run_racing_the_same_candidates(
+    tmp_path, monkeypatch
+):
+    """Ctrl-C during a raced round's trials: trail.json holds the round as pending (every raced step and the race)
+    with its run; --resume continues that run, the archived trials kept, and records the race as decided."""
+    monkeypatch.setattr(run_module, "scheduler_for", lambda playbook, sharing: TwoPairsAtOnce(playbook, sharing))
+    first, lines = CtrlC(SimulatedEngine(two_cures, seed=13), RACED[1], at=3), []
+    with pytest.raises(KeyboardInterrupt):
+        tune(tmp_path, first, lines, room=lambda _pb: 2, race=2, budget={"steps": 2}).execute()
+    state = trail.load(tmp_path / "tune")
+    pending = state.pending
+    assert [r.number for r in state.rounds] == [0] and pending is not None
+    assert [(e.rank, e.step_document["name"], e.step_document["carry"]) for e in pending.raced] == [
+        (1, RACED[0], "race"),
+        (2, RACED[1], "race"),
+    ]
+    assert pending.step == RACED[0] and pending.race.startswith("2 candidates raced")
+    interrupted = Path(pending.run_dir)
+    kept_before = {t.trial_id for t in ArchivedRun.open(interrupted).trials() if t.status == TRIAL_OK}
+    measured_first = {key for key in first.asked if key[0] in RACED}  # (step, role, repeat, configuration)
+    assert len(measured_first) == len(kept_before) and {key[0] for key in measured_first} == set(RACED)
+
+    again = CtrlC(SimulatedEngine(two_cures, seed=14))
+    asked: list[str] = []
+
+    def room(_pb) -> int:
+        asked.append("room")
+        return 2
+
+    done = tune(tmp_path, again, lines, room=room, state=state, race=2, budget={"steps": 2}).execute()
+    resumed = done.trail.rounds[1]
+    assert resumed.run_dir == str(interrupted) and resumed.race == pending.race and asked == []  # not raced again
+    assert [(c.step, c.verdict, c.carried) for c in resumed.raced] == [
+        (RACED[0], "kept", True),
+        (RACED[1], "kept", False),
+    ], "\n".join(lines)
+    assert any(f"round 1 was interrupted: it goes on with {', '.join(RACED)}" in line for line in lines)
+    assert kept_before <= {t.trial_id for t in ArchivedRun.open(interrupted).trials() if t.status == TRIAL_OK}
+    assert not measured_first & set(again.asked)  # none measured a second time
+    assert all(step in RACED for step, *_ in again.asked)  # no new probe or baseline either
+    assert done.trail.pending is None and done.trail.stop == "budget spent: 2 of 2 steps"
+    assert verify(interrupted) == []
 
 
 @pytest.mark.parametrize(("race", "room", "asks"), [(None, 2, 0), (2, 1, 1)])
 def test_without_race_or_without_room_for_two_pairs_a_round_runs_one_candidate(tmp_path, race, room, asks):
     """tune.race absent (the cluster never asked), or a cluster with room for one pair at once: as before racing."""
     asked: list[int] = []
-    engine = SimulatedEngine(two_cures, seed=12)
-    section = {"budget": {"steps": 1}, **({"race": race} if race else {})}
-    playbook = load_playbook(tune_playbook(tmp_path, **section))
-
-    def run(pb, root: Path) -> RunOutcome:
-        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _l: None, measure_trial=engine)
 
     def cluster_room(_pb) -> int:
         asked.append(1)
         return room
 
-    outcome = TuneLoop(playbook, tmp_path / "tune", run, lambda _l: None, room=cluster_room).execute()
+    section = {"budget": {"steps": 1}, **({"race": race} if race else {})}
+    outcome = tune(tmp_path, SimulatedEngine(two_cures, seed=12), [], room=cluster_room, **section).execute()
     assert len(asked) == asks and outcome.trail.rounds[1].raced == ()
     steps = yaml.safe_load((outcome.tune_dir / "round-1.yaml").read_text())["steps"]
     assert steps == [{k: v for k, v in steps[0].items() if k != "carry"}]  # one ordinary step, carry if_kept
-    assert [s["name"] for s in steps] == ["tune-prefix-caching-cache-reuse"]
+    assert [s["name"] for s in steps] == [RACED[0]]
     assert outcome.trail.stop == "budget spent: 1 of 1 steps"

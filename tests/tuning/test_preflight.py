@@ -108,13 +108,12 @@ def test_llamacpp_trials_name_the_release_not_b0_unknown(llama_endpoint, cpu_eng
     """llama.cpp built without git metadata (the wheel, or the sdist) reports `b0-unknown`; the image label names
     the release it came from."""
     describe = llama_endpoint.describe
-    assert describe["engine_version"] == describe["image_labels"]["llmplay.engine.version"]
-    assert describe["engine_version"] == cpu_engine.engine_version
+    assert describe.engine_version == describe.image_labels["llmplay.engine.version"]
+    assert describe.engine_version == cpu_engine.engine_version
     assert (
-        describe["engine_version"].startswith(("xllamacpp ", "llama-cpp-python "))
-        and ", ggml " in describe["engine_version"]
+        describe.engine_version.startswith(("xllamacpp ", "llama-cpp-python ")) and ", ggml " in describe.engine_version
     )
-    assert describe["engine_version_reported"].startswith("b0-")  # what /props says, kept beside it
+    assert describe.engine_version_reported.startswith("b0-")  # what /props says, kept beside it
 
 
 def test_every_value_of_a_search_step_is_checked_against_the_image(tmp_path) -> None:

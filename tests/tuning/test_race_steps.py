@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
 
 import yaml
 
@@ -17,8 +16,8 @@ from llmplay.playbook.load import load_playbook
 from llmplay.spec import Scalar
 from llmplay.tuning import run as run_module
 from llmplay.tuning.run import RunOptions, run_playbook
-from llmplay.tuning.schedule import LocalScheduler
 from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
+from llmplay_testing.tune_sessions import TwoPairsAtOnce
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,20 +41,6 @@ def raced_playbook(tmp_path: Path) -> Path:
     path = tmp_path / "raced.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
-
-
-class TwoPairsAtOnce(LocalScheduler):
-    """This machine's scheduler claiming room for two pairs at once (as a two-node cluster would): raced steps' asks
-    then reach it together; each call's steps are recorded."""
-
-    calls: ClassVar[list[list[str | None]]] = []
-
-    def batch(self, configs):
-        return 2
-
-    def run(self, groups, take):
-        TwoPairsAtOnce.calls.append([group[0].step for group in groups])
-        super().run(groups, take)
 
 
 def test_raced_steps_on_one_machine_each_meet_the_baseline_and_the_first_kept_is_carried(tmp_path):
@@ -91,8 +76,9 @@ def test_with_room_for_two_pairs_the_raced_steps_asks_are_one_call_and_a_stop_en
     )
     assert outcome.status == "complete"
     # Interleaved: each step's first pair first; the step after the race runs alone.
-    assert TwoPairsAtOnce.calls[0] == ["parallel-2", "parallel-4"] * 3
-    assert TwoPairsAtOnce.calls[-1] == ["then-threads"] * len(TwoPairsAtOnce.calls[-1])
+    steps_of = [[group[0] for group in call] for call in TwoPairsAtOnce.calls]
+    assert steps_of[0] == ["parallel-2", "parallel-4"] * 3
+    assert steps_of[-1] == ["then-threads"] * len(steps_of[-1])
     verdicts = {v.step: v for v in outcome.verdicts}
     assert verdicts["parallel-2"].carried and not verdicts["parallel-4"].carried
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from llmplay.archive.model import TrialRecord
+from llmplay.archive.run_facts import RunEnvironment
 from llmplay.spec import Config
 from llmplay.stats.decide import TrialSample
 from llmplay.tuning.book import TrialBook, TrialSlot
@@ -27,8 +28,8 @@ class TrialScheduler(Protocol):
     def join(self) -> None:
         """Before any archive is made: reach the machines, and refuse configurations none of them can host."""
 
-    def environment(self) -> dict[str, object]:
-        """What the archive header adds about where the trials run (empty: this machine, already described)."""
+    def environment(self, here: RunEnvironment) -> RunEnvironment:
+        """The archive header with where the trials run (`here` as it is: this machine, already described)."""
 
     def begin(self, book: TrialBook, measure: MeasureTrial, *, resumed: bool) -> None:
         """The archive exists: trials are written through `book`, each measured by `measure`."""

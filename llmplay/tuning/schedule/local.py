@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from llmplay.archive.model import TrialRecord
+from llmplay.archive.run_facts import RunEnvironment
 from llmplay.errors import LlmplayError
 from llmplay.runtime.docker import gc as remove_containers
 from llmplay.spec import Config, Playbook
@@ -29,8 +30,8 @@ class LocalScheduler:
     def join(self) -> None:
         return None  # this machine: the preflight checks its images and flags
 
-    def environment(self) -> dict[str, object]:
-        return {}
+    def environment(self, here: RunEnvironment) -> RunEnvironment:
+        return here
 
     def begin(self, book: TrialBook, measure: MeasureTrial, *, resumed: bool) -> None:
         self._book, self._measure = book, measure

@@ -19,6 +19,7 @@ from itertools import zip_longest
 from typing import Generic, TypeVar
 
 from llmplay.archive.model import TrialRecord
+from llmplay.archive.run_facts import RunEnvironment
 from llmplay.spec import Config
 from llmplay.stats.decide import TrialSample
 from llmplay.tuning.book import TrialBook, TrialSlot
@@ -54,8 +55,8 @@ class RacingScheduler(Generic[T]):
     def join(self) -> None:
         self.inner.join()
 
-    def environment(self) -> dict[str, object]:
-        return self.inner.environment()
+    def environment(self, here: RunEnvironment) -> RunEnvironment:
+        return self.inner.environment(here)
 
     def begin(self, book: TrialBook, measure: MeasureTrial, *, resumed: bool) -> None:
         self.inner.begin(book, measure, resumed=resumed)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from llmplay.archive.model import TRIAL_FAILED, TrialRecord
+from llmplay.archive.run_facts import RunEnvironment
 from llmplay.errors import LlmplayError
 from llmplay.runtime import make_runtime
 from llmplay.runtime.gpus import gpu_inventory
@@ -135,11 +136,12 @@ class RayScheduler:
             candidate, _ = apply_step(baseline, step)
             self.cluster.check_placeable(pair_needs([baseline, candidate], pb.runtime), f"step {step.name}")
 
-    def environment(self) -> dict[str, object]:
+    def environment(self, here: RunEnvironment) -> RunEnvironment:
         # The trials' GPUs are the nodes', not the driver's: the header names those of a node that runs them.
         pb = self.playbook
         needs = needs_of(Config("baseline", pb.engine, pb.workload), pb.runtime)
-        return {"cluster": self.cluster.describe(), "gpu": self.cluster.ask_node(needs, gpu_inventory)}
+        cluster = self.cluster.describe()  # the nodes as known before a node is asked (asking may refresh them)
+        return replace(here, gpu=self.cluster.ask_node(needs, gpu_inventory), cluster=cluster)
 
     def begin(self, book: TrialBook, measure: MeasureTrial, *, resumed: bool) -> None:
         # The run's own trial function runs on the node with the node's runtime; a handed-in one is shipped as it is.
