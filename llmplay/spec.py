@@ -311,7 +311,7 @@ class Step:
     name: str
     changes: tuple[Change, ...]  # empty for a step whose kind chooses its value (a search)
     bundle: bool = False
-    carry: str = "if_kept"  # always | if_kept | never
+    carry: str = "if_kept"  # always | if_kept | never | race (consecutive race steps: the first kept is carried)
     description: str = ""
     line: int = 0
     choice: StepChoice = FIXED
@@ -374,6 +374,7 @@ class TuneSpec:
     deny: tuple[str, ...] = ()
     values: Mapping[str, tuple[Scalar, ...]] = field(default_factory=frozen_map)
     retry_rejected: bool = False
+    race: int = 1  # on Ray, the most candidates one round races on separate nodes (1: one per round)
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,22 @@
 """Tuning sessions on simulated engines, for the tuner's tests: a llama.cpp-like chat engine whose users queue for one
-slot, the tune playbook written for the process runtime, a TuneLoop over the real run machinery, and Ctrl-C at a
-chosen trial."""
+slot (and one with a second cure, for racing), the tune playbook written for the process runtime, a TuneLoop over the
+real run machinery, this machine's scheduler claiming room for two pairs at once, and Ctrl-C at a chosen trial."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
+from typing import ClassVar
 
 import yaml
 
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Config, Playbook, Scalar
-from llmplay.tune.loop import TuneLoop
+from llmplay.tune.loop import Room, TuneLoop
+from llmplay.tune.trail import Trail
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
+from llmplay.tuning.schedule import LocalScheduler
 from llmplay.tuning.trial import TrialResult
 from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
 
@@ -34,6 +38,14 @@ def one_slot_chat(args: Mapping[str, Scalar], users: int) -> Response:
     )
 
 
+def two_cures(args: Mapping[str, Scalar], users: int) -> Response:
+    """Queueing that more slots cure, and a prefix the cache misses that cache_reuse cures (TTFT -30%): two
+    candidates that each beat the baseline on their own."""
+    base = one_slot_chat(args, users)
+    reused = args.get("cache_reuse") not in (None, 0)
+    return replace(base, ttft_s=base.ttft_s * (0.7 if reused else 1.0), reuse_achieved=0.35 if reused else 0.05)
+
+
 def tune_playbook(tmp_path: Path, gates: list[str] | None = None, **tune: object) -> Path:
     doc = yaml.safe_load((ROOT / "playbooks" / "cpu-tiny-tune.yaml").read_text())
     doc["goals"]["gates"] = gates or doc["goals"]["gates"]
@@ -46,14 +58,35 @@ def tune_playbook(tmp_path: Path, gates: list[str] | None = None, **tune: object
 
 
 def tune(
-    tmp_path: Path, engine: SimulatedEngine, lines: list[str], gates: list[str] | None = None, **tune_section: object
+    tmp_path: Path,
+    engine: SimulatedEngine | CtrlC,
+    lines: list[str],
+    gates: list[str] | None = None,
+    room: Room | None = None,
+    state: Trail | None = None,
+    **tune_section: object,
 ) -> TuneLoop:
     playbook = load_playbook(tune_playbook(tmp_path, gates, **tune_section))
 
     def run(pb: Playbook, options: RunOptions) -> RunOutcome:
         return run_playbook(pb, options, report=lambda _line: None, measure_trial=engine)
 
-    return TuneLoop(playbook, tmp_path / "tune", run, lines.append)
+    return TuneLoop(playbook, tmp_path / "tune", run, lines.append, state, room=room)
+
+
+class TwoPairsAtOnce(LocalScheduler):
+    """This machine's scheduler claiming room for two pairs at once (as a two-node cluster would): the pairs of
+    `carry: race` steps then reach it together. `calls` records each call's groups as their trials' steps (install
+    it as the run's `scheduler_for` and empty `calls` first)."""
+
+    calls: ClassVar[list[list[list[str | None]]]] = []
+
+    def batch(self, configs):
+        return 2
+
+    def run(self, groups, take):
+        TwoPairsAtOnce.calls.append([[slot.step for slot in group] for group in groups])
+        super().run(groups, take)
 
 
 class CtrlC:

@@ -18,6 +18,7 @@ from llmplay.spec import Playbook
 from llmplay.tune import trail
 from llmplay.tune.loop import TuneLoop, rank_incumbent, ranking_lines
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
+from llmplay.tuning.schedule import pairs_at_once
 
 
 def tune_command(
@@ -61,9 +62,9 @@ def tune_command(
     def run(pb: Playbook, options: RunOptions) -> RunOutcome:
         return run_playbook(pb, replace(options, progress=sys.stderr.isatty()), publish=publish_run, report=say)
 
-    outcome = TuneLoop(playbook, tune_dir, run, say, state, archive_root=root).execute()
+    outcome = TuneLoop(playbook, tune_dir, run, say, state, archive_root=root, room=pairs_at_once).execute()
     say(
-        f"tune: {len([r for r in outcome.trail.rounds if r.step])} steps chosen, {outcome.trail.engine_s / 60:.1f} engine minutes"
+        f"tune: {sum(len(r.candidates) for r in outcome.trail.rounds)} steps chosen, {outcome.trail.engine_s / 60:.1f} engine minutes"
     )
     say(f"tune: stop reason: {outcome.trail.stop}")
     if outcome.tuned is not None:

@@ -212,6 +212,7 @@ class TuneDoc(TypedDict, total=False):
     deny: list[str]
     values: dict[str, list[Scalar]]
     retry_rejected: bool
+    race: int
 
 
 class PlaybookDoc(TypedDict, total=False):

@@ -49,6 +49,7 @@ def parse_tune(raw: TuneDoc, engine_kind: str | None, problems: Problems) -> Tun
         deny=names["deny"],
         values=frozen_map(values),
         retry_rejected=bool(raw.get("retry_rejected", False)),
+        race=int(raw.get("race", 1)),
     )
 
 

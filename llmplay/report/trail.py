@@ -41,6 +41,20 @@ class CandidateLine:
 
 
 @dataclass(frozen=True)
+class RacedLine:
+    """One candidate of a raced round (tune.race on a cluster): its step against the incumbent and its own verdict;
+    `carried` the one the round carried (the first kept in ranking order)."""
+
+    step: str
+    rank: int
+    remedy: str
+    knob: str
+    verdict: str
+    reason: str
+    carried: bool
+
+
+@dataclass(frozen=True)
 class RoundLine:
     """One round: the findings its ranking read (the incumbent's, from the round before), the ranking, the step run,
     its verdict, and the engine time its run spent."""
@@ -55,6 +69,8 @@ class RoundLine:
     reason: str = ""
     kept_args: Mapping[str, Scalar] = field(default_factory=dict)
     engine_s: float = 0.0
+    raced: tuple[RacedLine, ...] = ()  # a raced round: every candidate it ran, in ranking order (its step among them)
+    race: str = ""  # how many it raced, and why the one carried was chosen
 
 
 @dataclass(frozen=True)
@@ -102,6 +118,29 @@ def _verdict(run: ArchivedRun, step: str) -> StepVerdict | None:
     return next((v for v in run.verdicts() if v.step == step), None)
 
 
+def _raced(run: ArchivedRun, raced: Sequence[RacedLine]) -> list[dict[str, object]]:
+    """A raced round's candidates, each with its own verdict and objective interval from the round's archive."""
+    verdicts = {v.step: v for v in run.verdicts()}
+    rows: list[dict[str, object]] = []
+    for c in raced:
+        objective = verdicts[c.step].objective if c.step in verdicts else None
+        interval = (
+            f"{fmt_pct(objective.rel_change)} {fmt_ci(objective.ci_low, objective.ci_high)}" if objective else "—"
+        )
+        rows.append(
+            {
+                "rank": f"#{c.rank}",
+                "step": c.step,
+                "candidate": f"{c.remedy}: {c.knob or '(no knob)'}",
+                "verdict": c.verdict,
+                "objective": interval,
+                "carried": "carried: the first kept in ranking order" if c.carried else "not carried",
+                "reason": c.reason,
+            }
+        )
+    return rows
+
+
 def _round(tune_dir: Path, r: RoundLine) -> dict[str, object]:
     run = ArchivedRun.open(Path(r.run_dir))
     verdict = _verdict(run, r.step) if r.step else None
@@ -120,6 +159,9 @@ def _round(tune_dir: Path, r: RoundLine) -> dict[str, object]:
         "deltas": delta_rows(verdict) if verdict else [],
         "ci_header": ci_header(verdict) if verdict else "CI",
         "own": [{"step": v.step, "verdict": v.verdict, "reason": v.reason} for v in own],
+        "raced": _raced(run, r.raced),
+        "race": r.race,
+        "carried": any(c.carried for c in r.raced),
         "engine": f"{r.engine_s / 60:.1f} engine minutes ({r.engine_s:.0f} s)",
     }
 
@@ -196,7 +238,7 @@ def session_context(page: SessionPage) -> dict[str, object]:
     return {
         "page": page,
         "objective": objective or "—",
-        "steps_chosen": sum(1 for r in page.rounds if r.step),
+        "steps_chosen": sum(len(r.raced) or (1 if r.step else 0) for r in page.rounds),  # each raced one counts
         "engine": f"{engine_s / 60:.1f} engine minutes",
         "alone": {
             "link": _link(tune_dir, page.alone_run) if page.alone_run else None,

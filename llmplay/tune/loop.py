@@ -25,7 +25,7 @@ from llmplay.tune.bounds import roofline_bound, unloaded_bound
 from llmplay.tune.history import tried_before
 from llmplay.tune.page import write_page
 from llmplay.tune.rank import Ranked, RankInput, Tried, TunePolicy, next_step, rank
-from llmplay.tune.trail import Round, Trail
+from llmplay.tune.trail import Raced, Round, Trail
 from llmplay.tuning.resume import resumed_playbook
 from llmplay.tuning.run import RunOptions, RunOutcome
 
@@ -33,6 +33,8 @@ from llmplay.tuning.run import RunOptions, RunOutcome
 RunFn = Callable[[Playbook, RunOptions], RunOutcome]
 INTERRUPTED = "interrupted"  # a run's status after a signal (or a bug), continued with --resume
 Say = Callable[[str], None]
+# How many A/B pairs the playbook's runtime runs at once (a Ray cluster's room; 1 on one machine).
+Room = Callable[[Playbook], int]
 
 
 @dataclass(frozen=True)
@@ -89,10 +91,13 @@ class TuneLoop:
         say: Say,
         state: Trail | None = None,
         archive_root: Path | None = None,
+        room: Room | None = None,
     ):
         """`archive_root`: where each round's run is archived (the tuning directory itself when None) and whose
-        earlier runs of this playbook count as history."""
+        earlier runs of this playbook count as history. `room`: how many A/B pairs the playbook's runtime runs at
+        once (a Ray cluster's free slots; 1 when None), what tune.race is bounded by."""
         self.playbook, self.tune_dir, self.run, self.say = playbook, tune_dir, run, say
+        self.room: Room = room or (lambda _playbook: 1)
         self.trail = state or Trail(playbook=playbook.path)
         self.spec = playbook.tune or TuneSpec()
         self.archive = archive_root or tune_dir
@@ -156,59 +161,87 @@ class TuneLoop:
                 self._stop(stop, ranked=ranked)
                 return
             assert chosen is not None and chosen.knob is not None  # _stop_reason
-            pending = self._round_playbook(number, last, ranked, chosen)
+            pending = self._round_playbook(number, last, ranked)
         else:
-            self.say(f"tune: round {number} was interrupted: it goes on with {pending.step} ({pending.playbook})")
+            names = ", ".join(str(e.step_document["name"]) for e in _entrants(pending))
+            self.say(f"tune: round {number} was interrupted: it goes on with {names} ({pending.playbook})")
         outcome, spent = self._measure(pending)
         self._record_round(number, last, pending, outcome, spent)
 
-    def _round_playbook(self, number: int, last: Round, ranked: Sequence[Ranked], chosen: Ranked) -> trail.Pending:
-        """Write round-N.yaml: the incumbent's knobs and the chosen step; the round as it will be recorded."""
-        taken = [r.step for r in self.trail.rounds if r.step]
-        name = documents.step_name(chosen, taken)
-        step = documents.step_document(chosen, name)
-        doc = documents.round_document(self.playbook, last.kept_args, [step])
-        if any(t.knob == chosen.knob and t.verdict == INCONCLUSIVE for t in self.trail.tried()):
+    def _round_playbook(self, number: int, last: Round, ranked: Sequence[Ranked]) -> trail.Pending:
+        """Write round-N.yaml: the incumbent's knobs and the step ranked first (with tune.race on a cluster, the
+        first ranked raced as `carry: race` steps); the round as it will be recorded."""
+        raced, room = self._raced(ranked)
+        taken = [c.step for r in self.trail.rounds for c in r.candidates]
+        steps: list[documents.Doc] = []
+        for candidate in raced:
+            steps.append(documents.step_document(candidate, documents.step_name(candidate, taken)))
+            taken.append(steps[-1]["name"])
+            if len(raced) > 1:
+                steps[-1]["carry"] = "race"  # each against the incumbent; the first kept (ranking order) carried
+        doc = documents.round_document(self.playbook, last.kept_args, steps)
+        unsettled = [c.knob for c in raced if any(t.knob == c.knob and t.verdict == INCONCLUSIVE for t in self.tried)]
+        if unsettled:
             doc["trials"] = documents.more_trials(self.playbook)
             self.say(
-                f"tune: {chosen.knob} was inconclusive before: this round allows {doc['trials']['max_repeats']} rounds"
+                f"tune: {', '.join(map(str, unsettled))} inconclusive before: this round allows "
+                f"{doc['trials']['max_repeats']} rounds"
             )
-        path = documents.write_document(self.tune_dir / f"round-{number}.yaml", doc, _round_header(number, chosen))
-        self.say(f"tune: round {number} runs {name} ({path.name})")
-        return trail.Pending(number, str(path), ranked=tuple(ranked), step=name, step_document=step)
+        path = documents.write_document(self.tune_dir / f"round-{number}.yaml", doc, _round_header(number, raced))
+        names = [str(s["name"]) for s in steps]
+        race = _race_note(names, room) if len(raced) > 1 else ""
+        self.say(f"tune: round {number} runs {', '.join(names)} ({path.name}){': ' + race if race else ''}")
+        entrants = tuple(trail.Entrant(c.rank or 1, step) for c, step in zip(raced, steps, strict=True))
+        return trail.Pending(
+            number,
+            str(path),
+            ranked=tuple(ranked),
+            step=names[0],
+            step_document=steps[0],
+            raced=entrants if len(entrants) > 1 else (),
+            race=race,
+        )
 
     def _record_round(
         self, number: int, last: Round, pending: trail.Pending, outcome: RunOutcome, spent: float
     ) -> None:
-        chosen = next(c for c in pending.ranked if c.rank == 1)
-        verdict = outcome.verdicts[0] if outcome.verdicts else None
-        kept = verdict is not None and verdict.carried
-        behind = () if kept or verdict is None else _dropped_behind_leader(verdict, chosen.values)
-        done = Round(
-            number,
-            str(outcome.run_dir),
-            dict(last.kept_args),
-            findings=tuple(outcome.findings),
-            ranked=pending.ranked,
-            step=pending.step,
-            step_document=pending.step_document,
-            verdict=verdict.verdict if verdict else "failed",
-            reason=verdict.reason if verdict else f"the round's run ended {outcome.status}",
-            kept_args=_final_args(outcome.run_dir) if kept else dict(last.kept_args),
-            engine_s=spent,
-            summary=_figures(outcome.final_summary) if kept or outcome.final_summary else last.summary,
-            gates_met=_all_met(outcome.gates),
-            retry_values=behind,
-        )
-        self.trail = self.trail.with_round(done)
-        self.say(f"tune: round {number}: {pending.step} {done.verdict}: {done.reason}")
+        by_rank = {c.rank: c for c in pending.ranked if c.rank is not None}
+        ran = [(by_rank[e.rank], dict(e.step_document)) for e in _entrants(pending)]
+        done = _decided(number, last, pending.ranked, ran, outcome, spent)
+        self.trail = self.trail.with_round(replace(done, race=pending.race))
+        for c in done.raced:
+            self.say(f"tune: round {number}: raced {c.step} {c.verdict}{' (carried)' if c.carried else ''}: {c.reason}")
+        self.say(f"tune: round {number}: {done.step} {done.verdict}: {done.reason}")
         trail.save(self.trail, self.tune_dir)
+
+    @property
+    def tried(self) -> tuple[Tried, ...]:
+        return self.trail.tried()
+
+    def _raced(self, ranked: Sequence[Ranked]) -> tuple[list[Ranked], int]:
+        """The candidates this round runs, and the pairs the cluster runs at once: the first ranked alone, or with
+        tune.race above 1 the first ranked up to as many as the cluster has room for pairs at once (never past the
+        step budget, nor past the engine budget at the steps' mean cost so far)."""
+        runnable = [c for c in ranked if not c.skipped]
+        if self.spec.race <= 1 or len(runnable) <= 1:
+            return runnable[:1], 1
+        room = self.room(self.playbook)
+        width = min(self.spec.race, room, len(runnable))
+        taken = self._steps_taken()
+        if self.spec.max_steps is not None:
+            width = min(width, self.spec.max_steps - taken)
+        budget = self.spec.engine_budget_s
+        if budget is not None:
+            per_step = self._per_step_s()
+            if per_step > 0:
+                width = min(width, int((budget - self.trail.engine_s) // per_step))
+        return runnable[: max(1, width)], room
 
     def _ranking(self, last: Round) -> tuple[Ranked, ...]:
         """The incumbent's ranking; after a value search whose leader was rejected (a guard, say) while it had dropped
         other values only for trailing that leader, those values first, as their own search."""
         if last.retry_values:
-            chosen = next(c for c in last.ranked if c.rank == 1)
+            chosen = last.chosen
             values = ", ".join(map(repr, last.retry_values))
             why = (
                 f"#1 of 1: {chosen.knob} → {values}; round {last.number}'s search dropped these values only for "
@@ -221,8 +254,18 @@ class TuneLoop:
         tried = (*self.trail.tried(), *history)
         return rank_incumbent(self.playbook, last.findings, last.kept_args, last.summary, gates, tried)
 
+    def _steps_taken(self) -> int:
+        return sum(len(r.candidates) for r in self.trail.rounds)
+
+    def _per_step_s(self) -> float:
+        """A step's engine time so far (a raced round's spread over its candidates); before any, the last round's."""
+        taken = self._steps_taken()
+        if not taken:
+            return self.trail.rounds[-1].engine_s
+        return sum(r.engine_s for r in self.trail.rounds if r.step) / taken
+
     def _stop_reason(self, chosen: Ranked | None, ranked: Sequence[Ranked], last: Round) -> str:
-        steps_taken = sum(1 for r in self.trail.rounds if r.step)
+        steps_taken = self._steps_taken()
         if chosen is None:
             if not ranked:
                 return "nothing left to try: no finding on the incumbent calls for a step"
@@ -236,8 +279,7 @@ class TuneLoop:
             return f"budget spent: {steps_taken} of {self.spec.max_steps} steps"
         budget = self.spec.engine_budget_s
         if budget is not None:
-            rounds = [r.engine_s for r in self.trail.rounds if r.step] or [self.trail.rounds[-1].engine_s]
-            expected = sum(rounds) / len(rounds)
+            expected = self._per_step_s()
             if self.trail.engine_s + expected > budget:
                 return (
                     f"budget spent: {self.trail.engine_s / 60:.1f} of {budget / 60:.1f} engine minutes, and a round "
@@ -317,13 +359,12 @@ class TuneLoop:
         kept: list[documents.KeptStep] = []
         not_kept: list[documents.Doc] = []
         for r in self.trail.rounds:
-            if not r.step:
-                continue
-            chosen = next(c for c in r.ranked if c.rank == 1)
-            if r.verdict == "kept":
-                kept.append(documents.KeptStep(_fixed(r), f"{chosen.remedy.value}: {chosen.evidence}", r.reason))
-            else:
-                not_kept.append({"step": r.step, "knob": chosen.knob, "verdict": r.verdict, "why": r.reason})
+            for ran in r.candidates:
+                if ran.carried:
+                    chosen = r.chosen
+                    kept.append(documents.KeptStep(_fixed(r), f"{chosen.remedy.value}: {chosen.evidence}", r.reason))
+                else:
+                    not_kept.append({"step": ran.step, "knob": ran.knob, "verdict": ran.verdict, "why": ran.reason})
         skipped: dict[str, documents.Doc] = {}  # by remedy: the last round's reason
         for ranked in [*(r.ranked for r in self.trail.rounds), self.trail.final_ranking]:
             for c in ranked:
@@ -340,6 +381,7 @@ class TuneLoop:
 def _fixed(done: Round) -> documents.Doc:
     """A kept round's step as a fixed change: a value search's winner, read off the knobs the round ended with."""
     step = dict(done.step_document)
+    step.pop("carry", None)  # a raced round's `race`: in tuned.yaml the kept step is an ordinary one
     search = step.pop("search", None)
     if search:
         target = next(iter(search))
@@ -364,8 +406,79 @@ def _all_met(gates: Sequence[GateResult]) -> bool:
     return all(g.met is True for g in gates)
 
 
-def _round_header(number: int, chosen: Ranked) -> str:
-    return f"# llmplay tune, round {number}: the incumbent's knobs and the step ranked first.\n# {chosen.reason}\n"
+def _round_header(number: int, raced: Sequence[Ranked]) -> str:
+    if len(raced) == 1:
+        return (
+            f"# llmplay tune, round {number}: the incumbent's knobs and the step ranked first.\n# {raced[0].reason}\n"
+        )
+    reasons = "".join(f"# {c.reason}\n" for c in raced)
+    return (
+        f"# llmplay tune, round {number}: the incumbent's knobs and the {len(raced)} steps ranked first, raced (carry:"
+        " race: each against the incumbent, the first kept carried).\n" + reasons
+    )
+
+
+def _entrants(pending: trail.Pending) -> tuple[trail.Entrant, ...]:
+    """What a pending round runs: its raced candidates, or its one step (the first ranked)."""
+    return pending.raced or (trail.Entrant(1, pending.step_document),)
+
+
+def _race_note(names: Sequence[str], room: int) -> str:
+    return (
+        f"{len(names)} candidates raced (tune.race; the cluster runs {room} pair(s) at once), each against the "
+        "incumbent; the first kept in ranking order is carried, the step a session without racing would have carried"
+    )
+
+
+def _decided(
+    number: int,
+    last: Round,
+    ranked: tuple[Ranked, ...],
+    raced: Sequence[tuple[Ranked, documents.Doc]],
+    outcome: RunOutcome,
+    spent: float,
+) -> Round:
+    """The round as its run decided it: its step is the one carried, else the first ranked; a raced round lists
+    every candidate with its own verdict."""
+    verdicts = {v.step: v for v in outcome.verdicts}
+    records = []
+    for candidate, step in raced:
+        verdict = verdicts.get(str(step["name"]))
+        records.append(
+            Raced(
+                str(step["name"]),
+                candidate.rank or 0,
+                candidate.remedy.value,
+                candidate.knob or "",
+                verdict.verdict if verdict else "failed",
+                verdict.reason if verdict else f"the round's run ended {outcome.status}",
+                verdict is not None and verdict.carried,
+                step,
+            )
+        )
+    at = next((i for i, r in enumerate(records) if r.carried), 0)
+    candidate, step = raced[at]
+    verdict = verdicts.get(str(step["name"]))
+    kept = records[at].carried
+    behind = () if kept or verdict is None else _dropped_behind_leader(verdict, candidate.values)
+    return Round(
+        number,
+        str(outcome.run_dir),
+        dict(last.kept_args),
+        findings=tuple(outcome.findings),
+        ranked=ranked,
+        step=records[at].step,
+        step_document=step,
+        verdict=records[at].verdict,
+        reason=records[at].reason,
+        kept_args=_final_args(outcome.run_dir) if kept else dict(last.kept_args),
+        engine_s=spent,
+        summary=_figures(outcome.final_summary) if kept or outcome.final_summary else last.summary,
+        gates_met=_all_met(outcome.gates),
+        retry_values=behind,
+        rank=candidate.rank or 1,
+        raced=tuple(records) if len(records) > 1 else (),
+    )
 
 
 def ranking_lines(ranked: Sequence[Ranked]) -> list[str]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmplay.report.trail import CandidateLine, RoundLine, SessionPage, render_session
+from llmplay.report.trail import CandidateLine, RacedLine, RoundLine, SessionPage, render_session
 from llmplay.tune import trail
 from llmplay.tune.rank import Ranked
-from llmplay.tune.trail import Trail
+from llmplay.tune.trail import Raced, Trail
 
 
 def _lines(ranked: Sequence[Ranked]) -> tuple[CandidateLine, ...]:
@@ -16,6 +16,10 @@ def _lines(ranked: Sequence[Ranked]) -> tuple[CandidateLine, ...]:
         CandidateLine(c.remedy.value, c.knob, tuple(c.values), tuple(c.findings), c.evidence, c.reason, c.rank)
         for c in ranked
     )
+
+
+def _raced(raced: Sequence[Raced]) -> tuple[RacedLine, ...]:
+    return tuple(RacedLine(c.step, c.rank, c.remedy, c.knob, c.verdict, c.reason, c.carried) for c in raced)
 
 
 def session_page(state: Trail, tune_dir: Path, name: str) -> SessionPage:
@@ -35,6 +39,8 @@ def session_page(state: Trail, tune_dir: Path, name: str) -> SessionPage:
                 reason=r.reason,
                 kept_args=dict(r.kept_args),
                 engine_s=r.engine_s,
+                raced=_raced(r.raced),
+                race=r.race,
             )
         )
     tuned = tune_dir / trail.TUNED_FILE

@@ -23,6 +23,20 @@ TUNED_FILE = "tuned.yaml"
 
 
 @dataclass(frozen=True)
+class Raced:
+    """One candidate of a raced round: its step, its rank in the round's ranking, and what its own A/B decided."""
+
+    step: str
+    rank: int
+    remedy: str
+    knob: str
+    verdict: str  # kept | rejected | inconclusive | failed
+    reason: str
+    carried: bool = False  # the one the round carried (the first kept in ranking order)
+    step_document: Mapping[str, Any] = field(default_factory=dict)  # as Round.step_document
+
+
+@dataclass(frozen=True)
 class Round:
     """One round: the incumbent it diagnosed, what the ranking said, and what the chosen step's A/B decided."""
 
@@ -41,9 +55,44 @@ class Round:
     gates_met: bool | None = None
     # A rejected search's values dropped only for trailing its leader: the next round races them without it.
     retry_values: tuple[Scalar, ...] = ()
+    rank: int = 1  # the step's rank in `ranked` (a raced round's carried step may be ranked below the first)
+    raced: tuple[Raced, ...] = ()  # a raced round (tune.race on a cluster): every candidate it ran, the step's too
+    race: str = ""  # how many it raced and why the one carried was chosen
+
+    @property
+    def candidates(self) -> tuple[Raced, ...]:
+        """What the round ran: each raced candidate, or its one step."""
+        if self.raced or not self.step:
+            return self.raced
+        chosen = self.chosen
+        return (
+            Raced(
+                self.step,
+                self.rank,
+                chosen.remedy.value,
+                chosen.knob or "",
+                self.verdict or "",
+                self.reason,
+                self.verdict == "kept",
+                self.step_document,
+            ),
+        )
+
+    @property
+    def chosen(self) -> Ranked:
+        """The ranked candidate the round's step is."""
+        return next(c for c in self.ranked if c.rank == self.rank)
 
 
 PROBE = -1  # Pending.number of the one-request-alone probe
+
+
+@dataclass(frozen=True)
+class Entrant:
+    """A raced round's candidate before its run: its rank in the round's ranking and its step."""
+
+    rank: int
+    step_document: Mapping[str, Any]  # a YAML step as PyYAML gives it (untyped), `carry: race`
 
 
 @dataclass(frozen=True)
@@ -54,8 +103,10 @@ class Pending:
     playbook: str  # the playbook it runs: alone.yaml, the session's playbook (round 0), round-N.yaml
     run_dir: str = ""  # its archive, once the run made one
     ranked: tuple[Ranked, ...] = ()  # a round's ranking, kept as it was when the round chose its step
-    step: str | None = None
+    step: str | None = None  # the step ranked first (a raced round's first candidate)
     step_document: Mapping[str, Any] = field(default_factory=dict)  # a YAML step as PyYAML gives it (untyped)
+    raced: tuple[Entrant, ...] = ()  # a raced round (tune.race on a cluster): every candidate it runs, in rank order
+    race: str = ""  # how many it races, as Round.race
 
 
 @dataclass(frozen=True)
@@ -77,11 +128,7 @@ class Trail:
 
     def tried(self) -> tuple[Tried, ...]:
         return tuple(
-            Tried(c.remedy, c.knob or "", r.verdict or "", f"round {r.number}")
-            for r in self.rounds
-            if r.step
-            for c in r.ranked
-            if c.rank == 1
+            Tried(Remedy(c.remedy), c.knob, c.verdict, f"round {r.number}") for r in self.rounds for c in r.candidates
         )
 
     def with_round(self, done: Round) -> Trail:
@@ -117,6 +164,8 @@ def _pending(p: Mapping[str, Any]) -> Pending:  # Any: json.loads' values (trail
         ranked=tuple(_ranked(c) for c in p.get("ranked", ())),
         step=p.get("step"),
         step_document=dict(p.get("step_document") or {}),
+        raced=tuple(Entrant(int(e["rank"]), dict(e["step_document"])) for e in p.get("raced", ())),
+        race=str(p.get("race") or ""),
     )
 
 
@@ -136,6 +185,9 @@ def _round(r: Mapping[str, Any]) -> Round:  # Any: json.loads' values (trail.jso
         summary={str(k): float(v) for k, v in dict(r.get("summary") or {}).items()},
         gates_met=r.get("gates_met"),
         retry_values=tuple(r.get("retry_values") or ()),
+        rank=int(r.get("rank") or 1),
+        raced=tuple(Raced(**dict(c)) for c in r.get("raced", ())),
+        race=str(r.get("race") or ""),
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 
 from llmplay.archive.model import FAILED, KEPT, TRIAL_FAILED, TRIAL_OK, MetricDelta, StepVerdict, TrialRecord, TuningRow
 from llmplay.archive.probes import load_probes
@@ -22,6 +23,7 @@ from llmplay.tuning.kinds import kind_of
 from llmplay.tuning.progress import step_line, verdict_line
 from llmplay.tuning.quality import judge_quality, speed_goals
 from llmplay.tuning.schedule import TrialScheduler
+from llmplay.tuning.schedule.race import RacingScheduler
 from llmplay.tuning.signals import StopRun
 
 
@@ -61,9 +63,51 @@ class StepLoop:
             slots = [[TrialSlot(best.config, None, "baseline", r)] for r in range(self.playbook.trials.repeats)]
             self.scheduler.run(slots, lambda _, trial, sample: self.count(best, trial, sample))
             self.record_rows.append(_record_row(best, None))
-        for index, step in enumerate(steps, start=1):
-            best = self._step(index, step, best)
+        index = 1
+        while index <= len(steps):
+            raced = _race_from(steps, index - 1)
+            if raced:
+                best = self._race(index, raced, best)
+                index += len(raced)
+            else:
+                best = self._step(index, steps[index - 1], best)
+                index += 1
         return best
+
+    def _race(self, first: int, raced: Sequence[Step], best: ConfigTrials) -> ConfigTrials:
+        """Consecutive `carry: race` steps, each measured against `best` (their pairs at once where the scheduler has
+        room for more than one pair: a cluster; one after the other otherwise), then the first of them kept (in the
+        playbook's order) carried; a later kept one's verdict says which step was carried instead."""
+        as_kept = [replace(step, carry="if_kept") for step in raced]
+        runs = [partial(self._step, first + i, step, best) for i, step in enumerate(as_kept)]
+        if len(runs) > 1 and self.scheduler.batch([best.config]) > 1:
+            racing: RacingScheduler[ConfigTrials] = RacingScheduler(self.scheduler)
+            self.scheduler = racing
+            try:
+                results = racing.race(runs)
+            finally:
+                self.scheduler = racing.inner
+        else:
+            results = [run() for run in runs]
+        carried: tuple[str, ConfigTrials] | None = None
+        for step, result in zip(raced, results, strict=True):
+            verdict = next(v for v in reversed(self.verdicts) if v.step == step.name)
+            if not verdict.carried:
+                continue
+            if carried is None:
+                carried = (step.name, result)
+                continue
+            self._not_carried(verdict, f"; not carried: {carried[0]}, before it in the race, was")
+        return carried[1] if carried is not None else best
+
+    def _not_carried(self, verdict: StepVerdict, why: str) -> None:
+        """A raced step kept but not carried: its verdict (archived, and in this loop's lists) says so."""
+        changed = replace(verdict, carried=False, reason=verdict.reason + why)
+        self.book.archive.write_verdict(changed)
+        self.verdicts = [changed if v is verdict else v for v in self.verdicts]
+        self.record_rows = [
+            replace(r, reason=changed.reason) if r.step == verdict.step else r for r in self.record_rows
+        ]
 
     def _step(self, index: int, step: Step, best: ConfigTrials) -> ConfigTrials:
         return kind_of(step).run(self, index, step, best)
@@ -78,9 +122,10 @@ class StepLoop:
         head = f"step {index}/{len(self.playbook.steps)} {step.name}"
         self.book.narrator.say(f"the header line of step {step.name}", lambda: step_line(head, effects))
         self.book.narrator.say(f"the power line of step {step.name}", self._power_line)
-        self.trials = self._sized()
-        self._measure_pair(reference, cand, step)
-        decision = self._decide(reference, cand)
+        # The step's own trials (not only self.trials): raced steps are measured side by side.
+        trials = self.trials = self._sized()
+        self._measure_pair(reference, cand, step, trials)
+        decision = self._decide(reference, cand, trials)
         decision = judge_quality(decision, self.playbook.goals, reference.probes, cand.probes, effects)
         carried = (step.carry == "always" and decision.verdict != FAILED) or (
             step.carry == "if_kept" and decision.verdict == KEPT
@@ -122,10 +167,9 @@ class StepLoop:
         if cand is not None:
             self.record_rows.append(_record_row(cand, verdict))
 
-    def _measure_pair(self, reference: ConfigTrials, cand: ConfigTrials, step: Step) -> None:
+    def _measure_pair(self, reference: ConfigTrials, cand: ConfigTrials, step: Step, trials: Trials) -> None:
         """A B, B A, B A, A B ... in an order drawn per pair (candidate_first), or A A B B; in sequential mode, more
         pairs until the verdict is no longer inconclusive. A pair is the unit a scheduler keeps on one machine."""
-        trials = self.trials
         sides = [(reference, "baseline"), (cand, "candidate")]
 
         def pair(r: int) -> list[TrialSlot]:
@@ -138,7 +182,7 @@ class StepLoop:
         self.scheduler.run([pair(r) for r in range(trials.repeats)], take)
         rep = trials.repeats
         while trials.sequential and rep < trials.max_repeats:
-            if self._decide(reference, cand).verdict != "inconclusive":
+            if self._decide(reference, cand, trials).verdict != "inconclusive":
                 break
             # One look per batch: a pair per free node on a cluster, one pair on one machine. Looking less often
             # than after every pair only leaves the sequential level (calibrated for every pair) conservative.
@@ -146,14 +190,14 @@ class StepLoop:
             self.scheduler.run([pair(r) for r in range(rep, rep + batch)], take)
             rep += batch
 
-    def _decide(self, reference: ConfigTrials, cand: ConfigTrials) -> Decision:
+    def _decide(self, reference: ConfigTrials, cand: ConfigTrials, trials: Trials) -> Decision:
         """The verdict from the timed trials: one call for sequential mode's stopping check and the final verdict,
         so the two agree (quality.* guards are judged from the probes afterwards, judge_quality)."""
         decision = decide_step(
             reference.samples,
             cand.samples,
             speed_goals(self.playbook.goals),
-            self.trials,
+            trials,
             failed_candidate_trials=cand.failed,
             borrowed=self.noise,
             history=self.history.noise if self.history is not None else None,
@@ -200,6 +244,14 @@ class StepLoop:
             target.samples.append(sample)
         if trial.status == TRIAL_FAILED and self.playbook.trials.on_failure == "stop":
             raise StopRun(f"trial {trial.trial_id} failed and on_failure is stop: {trial.error}")
+
+
+def _race_from(steps: Sequence[Step], start: int) -> Sequence[Step]:
+    """The `carry: race` steps that follow one another from `start` (none when that step does not race)."""
+    end = start
+    while end < len(steps) and steps[end].carry == "race":
+        end += 1
+    return steps[start:end]
 
 
 def _pooled_history(decision: Decision) -> bool:

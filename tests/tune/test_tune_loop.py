@@ -19,9 +19,10 @@ from llmplay.playbook.load import load_playbook
 from llmplay.spec import Scalar
 from llmplay.tune import trail
 from llmplay.tune.loop import TuneLoop
+from llmplay.tuning import run as run_module
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
 from llmplay_testing.simulated import Response, SimulatedEngine
-from llmplay_testing.tune_sessions import CtrlC, one_slot_chat, tune, tune_playbook
+from llmplay_testing.tune_sessions import CtrlC, TwoPairsAtOnce, one_slot_chat, tune, tune_playbook, two_cures
 
 
 def test_one_slot_for_four_users_keeps_more_slots_skips_prefix_caching_and_stops_with_its_reason(tmp_path):
@@ -172,3 +173,122 @@ def test_a_round_interrupted_mid_run_resumes_its_run_keeping_the_trials_it_archi
     assert all(key[0] == step for key in again.asked)  # no new probe or baseline either
     assert outcome.trail.pending is None and trail.load(tmp_path / "tune").pending is None
     assert verify(interrupted) == []
+
+
+RACED = ["tune-prefix-caching-cache-reuse", "tune-max-batch-parallel"]  # two_cures' round 1, in rank order
+
+
+def test_a_raced_round_runs_the_top_two_against_the_incumbent_carries_the_first_kept_and_records_both(
+    tmp_path, monkeypatch
+):
+    """tune.race 2 with room for two pairs at once: round 1 races the two ranked candidates in one run, their pairs
+    handed to the scheduler together; both are kept, the first ranked is carried, the other recorded as kept but
+    not carried and, counted as tried with that verdict, run again on the new incumbent in round 2."""
+    monkeypatch.setattr(run_module, "scheduler_for", lambda playbook, sharing: TwoPairsAtOnce(playbook, sharing))
+    TwoPairsAtOnce.calls = []
+    lines: list[str] = []
+    rooms: list[str] = []
+
+    def room(pb) -> int:
+        rooms.append(pb.metadata.name)
+        return 2
+
+    outcome = tune(tmp_path, SimulatedEngine(two_cures, seed=11), lines, room=room, race=2).execute()
+    first = outcome.trail.rounds[1]
+    assert [(c.step, c.rank, c.knob) for c in first.raced] == [
+        (RACED[0], 1, "cache_reuse"),
+        (RACED[1], 2, "parallel"),
+    ], "\n".join(lines)
+    assert [(c.verdict, c.carried) for c in first.raced] == [("kept", True), ("kept", False)], first.raced
+    # Ranking order decides which kept one is carried, even against a larger measured gain (-81% beside -30% here):
+    # the step a session without racing would have carried; the other is tried again on the new incumbent.
+    assert first.raced[1].reason.endswith(f"; not carried: {RACED[0]}, before it in the race, was")
+    assert first.step == RACED[0] and first.verdict == "kept" and first.rank == 1
+    assert first.kept_args["cache_reuse"] in (64, 256) and first.kept_args["parallel"] == 1
+    assert first.race.startswith("2 candidates raced (tune.race; the cluster runs 2 pair(s) at once)")
+    # The round's playbook: both steps with carry: race, against the same incumbent knobs.
+    round_doc = yaml.safe_load((outcome.tune_dir / "round-1.yaml").read_text())
+    assert [s.get("carry") for s in round_doc["steps"]] == ["race", "race"]
+    # Their pairs reached the scheduler in one call, interleaved (each step's first group first).
+    raced_calls = [c for c in TwoPairsAtOnce.calls if {g[0] for g in c} == set(RACED)]
+    assert raced_calls, TwoPairsAtOnce.calls
+    assert [g[0] for g in raced_calls[0][:2]] == RACED
+    # The run archived the race: the first kept carried, the other's verdict saying why it was not.
+    archived = {v.step: v for v in ArchivedRun.open(Path(first.run_dir)).verdicts()}
+    assert archived[RACED[0]].carried and not archived[RACED[1]].carried
+    # Round 2 counts both as tried: the kept-not-carried one is tried again on the new incumbent, alone.
+    tried = outcome.trail.tried()
+    assert [(t.knob, t.verdict, t.where) for t in tried[:2]] == [
+        ("cache_reuse", "kept", "round 1"),
+        ("parallel", "kept", "round 1"),
+    ]
+    second = outcome.trail.rounds[2]
+    assert second.step == "tune-max-batch-parallel-2" and second.raced == ()
+    assert second.verdict == "kept", second.reason
+    assert trail.load(outcome.tune_dir) == outcome.trail
+    tuned = load_playbook(outcome.tuned)
+    assert [s.name for s in tuned.steps] == [RACED[0], "tune-max-batch-parallel-2"]
+    assert all(s.carry == "if_kept" for s in tuned.steps)
+    assert "- step: tune-max-batch-parallel\n  knob: parallel\n  verdict: kept\n" in outcome.tuned.read_text()
+
+
+def test_a_raced_round_interrupted_mid_run_is_pending_and_resumes_its_run_racing_the_same_candidates(
+    tmp_path, monkeypatch
+):
+    """Ctrl-C during a raced round's trials: trail.json holds the round as pending (every raced step and the race)
+    with its run; --resume continues that run, the archived trials kept, and records the race as decided."""
+    monkeypatch.setattr(run_module, "scheduler_for", lambda playbook, sharing: TwoPairsAtOnce(playbook, sharing))
+    first, lines = CtrlC(SimulatedEngine(two_cures, seed=13), RACED[1], at=3), []
+    with pytest.raises(KeyboardInterrupt):
+        tune(tmp_path, first, lines, room=lambda _pb: 2, race=2, budget={"steps": 2}).execute()
+    state = trail.load(tmp_path / "tune")
+    pending = state.pending
+    assert [r.number for r in state.rounds] == [0] and pending is not None
+    assert [(e.rank, e.step_document["name"], e.step_document["carry"]) for e in pending.raced] == [
+        (1, RACED[0], "race"),
+        (2, RACED[1], "race"),
+    ]
+    assert pending.step == RACED[0] and pending.race.startswith("2 candidates raced")
+    interrupted = Path(pending.run_dir)
+    kept_before = {t.trial_id for t in ArchivedRun.open(interrupted).trials() if t.status == TRIAL_OK}
+    measured_first = {key for key in first.asked if key[0] in RACED}  # (step, role, repeat, configuration)
+    assert len(measured_first) == len(kept_before) and {key[0] for key in measured_first} == set(RACED)
+
+    again = CtrlC(SimulatedEngine(two_cures, seed=14))
+    asked: list[str] = []
+
+    def room(_pb) -> int:
+        asked.append("room")
+        return 2
+
+    done = tune(tmp_path, again, lines, room=room, state=state, race=2, budget={"steps": 2}).execute()
+    resumed = done.trail.rounds[1]
+    assert resumed.run_dir == str(interrupted) and resumed.race == pending.race and asked == []  # not raced again
+    assert [(c.step, c.verdict, c.carried) for c in resumed.raced] == [
+        (RACED[0], "kept", True),
+        (RACED[1], "kept", False),
+    ], "\n".join(lines)
+    assert any(f"round 1 was interrupted: it goes on with {', '.join(RACED)}" in line for line in lines)
+    assert kept_before <= {t.trial_id for t in ArchivedRun.open(interrupted).trials() if t.status == TRIAL_OK}
+    assert not measured_first & set(again.asked)  # none measured a second time
+    assert all(step in RACED for step, *_ in again.asked)  # no new probe or baseline either
+    assert done.trail.pending is None and done.trail.stop == "budget spent: 2 of 2 steps"
+    assert verify(interrupted) == []
+
+
+@pytest.mark.parametrize(("race", "room", "asks"), [(None, 2, 0), (2, 1, 1)])
+def test_without_race_or_without_room_for_two_pairs_a_round_runs_one_candidate(tmp_path, race, room, asks):
+    """tune.race absent (the cluster never asked), or a cluster with room for one pair at once: as before racing."""
+    asked: list[int] = []
+
+    def cluster_room(_pb) -> int:
+        asked.append(1)
+        return room
+
+    section = {"budget": {"steps": 1}, **({"race": race} if race else {})}
+    outcome = tune(tmp_path, SimulatedEngine(two_cures, seed=12), [], room=cluster_room, **section).execute()
+    assert len(asked) == asks and outcome.trail.rounds[1].raced == ()
+    steps = yaml.safe_load((outcome.tune_dir / "round-1.yaml").read_text())["steps"]
+    assert steps == [{k: v for k, v in steps[0].items() if k != "carry"}]  # one ordinary step, carry if_kept
+    assert [s["name"] for s in steps] == [RACED[0]]
+    assert outcome.trail.stop == "budget spent: 1 of 1 steps"

@@ -14,9 +14,10 @@ from llmplay.report.html import render_report
 from llmplay.tune import trail
 from llmplay.tune.loop import TuneLoop
 from llmplay.tune.page import write_page
+from llmplay.tuning import run as run_module
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
 from llmplay_testing.simulated import SimulatedEngine
-from llmplay_testing.tune_sessions import CtrlC, one_slot_chat, tune, tune_playbook
+from llmplay_testing.tune_sessions import CtrlC, TwoPairsAtOnce, one_slot_chat, tune, tune_playbook, two_cures
 
 
 class Page(HTMLParser):
@@ -148,3 +149,25 @@ def test_an_interrupted_session_writes_its_page_saying_how_to_resume(tmp_path):
     assert f"Interrupted. The run {pending.run_dir} stopped mid-round" in page.text("interrupted")
     assert f"llmplay tune --resume {tmp_path / 'tune'} continues it" in page.text("interrupted")
     assert "the session was interrupted" in page.text("stop") and "round-0" in page.sections
+
+
+def test_a_raced_round_shows_each_candidate_with_its_verdict_and_which_was_carried_and_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_module, "scheduler_for", lambda playbook, sharing: TwoPairsAtOnce(playbook, sharing))
+    loop = tune(tmp_path, SimulatedEngine(two_cures, seed=11), [], room=lambda _pb: 2, race=2, budget={"steps": 2})
+    outcome = loop.execute()
+    raced = outcome.trail.rounds[1].raced
+    assert [(c.verdict, c.carried) for c in raced] == [("kept", True), ("kept", False)], raced
+    page = parse(outcome.report)
+    round1 = page.text("round-1")
+    assert "Raced: 2 candidates, each against the incumbent" in round1
+    assert outcome.trail.rounds[1].race in round1 and "the first kept in ranking order is carried" in round1
+    rows = {row[1]: row for row in page.rows if len(row) == 7 and row[0] in ("#1", "#2")}
+    carried, other = rows[raced[0].step], rows[raced[1].step]
+    assert carried[:4] == ["#1", raced[0].step, "prefix_caching: cache_reuse", "kept"]
+    assert carried[5] == "carried: the first kept in ranking order" and carried[6] == raced[0].reason
+    assert other[:4] == ["#2", raced[1].step, "max_batch: parallel", "kept"]
+    assert other[5] == "not carried" and other[6] == raced[1].reason and "before it in the race" in other[6]
+    assert carried[4].startswith("-") and "[" in carried[4]  # its objective's change and interval
+    assert f"Step carried: {raced[0].step}" in round1
+    assert page.text("stop-reason") == "budget spent: 2 of 2 steps"
+    assert "steps chosen2 engine time" in page.text("stop")  # each raced candidate counts, as in the budget

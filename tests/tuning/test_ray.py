@@ -110,6 +110,42 @@ def test_pairs_fan_out_over_nodes_and_each_pair_stays_on_one_node(cluster, tmp_p
     assert verify(outcome.run_dir) == []
 
 
+def test_raced_steps_run_their_pairs_at_once_on_separate_nodes(cluster, tmp_path):
+    """Two `carry: race` steps (what a tune.race round writes), each against the baseline: their first pairs start
+    together, one step's on each worker, each pair on one node; the kept one is carried, the other is not."""
+    steps = [
+        {"name": "parallel-4", "set": {"parallel": 4}, "carry": "race"},
+        {"name": "parallel-2", "set": {"parallel": 2}, "carry": "race"},
+    ]
+    pb = load_playbook(ray_playbook(tmp_path, repeats=2, steps=steps, accelerator_type="T4"))
+    started = tmp_path / "started"
+    started.mkdir()
+    lines: list[str] = []
+    outcome = TuningRun(
+        pb,
+        RunOptions(archive_root=tmp_path / "r"),
+        report=lines.append,
+        measure_trial=FixedTrials(pb, 2.0, started_dir=str(started), meet_nodes=2),
+    ).execute()
+    assert outcome.status == "complete", lines
+    m = manifest(outcome.run_dir)
+    assert len(m["trials"]) == 8 and all(t["status"] == "ok" for t in m["trials"])
+    pairs: dict[tuple[str, int], set[str]] = {}
+    for t in m["trials"]:
+        pairs.setdefault((t["step"], t["repeat"]), set()).add(t["node"]["id"])
+    assert all(len(nodes) == 1 for nodes in pairs.values()), pairs  # every pair on one node
+    assert pairs[("parallel-4", 0)] != pairs[("parallel-2", 0)], pairs  # the two steps' first pairs: two nodes
+    for step in ("parallel-4", "parallel-2"):  # and at once: each step's first trial met one on the other node
+        first = min(t["trial_id"] for t in m["trials"] if t["step"] == step and t["repeat"] == 0)
+        assert (started / first).read_text().split()[2:] == ["met"], (first, lines)
+    verdicts = {v["step"]: v for v in m["verdicts"]}
+    assert verdicts["parallel-4"]["verdict"] == "kept" and verdicts["parallel-4"]["carried"]
+    assert not verdicts["parallel-2"]["carried"]
+    assert verdicts["parallel-2"]["baseline_config"] == verdicts["parallel-4"]["baseline_config"] == "baseline"
+    assert outcome.final_config_id == verdicts["parallel-4"]["candidate_config"]
+    assert verify(outcome.run_dir) == []
+
+
 @pytest.mark.docker
 def test_cpu_tiny_on_the_cluster_same_archive_and_report_as_one_machine(cluster, cpu_engine, docker_client, tmp_path):
     """cpu-tiny with repeats 2, real llama.cpp containers started by each node through its dockerd."""

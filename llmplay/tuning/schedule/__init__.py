@@ -7,7 +7,7 @@ there are free nodes)."""
 
 from __future__ import annotations
 
-from llmplay.spec import Playbook
+from llmplay.spec import Config, Playbook
 from llmplay.tuning.schedule.base import MeasurementCrashed, Take, TrialScheduler
 from llmplay.tuning.schedule.local import LocalScheduler
 from llmplay.tuning.schedule.ray import RayScheduler
@@ -22,4 +22,25 @@ def scheduler_for(playbook: Playbook, sharing: HostSharing) -> TrialScheduler:
     return LocalScheduler(playbook, sharing)
 
 
-__all__ = ["LocalScheduler", "MeasurementCrashed", "RayScheduler", "Take", "TrialScheduler", "scheduler_for"]
+def pairs_at_once(playbook: Playbook) -> int:
+    """How many A/B pairs of the playbook's baseline its runtime runs at once: a Ray cluster's room for them, asked
+    of the cluster now; one on this machine."""
+    if playbook.runtime.kind != "ray":
+        return 1
+    scheduler = RayScheduler(playbook)
+    try:
+        scheduler.join()
+        return scheduler.batch([Config("baseline", playbook.engine, playbook.workload)])
+    finally:
+        scheduler.close()
+
+
+__all__ = [
+    "LocalScheduler",
+    "MeasurementCrashed",
+    "RayScheduler",
+    "Take",
+    "TrialScheduler",
+    "pairs_at_once",
+    "scheduler_for",
+]
