@@ -45,23 +45,15 @@ from llmplay.spec import Scalar
 from llmplay.tune.loop import TuneLoop
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
 from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
+from llmplay_testing.tune_sessions import one_slot_chat
 
 MIN_EFFECT = 0.10
 GUARD = 0.25
 REPEATS = 3
 
 
-def queueing(args: Mapping[str, Scalar], users: int) -> Response:
-    slots = slots_of(args)
-    queue = max(0.0, users / slots - 1)
-    return Response(
-        ttft_s=0.1 * (1 + 1.5 * queue),
-        output_tok_s=100.0 * (1 - 0.03 * (min(slots, users) - 1)),
-        waiting_frac=0.9 if slots < users else 0.0,
-        waiting_mean=float(max(users - slots, 0)),
-        reuse_expected=0.4,
-        reuse_achieved=0.39,
-    )
+# llama.cpp-like, one slot for four users (the tests' surface: llmplay_testing.tune_sessions)
+queueing = one_slot_chat
 
 
 def guard_breaker(args: Mapping[str, Scalar], users: int) -> Response:
