@@ -173,3 +173,50 @@ def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying
     skipped = {c.remedy.value: c.reason for c in outcome.trail.final_ranking}
     assert skipped["max_batch"].startswith("parallel rejected 2 times before on this engine and image (run ")
     assert skipped["max_batch"].endswith("tune.retry_rejected tries it again")
+
+
+def one_sequence_no_cache(args: Mapping[str, Scalar], users: int) -> Response:
+    """vLLM-like, vllm-cpu-tune.yaml's baseline: users beyond max_num_seqs queue; with prefix caching on the long shared
+    system prompt is served from cache and each request's prefill shrinks."""
+    seqs = slots_of(args)
+    cached = args.get("prefix_caching") is not False
+    queue = max(0.0, users / seqs - 1)
+    return Response(
+        ttft_s=(0.06 if cached else 0.1) * (1 + 1.5 * queue),
+        output_tok_s=100.0 * (1.1 if cached else 1.0),
+        waiting_frac=0.9 if seqs < users else 0.0,
+        waiting_mean=float(max(users - seqs, 0)),
+        reuse_expected=0.9,
+        reuse_achieved=0.85 if cached else 0.0,
+    )
+
+
+def test_vllm_from_one_sequence_and_no_cache_raises_the_cap_then_caches_with_the_reuse_in_its_record(tmp_path):
+    doc = yaml.safe_load((ROOT / "playbooks" / "vllm-cpu-tune.yaml").read_text())
+    doc["runtime"] = "process"
+    doc["trials"] = {"repeats": 3, "max_repeats": 5, "sequential": True}
+    path = tmp_path / "vllm-cpu-tune.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    engine = SimulatedEngine(one_sequence_no_cache, seed=9)
+
+    def run(pb, root: Path) -> RunOutcome:
+        return run_playbook(pb, RunOptions(archive_root=root), report=lambda _line: None, measure_trial=engine)
+
+    lines: list[str] = []
+    outcome = TuneLoop(load_playbook(path), tmp_path / "tune", run, lines.append).execute()
+    rounds = outcome.trail.rounds
+    assert [(r.step, r.verdict) for r in rounds] == [
+        (None, None),
+        ("tune-max-batch-max-num-seqs", "kept"),
+        ("tune-prefix-caching-prefix-caching", "kept"),
+    ], [r.reason for r in rounds]
+    assert rounds[1].ranked[0].knob == "max_num_seqs" and rounds[1].ranked[1].knob == "prefix_caching"
+    # The record: reuse achieved 0 at the baseline and on the capped incumbent, then the cached step's own.
+    assert rounds[0].summary["prefix_reuse.achieved"] == 0.0
+    assert rounds[2].step_summary["prefix_reuse.achieved"] == pytest.approx(0.85)
+    assert "tune: round 0 incumbent: prefix reuse 90% expected, 0% achieved" in lines
+    assert (
+        "tune: round 2 prefix reuse: incumbent 0% achieved, tune-prefix-caching-prefix-caching 85% achieved "
+        "(the workload repeats 90%)"
+    ) in lines
+    assert trail.load(outcome.tune_dir) == outcome.trail
