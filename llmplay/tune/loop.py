@@ -234,6 +234,10 @@ class TuneLoop:
     def _measure(self, playbook: Playbook) -> tuple[RunOutcome, float]:
         """The run's outcome and its engine time: the wall time its trials archived (engine starts included)."""
         outcome = self.run(playbook, self.archive)
+        if outcome.status == "interrupted":
+            # Ctrl-C (or a bug) stopped the run, which kept its archive: the session stops too, with this round
+            # unrecorded, so `--resume` runs it again instead of counting it as a failed step and going on.
+            raise KeyboardInterrupt
         return outcome, sum(t.wall_s for t in ArchivedRun.open(outcome.run_dir).trials())
 
     def _roofline(self) -> RooflineFacts | None:
