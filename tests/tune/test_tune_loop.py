@@ -220,3 +220,23 @@ def test_vllm_from_one_sequence_and_no_cache_raises_the_cap_then_caches_with_the
         "(the workload repeats 90%)"
     ) in lines
     assert trail.load(outcome.tune_dir) == outcome.trail
+
+
+def test_a_round_whose_run_was_interrupted_stops_the_session_for_resume_instead_of_failing_the_step(tmp_path):
+    engine = SimulatedEngine(one_slot_chat, seed=10)
+    playbook = load_playbook(tune_playbook(tmp_path))
+
+    def interrupted_in_round_1(config, **kw):  # the run machinery catches Ctrl-C and returns an interrupted outcome
+        if kw["step"] is not None:
+            raise KeyboardInterrupt
+        return engine(config, **kw)
+
+    def run(pb, root: Path) -> RunOutcome:
+        return run_playbook(
+            pb, RunOptions(archive_root=root), report=lambda _l: None, measure_trial=interrupted_in_round_1
+        )
+
+    with pytest.raises(KeyboardInterrupt):
+        TuneLoop(playbook, tmp_path / "tune", run, lambda _l: None).execute()
+    state = trail.load(tmp_path / "tune")
+    assert [r.number for r in state.rounds] == [0] and not state.stop  # round 1 not recorded as a failed step
