@@ -417,10 +417,17 @@ def prefix_reuse_figures(records: Sequence[RequestRecord]) -> dict[str, float | 
 
 def engine_prefix_reuse(summary: Mapping[str, object]) -> dict[str, float]:
     """prefix_reuse.achieved from the engine's /metrics counters (vLLM's prefix-cache hits ÷ queries over the
-    measured window, telemetry's engine.prefix_cache_hit_rate) where the responses themselves did not say."""
+    measured window, telemetry's engine.prefix_cache_hit_rate) where the responses themselves did not say. With no
+    lookup at all (vLLM with prefix caching off counts no queries) but prompts prefilled and no hit counted, it is a
+    measured 0: nothing was served from cache, which is what a tuner comparing caching off and on needs to see."""
+    if summary.get("prefix_reuse.achieved") is not None:
+        return {}
     rate = summary.get("engine.prefix_cache_hit_rate")
-    if summary.get("prefix_reuse.achieved") is None and isinstance(rate, (int, float)) and np.isfinite(rate):
+    if isinstance(rate, (int, float)) and np.isfinite(rate):
         return {"prefix_reuse.achieved": float(rate)}
+    hits, prompt = summary.get("engine.prefix_cache_hits"), summary.get("engine.prompt_tokens")
+    if hits == 0 and isinstance(prompt, (int, float)) and prompt > 0:
+        return {"prefix_reuse.achieved": 0.0}
     return {}
 
 

@@ -186,6 +186,9 @@ def summarize(samples: Sequence[Sample], duration_s: float) -> dict[str, float]:
     if pre is not None:
         out["engine.preemptions"] = pre
     hits, queries = delta("engine.prefix_cache_hits_total"), delta("engine.prefix_cache_queries_total")
+    if hits is not None:
+        # Tokens served from the cache; with caching off vLLM looks nothing up, so no hit rate but a measured 0 here.
+        out["engine.prefix_cache_hits"] = hits
     if hits is not None and queries:
         out["engine.prefix_cache_hit_rate"] = hits / queries
     for name in ("prompt_tokens", "generation_tokens"):

@@ -16,6 +16,7 @@ from llmplay.archive.layout import MANIFEST
 from llmplay.archive.model import Finding, RooflineFacts, StepVerdict
 from llmplay.archive.reader import ArchivedRun
 from llmplay.engines import get_engine
+from llmplay.metrics import prefix_reuse_text
 from llmplay.outcomes import INCONCLUSIVE, GateResult
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Playbook, Scalar, TuneSpec
@@ -146,6 +147,8 @@ class TuneLoop:
             gates_met=_all_met(outcome.gates),
         )
         self.trail = self.trail.with_round(done)
+        if (reuse := prefix_reuse_text(done.summary)) is not None:
+            self.say(f"tune: round 0 incumbent: {reuse}")
         trail.save(self.trail, self.tune_dir)
 
     def _next_round(self) -> None:
@@ -212,6 +215,8 @@ class TuneLoop:
         for c in done.raced:
             self.say(f"tune: round {number}: raced {c.step} {c.verdict}{' (carried)' if c.carried else ''}: {c.reason}")
         self.say(f"tune: round {number}: {done.step} {done.verdict}: {done.reason}")
+        if (reuse := _reuse_change(last.summary, done.step_summary, done.step or "")) is not None:
+            self.say(f"tune: round {number} {reuse}")
         trail.save(self.trail, self.tune_dir)
 
     @property
@@ -398,6 +403,28 @@ def _dropped_behind_leader(verdict: StepVerdict, tried: Sequence[Scalar]) -> tup
     return behind if behind and tuple(behind) != tuple(tried) else ()
 
 
+def _step_figures(outcome: RunOutcome, step: str) -> dict[str, float]:
+    """The pooled figures of the step's own configuration, as its run's tuning record has them."""
+    row = next((r for r in outcome.tuning_record if r.step == step), None)
+    return _figures(row.metrics) if row is not None else {}
+
+
+def _reuse_change(incumbent: Mapping[str, float], step: Mapping[str, float], name: str) -> str | None:
+    """ "prefix reuse: incumbent 0% achieved, tune-prefix-caching 93% achieved (the workload repeats 95%)", where
+    either side measured any reuse."""
+    before, after = prefix_reuse_text(incumbent), prefix_reuse_text(step)
+    if before is None and after is None:
+        return None
+
+    def achieved(figures: Mapping[str, float]) -> str:
+        value = figures.get("prefix_reuse.achieved")
+        return f"{value:.0%} achieved" if value is not None else "achieved not measured"
+
+    expected = step.get("prefix_reuse.expected", incumbent.get("prefix_reuse.expected"))
+    repeats = f" (the workload repeats {expected:.0%})" if expected is not None else ""
+    return f"prefix reuse: incumbent {achieved(incumbent)}, {name} {achieved(step)}{repeats}"
+
+
 def _figures(summary: Mapping[str, object]) -> dict[str, float]:
     return {k: float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
@@ -476,6 +503,7 @@ def _decided(
         summary=_figures(outcome.final_summary) if kept or outcome.final_summary else last.summary,
         gates_met=_all_met(outcome.gates),
         retry_values=behind,
+        step_summary=_step_figures(outcome, records[at].step),
         rank=candidate.rank or 1,
         raced=tuple(records) if len(records) > 1 else (),
     )

@@ -3,8 +3,10 @@ knob map, what was tried already and the tune policy, returning every candidate 
 reason. Nothing here runs an engine; the loop runs what this returns.
 
 The order (issue 39, CHECKLIST §7): first whether the remedy bears on the binding gate (the failed gate furthest
-from its threshold, else the objective); then how severe the finding calling for it is; then the checklist's
-cost-effectiveness order; then its place in the finding's own suggestion.
+from its threshold, else the objective); then the bottleneck the findings show: how severe the most severe finding
+calling for it is, and its place in that finding's own suggestion (a persistent queue names the batch before prefix
+caching: the queue is what a batch cures, caching only shortens each request's turn); then the checklist's
+cost-effectiveness order, between remedies standing equally.
 """
 
 from __future__ import annotations
@@ -104,13 +106,24 @@ def binding_metric(gates: Sequence[GateResult], objective: Objective) -> tuple[s
 
 @dataclass
 class _Called:
-    """A remedy as the findings call for it: by whom, how severely, and how early in their suggestions."""
+    """A remedy as the findings call for it: by whom, and its standing in the most severe one (severity, then its
+    place in that finding's suggestion)."""
 
     direction: Direction
     findings: list[str] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
-    severity: int = 9
-    position: int = 99
+    standing: tuple[int, int] = (9, 99)
+    standing_in: str = ""  # the finding that standing is in
+
+    @property
+    def standing_text(self) -> str:
+        """ "warn" for a finding's first remedy, "warn; 2nd of queue.persistent's" further down its suggestion."""
+        severity = {v: k for k, v in _SEVERITY.items()}.get(self.standing[0], "info")
+        place = self.standing[1] + 1
+        if place == 1:
+            return severity
+        nth = {2: "2nd", 3: "3rd"}.get(place, f"{place}th")
+        return f"{severity}; {nth} of {self.standing_in}'s remedies"
 
 
 def _called_for(findings: Sequence[Finding]) -> dict[Remedy, _Called]:
@@ -121,8 +134,9 @@ def _called_for(findings: Sequence[Finding]) -> dict[Remedy, _Called]:
             if finding.id not in entry.findings:
                 entry.findings.append(finding.id)
                 entry.evidence.append(f"{finding.id}: {cand.evidence}")
-            entry.severity = min(entry.severity, _SEVERITY.get(finding.severity, 2))
-            entry.position = min(entry.position, position)
+            standing = (_SEVERITY.get(finding.severity, 2), position)
+            if standing < entry.standing:
+                entry.standing, entry.standing_in = standing, finding.id
     return called
 
 
@@ -231,7 +245,7 @@ def rank(
     binding, binding_why = binding_metric(rank_in.gates, rank_in.objective)
     family = binding.split(".")[0]
     called = _called_for(rank_in.findings)
-    ranked: list[tuple[tuple[int, int, int, int], Ranked]] = []
+    ranked: list[tuple[tuple[int, int, int, int], Ranked, str]] = []
     skipped: list[Ranked] = []
     for remedy, entry in called.items():
         spec, values, refused = _choose_knob(remedy, engine, rank_in, policy, tried)
@@ -250,21 +264,24 @@ def rank(
         if not values:
             skipped.append(base)
             continue
-        key = (0 if bears else 1, entry.severity, CHECKLIST_ORDER.index(remedy), entry.position)
-        ranked.append((key, base))
+        key = (0 if bears else 1, *entry.standing, CHECKLIST_ORDER.index(remedy))
+        ranked.append((key, base, entry.standing_text))
     ranked.sort(key=lambda kv: kv[0])
-    out = [_with_rank(r, i, binding, binding_why, key, len(ranked)) for i, (key, r) in enumerate(ranked, 1)]
+    out = [
+        _with_rank(r, i, (binding, binding_why), standing, len(ranked)) for i, (_, r, standing) in enumerate(ranked, 1)
+    ]
     return (*out, *skipped)
 
 
-def _with_rank(r: Ranked, rank_no: int, binding: str, binding_why: str, key: tuple[int, ...], of: int) -> Ranked:
-    severity = {v: k for k, v in _SEVERITY.items()}.get(key[1], "info")
+def _with_rank(r: Ranked, rank_no: int, binding_on: tuple[str, str], standing: str, of: int) -> Ranked:
+    """`standing`: how the findings call for it ("warn", "warn; 2nd of queue.persistent's remedies")."""
+    binding, binding_why = binding_on
     bears = (
         f"bears on {binding} ({binding_why})" if r.bears_on_binding else f"does not bear on {binding} ({binding_why})"
     )
     what = f"{r.knob} → {', '.join(map(repr, r.values))}" + (" (value search)" if len(r.values) > 1 else "")
     reason = (
-        f"#{rank_no} of {of}: {what}; {bears}; called for by {', '.join(r.findings)} ({severity}); "
+        f"#{rank_no} of {of}: {what}; {bears}; called for by {', '.join(r.findings)} ({standing}); "
         f"§7 order {CHECKLIST_ORDER.index(r.remedy) + 1} of {len(CHECKLIST_ORDER)}"
     )
     return Ranked(

@@ -52,6 +52,8 @@ class Round:
     kept_args: Mapping[str, Scalar] = field(default_factory=dict)  # the incumbent after the round
     engine_s: float = 0.0
     summary: Mapping[str, float] = field(default_factory=dict)  # the new incumbent's pooled figures
+    # The chosen step's own pooled figures, kept or not (its prefix reuse achieved, say, beside the incumbent's).
+    step_summary: Mapping[str, float] = field(default_factory=dict)
     gates_met: bool | None = None
     # A rejected search's values dropped only for trailing its leader: the next round races them without it.
     retry_values: tuple[Scalar, ...] = ()
@@ -183,6 +185,7 @@ def _round(r: Mapping[str, Any]) -> Round:  # Any: json.loads' values (trail.jso
         kept_args=dict(r.get("kept_args") or {}),
         engine_s=float(r.get("engine_s") or 0.0),
         summary={str(k): float(v) for k, v in dict(r.get("summary") or {}).items()},
+        step_summary={str(k): float(v) for k, v in dict(r.get("step_summary") or {}).items()},
         gates_met=r.get("gates_met"),
         retry_values=tuple(r.get("retry_values") or ()),
         rank=int(r.get("rank") or 1),

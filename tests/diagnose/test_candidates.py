@@ -24,7 +24,7 @@ def test_a_step_no_engine_knob_makes_gives_the_sentence_only() -> None:
     facts = RunFacts(telemetry={"engine.preemptions": 3.0})
     found = memory.PREEMPTIONS.check(facts)
     assert found is not None
-    assert [c.remedy for c in found.candidates] == [Remedy.CONCURRENCY_CAP, Remedy.KV_MEMORY, Remedy.KV_DTYPE]
+    assert [c.remedy for c in found.candidates] == [Remedy.KV_MEMORY, Remedy.CONCURRENCY_CAP, Remedy.KV_DTYPE]
     assert "max_tokens" in found.suggestion  # S_MAX_TOKENS: a client change, no candidate
 
 

@@ -190,6 +190,11 @@ def test_prefix_reuse_expected_from_what_was_sent_and_achieved_from_the_engine(s
     # /metrics counters fill in where the responses did not say; the responses win where they did.
     assert engine_prefix_reuse({**s, "engine.prefix_cache_hit_rate": 0.25}) == {"prefix_reuse.achieved": 0.25}
     assert engine_prefix_reuse({"prefix_reuse.achieved": 0.5, "engine.prefix_cache_hit_rate": 0.25}) == {}
+    # Caching off, vLLM looks nothing up (no hit rate) yet counts its hits: a measured 0 served from cache.
+    off = {"engine.prefix_cache_hits": 0.0, "engine.prompt_tokens": 4000.0}
+    assert engine_prefix_reuse({**s, **off}) == {"prefix_reuse.achieved": 0.0}
+    assert engine_prefix_reuse({**s, **off, "engine.prompt_tokens": 0.0}) == {}  # nothing prefilled: nothing said
+    assert engine_prefix_reuse({**s, "engine.prompt_tokens": 4000.0}) == {}  # no hit counter: not measured
 
 
 def test_fingerprints_survive_the_archive(srv):

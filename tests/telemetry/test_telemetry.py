@@ -121,6 +121,7 @@ def test_summary_values() -> None:
     assert s["engine.waiting_nonzero_frac"] == pytest.approx(2 / 3)
     assert s["engine.preemptions"] == 3
     assert s["engine.prefix_cache_hit_rate"] == pytest.approx(80 / 200)
+    assert s["engine.prefix_cache_hits"] == 80
     assert s["proc.cpu_s"] == 4.0 and s["proc.cpu_cores_mean"] == 2.0
     assert s["proc.rss_peak_bytes"] == 3e9
     for absent in ("gpu.sm_activity_mean", "gpu.dram_bw_util_mean", "engine.kv_cache_usage_max"):

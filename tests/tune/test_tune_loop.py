@@ -21,8 +21,10 @@ from llmplay.tune import trail
 from llmplay.tune.loop import TuneLoop
 from llmplay.tuning import run as run_module
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
-from llmplay_testing.simulated import Response, SimulatedEngine
+from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
 from llmplay_testing.tune_sessions import CtrlC, TwoPairsAtOnce, one_slot_chat, tune, tune_playbook, two_cures
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_one_slot_for_four_users_keeps_more_slots_skips_prefix_caching_and_stops_with_its_reason(tmp_path):
@@ -175,7 +177,7 @@ def test_a_round_interrupted_mid_run_resumes_its_run_keeping_the_trials_it_archi
     assert verify(interrupted) == []
 
 
-RACED = ["tune-prefix-caching-cache-reuse", "tune-max-batch-parallel"]  # two_cures' round 1, in rank order
+RACED = ["tune-max-batch-parallel", "tune-prefix-caching-cache-reuse"]  # two_cures' round 1, in rank order
 
 
 def test_a_raced_round_runs_the_top_two_against_the_incumbent_carries_the_first_kept_and_records_both(
@@ -196,15 +198,15 @@ def test_a_raced_round_runs_the_top_two_against_the_incumbent_carries_the_first_
     outcome = tune(tmp_path, SimulatedEngine(two_cures, seed=11), lines, room=room, race=2).execute()
     first = outcome.trail.rounds[1]
     assert [(c.step, c.rank, c.knob) for c in first.raced] == [
-        (RACED[0], 1, "cache_reuse"),
-        (RACED[1], 2, "parallel"),
+        (RACED[0], 1, "parallel"),
+        (RACED[1], 2, "cache_reuse"),
     ], "\n".join(lines)
     assert [(c.verdict, c.carried) for c in first.raced] == [("kept", True), ("kept", False)], first.raced
-    # Ranking order decides which kept one is carried, even against a larger measured gain (-81% beside -30% here):
-    # the step a session without racing would have carried; the other is tried again on the new incumbent.
+    # Ranking order decides which kept one is carried (queueing's own remedy first, as the findings order them): the
+    # step a session without racing would have carried; the other is tried again on the new incumbent.
     assert first.raced[1].reason.endswith(f"; not carried: {RACED[0]}, before it in the race, was")
     assert first.step == RACED[0] and first.verdict == "kept" and first.rank == 1
-    assert first.kept_args["cache_reuse"] in (64, 256) and first.kept_args["parallel"] == 1
+    assert first.kept_args["parallel"] in (2, 4) and first.kept_args.get("cache_reuse") in (None, 0)
     assert first.race.startswith("2 candidates raced (tune.race; the cluster runs 2 pair(s) at once)")
     # The round's playbook: both steps with carry: race, against the same incumbent knobs.
     round_doc = yaml.safe_load((outcome.tune_dir / "round-1.yaml").read_text())
@@ -219,17 +221,19 @@ def test_a_raced_round_runs_the_top_two_against_the_incumbent_carries_the_first_
     # Round 2 counts both as tried: the kept-not-carried one is tried again on the new incumbent, alone.
     tried = outcome.trail.tried()
     assert [(t.knob, t.verdict, t.where) for t in tried[:2]] == [
-        ("cache_reuse", "kept", "round 1"),
         ("parallel", "kept", "round 1"),
+        ("cache_reuse", "kept", "round 1"),
     ]
     second = outcome.trail.rounds[2]
-    assert second.step == "tune-max-batch-parallel-2" and second.raced == ()
+    assert second.step == "tune-prefix-caching-cache-reuse-2" and second.raced == ()
     assert second.verdict == "kept", second.reason
     assert trail.load(outcome.tune_dir) == outcome.trail
     tuned = load_playbook(outcome.tuned)
-    assert [s.name for s in tuned.steps] == [RACED[0], "tune-max-batch-parallel-2"]
+    assert [s.name for s in tuned.steps] == [RACED[0], "tune-prefix-caching-cache-reuse-2"]
     assert all(s.carry == "if_kept" for s in tuned.steps)
-    assert "- step: tune-max-batch-parallel\n  knob: parallel\n  verdict: kept\n" in outcome.tuned.read_text()
+    assert (
+        "- step: tune-prefix-caching-cache-reuse\n  knob: cache_reuse\n  verdict: kept\n" in outcome.tuned.read_text()
+    )
 
 
 def test_a_raced_round_interrupted_mid_run_is_pending_and_resumes_its_run_racing_the_same_candidates(
@@ -292,3 +296,50 @@ def test_without_race_or_without_room_for_two_pairs_a_round_runs_one_candidate(t
     assert steps == [{k: v for k, v in steps[0].items() if k != "carry"}]  # one ordinary step, carry if_kept
     assert [s["name"] for s in steps] == [RACED[0]]
     assert outcome.trail.stop == "budget spent: 1 of 1 steps"
+
+
+def one_sequence_no_cache(args: Mapping[str, Scalar], users: int) -> Response:
+    """vLLM-like, vllm-cpu-tune.yaml's baseline: users beyond max_num_seqs queue; with prefix caching on the long shared
+    system prompt is served from cache and each request's prefill shrinks."""
+    seqs = slots_of(args)
+    cached = args.get("prefix_caching") is not False
+    queue = max(0.0, users / seqs - 1)
+    return Response(
+        ttft_s=(0.06 if cached else 0.1) * (1 + 1.5 * queue),
+        output_tok_s=100.0 * (1.1 if cached else 1.0),
+        waiting_frac=0.9 if seqs < users else 0.0,
+        waiting_mean=float(max(users - seqs, 0)),
+        reuse_expected=0.9,
+        reuse_achieved=0.85 if cached else 0.0,
+    )
+
+
+def test_vllm_from_one_sequence_and_no_cache_raises_the_cap_then_caches_with_the_reuse_in_its_record(tmp_path):
+    doc = yaml.safe_load((ROOT / "playbooks" / "vllm-cpu-tune.yaml").read_text())
+    doc["runtime"] = "process"
+    doc["trials"] = {"repeats": 3, "max_repeats": 5, "sequential": True}
+    path = tmp_path / "vllm-cpu-tune.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    engine = SimulatedEngine(one_sequence_no_cache, seed=9)
+
+    def run(pb, options: RunOptions) -> RunOutcome:
+        return run_playbook(pb, options, report=lambda _line: None, measure_trial=engine)
+
+    lines: list[str] = []
+    outcome = TuneLoop(load_playbook(path), tmp_path / "tune", run, lines.append).execute()
+    rounds = outcome.trail.rounds
+    assert [(r.step, r.verdict) for r in rounds] == [
+        (None, None),
+        ("tune-max-batch-max-num-seqs", "kept"),
+        ("tune-prefix-caching-prefix-caching", "kept"),
+    ], [r.reason for r in rounds]
+    assert rounds[1].ranked[0].knob == "max_num_seqs" and rounds[1].ranked[1].knob == "prefix_caching"
+    # The record: reuse achieved 0 at the baseline and on the capped incumbent, then the cached step's own.
+    assert rounds[0].summary["prefix_reuse.achieved"] == 0.0
+    assert rounds[2].step_summary["prefix_reuse.achieved"] == pytest.approx(0.85)
+    assert "tune: round 0 incumbent: prefix reuse 90% expected, 0% achieved" in lines
+    assert (
+        "tune: round 2 prefix reuse: incumbent 0% achieved, tune-prefix-caching-prefix-caching 85% achieved "
+        "(the workload repeats 90%)"
+    ) in lines
+    assert trail.load(outcome.tune_dir) == outcome.trail

@@ -163,9 +163,9 @@ def test_a_raced_round_shows_each_candidate_with_its_verdict_and_which_was_carri
     assert outcome.trail.rounds[1].race in round1 and "the first kept in ranking order is carried" in round1
     rows = {row[1]: row for row in page.rows if len(row) == 7 and row[0] in ("#1", "#2")}
     carried, other = rows[raced[0].step], rows[raced[1].step]
-    assert carried[:4] == ["#1", raced[0].step, "prefix_caching: cache_reuse", "kept"]
+    assert carried[:4] == ["#1", raced[0].step, "max_batch: parallel", "kept"]
     assert carried[5] == "carried: the first kept in ranking order" and carried[6] == raced[0].reason
-    assert other[:4] == ["#2", raced[1].step, "max_batch: parallel", "kept"]
+    assert other[:4] == ["#2", raced[1].step, "prefix_caching: cache_reuse", "kept"]
     assert other[5] == "not carried" and other[6] == raced[1].reason and "before it in the race" in other[6]
     assert carried[4].startswith("-") and "[" in carried[4]  # its objective's change and interval
     assert f"Step carried: {raced[0].step}" in round1

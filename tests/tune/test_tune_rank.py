@@ -56,8 +56,10 @@ def test_missed_reuse_ranks_the_next_prefix_knob() -> None:
     ranked = by_remedy(rank(one_slot(summary=missed, findings=one_slot_findings(missed)), get_engine("llamacpp")))
     prefix = ranked[Remedy.PREFIX_CACHING]
     assert not prefix.skipped and prefix.knob == "cache_reuse" and prefix.values == (64, 256)
-    # Both answer the persistent queue (warn): §7 puts prefix caching, the cheaper step, first.
-    assert (prefix.rank, ranked[Remedy.MAX_BATCH].rank) == (1, 2)
+    # Both answer the persistent queue (warn), which names the slots first: three of four users wait for a slot,
+    # and a cached prompt only shortens each one's turn. §7 (prefix caching the cheaper) does not override it.
+    assert (ranked[Remedy.MAX_BATCH].rank, prefix.rank) == (1, 2)
+    assert "(warn; 2nd of queue.persistent's remedies)" in prefix.reason
 
 
 def test_risky_remedies_wait_for_the_policy_that_allows_them() -> None:
@@ -126,6 +128,32 @@ def test_the_binding_gate_ranks_its_remedies_first() -> None:
     assert first is not None and first.remedy is Remedy.KV_MEMORY and first.values == (0.92, 0.95)
     assert by_remedy(ranked)[Remedy.CONCURRENCY_CAP].rank == 2
     assert by_remedy(ranked)[Remedy.CONTINUOUS_BATCHING].reason == "continuous_batching is always on in vllm"
+
+
+def test_vllm_serving_one_sequence_with_caching_off_raises_the_sequence_cap_first_then_caches() -> None:
+    """vllm-cpu-tune.yaml's baseline: four users queue for one sequence, a long shared prompt never hits a cache."""
+    summary = {"prefix_reuse.expected": 0.9, "prefix_reuse.achieved": 0.0}
+    facts = RunFacts(
+        summary=summary,
+        telemetry=QUEUED,
+        scheduler=SchedulerFacts(max_batch=1, concurrency=4, prefix_caching=False),
+    )
+    findings = [f for rule in scheduler.RULES if (f := rule.check(facts)) is not None]
+    assert {f.id for f in findings} == {"sched.concurrency_over_batch", "sched.prefix_cache_off", "queue.persistent"}
+    args = {"max_num_seqs": 1, "prefix_caching": False}
+    ranked = rank(RankInput(findings, args, summary, (), TTFT, concurrency=4), get_engine("vllm"))
+    first, second = ranked[0], ranked[1]
+    assert (first.knob, first.values, second.knob, second.values) == ("max_num_seqs", (64,), "prefix_caching", (True,))
+    assert first.reason.startswith("#1 of 2: max_num_seqs → 64; bears on ttft.p95")
+    assert "called for by sched.concurrency_over_batch, queue.persistent (warn); §7 order 3" in first.reason
+    assert "called for by sched.prefix_cache_off, queue.persistent (warn; 2nd of queue.persistent's remedies)" in (
+        second.reason
+    )
+    # Kept: nobody queues any more, and prefix caching (no reuse achieved) is next, alone.
+    off = [f for f in findings if f.id == "sched.prefix_cache_off"]
+    kept = [Tried(Remedy.MAX_BATCH, "max_num_seqs", "kept", "round 1")]
+    then = next_step(rank(RankInput(off, {**args, "max_num_seqs": 64}, summary, (), TTFT, 4), get_engine("vllm"), kept))
+    assert then is not None and then.knob == "prefix_caching" and then.reason.startswith("#1 of 1: prefix_caching")
 
 
 def test_vllm_with_prefix_caching_off_on_a_shared_prefix_turns_it_on() -> None:

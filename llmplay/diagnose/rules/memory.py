@@ -139,7 +139,8 @@ def _preemptions(f: RunFacts) -> Outcome:
         "critical",
         "Preemptions: the KV cache ran out (latency disaster, fix now)",
         evidence,
-        steps(S_LOWER_CONC, S_GPU_MEM, S_KV_QUANT, S_MAX_TOKENS),
+        # More memory for the KV cache first: memory left unreserved costs the load nothing, a cap its concurrency.
+        steps(S_GPU_MEM, S_LOWER_CONC, S_KV_QUANT, S_MAX_TOKENS),
     )
 
 
