@@ -448,3 +448,4 @@ def test_a_capacity_pair_whose_search_pinned_nothing_is_left_out_and_named():
     verdict = decide_step(a[:2], none_pinned, capacity, TRIALS)
     assert verdict.verdict == INCONCLUSIVE
     assert "2 of 2 pair(s) left out" in verdict.reason, verdict.reason
+    assert verdict.objective is not None and not verdict.objective.units  # no pair left to rest an interval on
