@@ -21,7 +21,7 @@ from llmplay.archive.verify import verify
 from llmplay.playbook.load import load_playbook
 from llmplay.report import publish_report
 from llmplay.runtime.labels import LABEL_PID, LABEL_RUN
-from llmplay.tuning.run import RunOptions, TuningRun, run_playbook
+from llmplay.tuning.run import RunOptions, RunOutcome, TuningRun, run_playbook
 from llmplay_testing.cpu_runs import (
     cli,
     containers_of,
@@ -78,9 +78,10 @@ def used_pairs_on_one_node(m: dict) -> dict[int, str]:
     return {r: n.pop() for r, n in nodes.items()}
 
 
-def test_pairs_fan_out_over_nodes_and_each_pair_stays_on_one_node(cluster, tmp_path):
-    """Scheduling alone (trials of a fixed 2 s): two pairs on two nodes run at once, each pair on one node."""
-    pb = load_playbook(ray_playbook(tmp_path, repeats=2, accelerator_type="T4"))
+def run_meeting(tmp_path: Path, **playbook: object) -> tuple[RunOutcome, Path]:
+    """Trials of a fixed 2 s, 2 pairs a step on T4 nodes, each trial waiting to meet one started on the other node
+    (FixedTrials' meet_nodes): the completed run and the folder where every trial wrote its node and whom it met."""
+    pb = load_playbook(ray_playbook(tmp_path, repeats=2, accelerator_type="T4", **playbook))
     started = tmp_path / "started"
     started.mkdir()
     lines: list[str] = []
@@ -91,6 +92,12 @@ def test_pairs_fan_out_over_nodes_and_each_pair_stays_on_one_node(cluster, tmp_p
         measure_trial=FixedTrials(pb, 2.0, started_dir=str(started), meet_nodes=2),
     ).execute()
     assert outcome.status == "complete", lines
+    return outcome, started
+
+
+def test_pairs_fan_out_over_nodes_and_each_pair_stays_on_one_node(cluster, tmp_path):
+    """Scheduling alone (trials of a fixed 2 s): two pairs on two nodes run at once, each pair on one node."""
+    outcome, started = run_meeting(tmp_path)
     m = manifest(outcome.run_dir)
     assert len(m["trials"]) == 4 and all(t["status"] == "ok" for t in m["trials"])
     nodes = used_pairs_on_one_node(m)
@@ -117,17 +124,7 @@ def test_raced_steps_run_their_pairs_at_once_on_separate_nodes(cluster, tmp_path
         {"name": "parallel-4", "set": {"parallel": 4}, "carry": "race"},
         {"name": "parallel-2", "set": {"parallel": 2}, "carry": "race"},
     ]
-    pb = load_playbook(ray_playbook(tmp_path, repeats=2, steps=steps, accelerator_type="T4"))
-    started = tmp_path / "started"
-    started.mkdir()
-    lines: list[str] = []
-    outcome = TuningRun(
-        pb,
-        RunOptions(archive_root=tmp_path / "r"),
-        report=lines.append,
-        measure_trial=FixedTrials(pb, 2.0, started_dir=str(started), meet_nodes=2),
-    ).execute()
-    assert outcome.status == "complete", lines
+    outcome, started = run_meeting(tmp_path, steps=steps)
     m = manifest(outcome.run_dir)
     assert len(m["trials"]) == 8 and all(t["status"] == "ok" for t in m["trials"])
     pairs: dict[tuple[str, int], set[str]] = {}
@@ -137,7 +134,10 @@ def test_raced_steps_run_their_pairs_at_once_on_separate_nodes(cluster, tmp_path
     assert pairs[("parallel-4", 0)] != pairs[("parallel-2", 0)], pairs  # the two steps' first pairs: two nodes
     for step in ("parallel-4", "parallel-2"):  # and at once: each step's first trial met one on the other node
         first = min(t["trial_id"] for t in m["trials"] if t["step"] == step and t["repeat"] == 0)
-        assert (started / first).read_text().split()[2:] == ["met"], (first, lines)
+        assert (started / first).read_text().split()[2:] == ["met"], (
+            first,
+            sorted(f.read_text() for f in started.iterdir()),
+        )
     verdicts = {v["step"]: v for v in m["verdicts"]}
     assert verdicts["parallel-4"]["verdict"] == "kept" and verdicts["parallel-4"]["carried"]
     assert not verdicts["parallel-2"]["carried"]
