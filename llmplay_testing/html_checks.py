@@ -67,36 +67,47 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def layout_in_chromium(page: Path, width: int, selector: str = "table") -> dict[str, Any]:
-    """How `page` lays out in headless Chromium `width` pixels wide, the network unreachable: the viewport's and the
-    page's width, and for each element matching `selector` its right edge, its container's, and whether its content
-    is wider than its box. A copy of the page carries the measuring script (the report itself has none)."""
+def _headless(browser: str, profile: Path, *flags: str) -> list[str]:
+    """Headless Chromium on its own profile with the network unreachable: a page that needed it would show it."""
+    return [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        f"--user-data-dir={profile}",
+        *flags,
+    ]
+
+
+def dom_in_chromium(page: Path, width: int | None = None) -> str:
+    """The DOM headless Chromium builds from `page` (in a window `width` pixels wide when given)."""
     browser = chromium()
     assert browser is not None, "chromium is not installed"
+    size = [f"--window-size={width},900"] if width is not None else []
     with tempfile.TemporaryDirectory() as tmp:
-        probe = Path(tmp) / page.name
-        script = _LAYOUT_PROBE % {"selector": json.dumps(selector)}
-        probe.write_text(page.read_text(encoding="utf-8").replace("</body>", script + "</body>"), encoding="utf-8")
         done = subprocess.run(
-            [
-                browser,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--host-resolver-rules=MAP * ~NOTFOUND",
-                f"--user-data-dir={Path(tmp) / 'profile'}",
-                f"--window-size={width},900",
-                "--dump-dom",
-                probe.as_uri(),
-            ],
+            _headless(browser, Path(tmp) / "profile", *size, "--dump-dom", page.as_uri()),
             capture_output=True,
             text=True,
             timeout=120,
             check=False,
         )
     assert done.returncode == 0, done.stderr[-2000:]
-    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', done.stdout, re.S)
-    assert found is not None, done.stdout[-2000:]
+    return done.stdout
+
+
+def layout_in_chromium(page: Path, width: int, selector: str = "table") -> dict[str, Any]:
+    """How `page` lays out in headless Chromium `width` pixels wide, the network unreachable: the viewport's and the
+    page's width, and for each element matching `selector` its right edge, its container's, and whether its content
+    is wider than its box. A copy of the page carries the measuring script (the report itself has none)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / page.name
+        script = _LAYOUT_PROBE % {"selector": json.dumps(selector)}
+        probe.write_text(page.read_text(encoding="utf-8").replace("</body>", script + "</body>"), encoding="utf-8")
+        dom = dom_in_chromium(probe, width)
+    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', dom, re.S)
+    assert found is not None, dom[-2000:]
     return json.loads(unescape(found.group(1)))
 
 
@@ -105,21 +116,6 @@ def screenshot_in_chromium(page: Path, out: Path, width: int, height: int) -> Pa
     browser = chromium()
     assert browser is not None, "chromium is not installed"
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [
-                browser,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--hide-scrollbars",
-                "--host-resolver-rules=MAP * ~NOTFOUND",
-                f"--user-data-dir={Path(tmp) / 'profile'}",
-                f"--window-size={width},{height}",
-                f"--screenshot={out}",
-                page.as_uri(),
-            ],
-            capture_output=True,
-            timeout=120,
-            check=True,
-        )
+        flags = ("--hide-scrollbars", f"--window-size={width},{height}", f"--screenshot={out}", page.as_uri())
+        subprocess.run(_headless(browser, Path(tmp) / "profile", *flags), capture_output=True, timeout=120, check=True)
     return out

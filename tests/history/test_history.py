@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from html.parser import HTMLParser
 from pathlib import Path
@@ -20,6 +19,7 @@ from llmplay.errors import ExitCode
 from llmplay.history.site import write_site
 from llmplay.history.timeline import REGRESSION, build_history, format_history
 from llmplay_testing.history_archive import BUILDS, PLAYBOOK_NAME, make_history_archive
+from llmplay_testing.html_checks import chromium, dom_in_chromium
 from llmplay_testing.make_archive import make_archive
 
 UPGRADE_AT = 8
@@ -294,32 +294,13 @@ def test_the_site_covers_every_playbook_offline_with_working_links(checked, clon
 
 def render_in_chromium(page: Path) -> None:
     """The page renders in headless Chromium with the network unreachable: its DOM has every section."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
+    if chromium() is None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("chromium is not installed (CI=true: the site must be checked in a browser)")
         pytest.skip(
             "chromium is not installed (`scripts/setup.sh --test` installs it); the site was checked without it"
         )
-    done = subprocess.run(
-        [
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--host-resolver-rules=MAP * ~NOTFOUND",  # a page that needed the network would show it here
-            f"--user-data-dir={page.parent / '.chromium-profile'}",
-            "--dump-dom",
-            page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    shutil.rmtree(page.parent / ".chromium-profile", ignore_errors=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    dom = done.stdout
+    dom = dom_in_chromium(page)
     assert "<h1>llmplay archive</h1>" in dom and 'id="pb-synthetic-tune"' in dom and "<svg" in dom
 
 
