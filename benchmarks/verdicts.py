@@ -71,6 +71,9 @@ class Row:
     # (each metric's estimate drawn per run from its chi-square law), at this per-trial log-SD (None: today's)
     history_df: int = 0
     history_sigma: float | None = None
+    # Each trial's measured requests drawn from these (a real run's), where `requests` is every trial's otherwise: a
+    # rate guard's count interval rests on the requests both sides really had (benchmarks/twice.py).
+    requests_drawn: tuple[int, ...] = ()
     note: str = field(default="", compare=False)
 
 
@@ -94,8 +97,10 @@ def _trial_values(rng: np.random.Generator, row: Row, sigma: float, n_trials: in
     return noise
 
 
-def _sample(log_noise: np.ndarray, candidate: bool, row: Row, errors: int, repeat: int) -> TrialSample:
-    n = row.requests
+def _sample(
+    log_noise: np.ndarray, candidate: bool, row: Row, errors: int, repeat: int, requests: int | None = None
+) -> TrialSample:
+    n = requests if requests is not None else row.requests
     obj = np.log1p(row.objective_effect) if candidate else 0.0
     worse = np.log1p(row.guard_effect) if candidate else 0.0
     ttft = 0.1 * np.exp(obj + log_noise[0])
@@ -122,6 +127,8 @@ class StepOutcome:
     through_guard: bool
     objective_excludes_zero: bool
     pairs: int
+    methods: tuple[str, ...] = ()  # the final look's paired intervals, objective then guards: what noise they used
+    reason: str = ""
 
 
 def _run_step(
@@ -135,7 +142,9 @@ def _run_step(
 ) -> tuple[StepOutcome, dict[str, Noise]]:
     most = trials.max_repeats if trials.sequential else trials.repeats
     noise = _trial_values(rng, row, sigma, 2 * most)
-    errors = rng.binomial(row.requests, row.error_rate, 2 * most) if row.error_rate else np.zeros(2 * most, dtype=int)
+    counts = rng.choice(row.requests_drawn, 2 * most) if row.requests_drawn else None
+    n_requests = row.requests if counts is None else counts
+    errors = rng.binomial(n_requests, row.error_rate, 2 * most) if row.error_rate else np.zeros(2 * most, dtype=int)
     a: list[TrialSample] = []
     b: list[TrialSample] = []
     for pair in range(most):
@@ -143,7 +152,8 @@ def _run_step(
         for slot in range(2):
             t = 2 * pair + slot
             is_candidate = (slot == 0) == first_candidate
-            (b if is_candidate else a).append(_sample(noise[t], is_candidate, row, int(errors[t]), pair))
+            requests = None if counts is None else int(counts[t])
+            (b if is_candidate else a).append(_sample(noise[t], is_candidate, row, int(errors[t]), pair, requests))
     n = trials.repeats
     while True:
         d = decide_step(a[:n], b[:n], goals, trials, borrowed=borrowed, history=history)
@@ -153,7 +163,8 @@ def _run_step(
     obj = d.objective
     excludes = bool(obj and obj.ci_low is not None and obj.ci_high is not None and (obj.ci_low > 0 or obj.ci_high < 0))
     guard_reject = d.verdict == REJECTED and " tolerance" in d.reason and "beyond its" in d.reason
-    return StepOutcome(d.verdict, guard_reject, excludes, n), dict(d.noise)
+    methods = tuple(delta.method or "" for delta in (obj, *d.guards) if delta is not None)
+    return StepOutcome(d.verdict, guard_reject, excludes, n, methods, d.reason), dict(d.noise)
 
 
 def _history(rng: np.random.Generator, row: Row) -> dict[str, Noise] | None:
