@@ -16,12 +16,12 @@ trial: the errors.rate guard's count interval rests on them), and the steps' eff
 TTFT and +5 % throughput, kv-cache-q8 about +40 % and -12 %. Engine time is proportional to pairs (a trial is a fixed
 6 s of load plus the engine's start, about 11 s in both runs).
 
-Per scenario, 2,000 repetitions of: a first run (no history); runs 2-6, each with the earlier ones as history (the
+Per scenario, 1,000 repetitions (by default) of: a first run (no history); runs 2-6, each with the earlier ones as history (the
 "1 earlier run" row is run 2, the README's line; "5 earlier runs" is run 6); the first run's own trials decided again
 with an independent earlier run as history (what the history changes when the trials are the same); and a run whose
 history is the true noise with 10^6 degrees of freedom (the oracle: the noise known exactly).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/twice.py               # the tables (about 4 minutes on one core)
+    PYTHONPATH=. .venv/bin/python benchmarks/twice.py               # the tables (about 4 minutes of one core)
     PYTHONPATH=. .venv/bin/python benchmarks/twice.py --reps 300    # quicker, noisier
 """
 
@@ -247,6 +247,12 @@ class StepFigures:
     pairs_hist: tuple[tuple[float, ...], tuple[float, ...]]  # share ending at 2, 3, 4 pairs
     undecided: tuple[tuple[float, ...], tuple[float, ...]]  # share undecided per CAUSES
     refused: float  # the second run's P95 TTFT interval did not use the history
+    detectable: tuple[float | None, float | None]  # median effect the step's power line printed, first, second
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    shown = [v for v in values if v is not None]
+    return statistics.median(shown) if shown else None
 
 
 def step_figures(index: int, name: str, pairs: Sequence[tuple[RunResult, RunResult]]) -> StepFigures:
@@ -268,6 +274,10 @@ def step_figures(index: int, name: str, pairs: Sequence[tuple[RunResult, RunResu
         pairs_hist=(ends[0], ends[1]),
         undecided=(causes[0], causes[1]),
         refused=share(1, refused),
+        detectable=(
+            _median([run.detectable[index] for run, _ in pairs]),
+            _median([run.detectable[index] for _, run in pairs]),
+        ),
     )
 
 
@@ -312,10 +322,7 @@ def summarize(
         decided=(mean(lambda a, _: a.decided), mean(lambda _, b: b.decided)),
         refused=sum(refused(o) for _, b in pairs for o in b.outcomes) / n_steps,
         wrong=(wrong[0] / n_steps, wrong[1] / n_steps),
-        detectable=tuple(
-            statistics.median(d) if (d := [b.detectable[i] for _, b in pairs if b.detectable[i] is not None]) else None
-            for i in range(len(steps))
-        ),
+        detectable=tuple(_median([b.detectable[i] for _, b in pairs]) for i in range(len(steps))),
         printed=sum(d is not None for d in printed) / len(printed),
         steps=tuple(step_figures(i, s.name, pairs) for i, s in enumerate(steps)),
     )
@@ -374,8 +381,8 @@ def step_table(summaries: Sequence[Summary]) -> str:
     lines = [
         "| scenario | second run | step | decided first / second | pairs first / second "
         "| ended at 2 / 3 / 4 pairs, first; second | undecided through the errors guard / throughput guard / "
-        "objective, first; second | history refused (P95 TTFT) |",
-        "|" + "---|" * 8,
+        "objective, first; second | history refused (P95 TTFT) | detectable effect printed first / second (median) |",
+        "|" + "---|" * 9,
     ]
     for s in summaries:
         for f in s.steps:
@@ -383,14 +390,15 @@ def step_table(summaries: Sequence[Summary]) -> str:
             why = "; ".join(" / ".join(f"{x * 100:.1f}%" for x in side) for side in f.undecided)
             lines.append(
                 f"| {s.scenario} | {s.second} | {f.name} | {_pct(f.decided[0])} / {_pct(f.decided[1])} "
-                f"| {f.pairs[0]:.2f} / {f.pairs[1]:.2f} | {ends} | {why} | {_pct(f.refused)} |"
+                f"| {f.pairs[0]:.2f} / {f.pairs[1]:.2f} | {ends} | {why} | {_pct(f.refused)} "
+                f"| {' / '.join('none' if d is None else f'{d:.0%}' for d in f.detectable)} |"
             )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = print) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=2000, help="repetitions (pairs of runs) per scenario")
+    parser.add_argument("--reps", type=int, default=1000, help="repetitions (pairs of runs) per scenario")
     parser.add_argument("--seed", type=int, default=20261207)
     args = parser.parse_args(argv)
     # The tuning record's metrics (decide_step's `deltas`) never enter a verdict; leaving them out makes a look
