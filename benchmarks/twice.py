@@ -97,16 +97,16 @@ class StepTruth:
     ttft_sd: float  # per-pair log-ratio SD
     tok_sd: float
 
-    def row(self) -> Row:
+    def row(self, requests: tuple[int, ...]) -> Row:
         """The step as benchmarks/verdicts.py simulates it: per-trial SDs (a pair's log ratio has twice a trial's
-        variance), the guard's change in its worse direction, each trial's requests drawn from the real ones."""
+        variance), the guard's change in its worse direction, each trial's measured requests drawn from `requests`."""
         return Row(
             self.name,
             sigma=self.ttft_sd / math.sqrt(2),
             guard_sigma=self.tok_sd / math.sqrt(2),
             objective_effect=self.ttft,
             guard_effect=1.0 / (1.0 + self.tok_s) - 1.0,
-            requests_drawn=REAL_REQUESTS,
+            requests_drawn=requests,
         )
 
     def wrong(self, outcome: StepOutcome, min_effect: float) -> bool:
@@ -124,6 +124,7 @@ class Scenario:
     label: str
     steps: tuple[StepTruth, ...]
     earlier: int = 5  # runs chained for the "more history" row
+    requests: tuple[int, ...] = REAL_REQUESTS  # what each trial's measured requests are drawn from
 
     def exact_history(self) -> dict[str, Noise]:
         """The oracle's history: the steps' true paired variance (their mean where they differ), 10^6 df."""
@@ -205,7 +206,7 @@ def simulate_run(
     outcomes, noises, detectable = [], [], []
     for step in scenario.steps:
         detectable.append(printed_detectable(playbook, _known(borrowed, history)) if plan else None)
-        row = step.row()
+        row = step.row(scenario.requests)
         outcome, noise = _run_step(rng, row, trials, goals, row.sigma, borrowed, dict(history))
         outcomes.append(outcome)
         noises.append(noise)
@@ -328,24 +329,30 @@ def summarize(
     )
 
 
-def scenarios() -> tuple[Scenario, ...]:
-    """The real runs' noise: pooled over both steps, and per step (kv-cache-q8's P95 TTFT was noisier)."""
+def scenarios(requests_factor: float = 1.0) -> tuple[Scenario, ...]:
+    """The real runs' noise: pooled over both steps, and per step (kv-cache-q8's P95 TTFT was noisier); with
+    `requests_factor`, trials that measure that many times the real ones' requests (longer trials)."""
     pooled, first, second = real_noise(), real_noise(["parallel-4"]), real_noise(["kv-cache-q8"])
     ttft, tok = math.sqrt(pooled[TTFT].var), math.sqrt(pooled[TOK_S].var)
     ttft_1, ttft_2 = math.sqrt(first[TTFT].var), math.sqrt(second[TTFT].var)
+    requests = tuple(round(r * requests_factor) for r in REAL_REQUESTS)
+    more = f", {requests_factor:g}x the requests a trial" if requests_factor != 1 else ""
     return (
         Scenario(
-            "real effects, the two runs' noise pooled",
+            f"real effects, the two runs' noise pooled{more}",
             (StepTruth("parallel-4", -0.55, 0.05, ttft, tok), StepTruth("kv-cache-q8", 0.40, -0.12, ttft, tok)),
+            requests=requests,
         ),
         Scenario(
-            "real effects, each step's own P95 TTFT noise",
+            f"real effects, each step's own P95 TTFT noise{more}",
             (StepTruth("parallel-4", -0.55, 0.05, ttft_1, tok), StepTruth("kv-cache-q8", 0.40, -0.12, ttft_2, tok)),
+            requests=requests,
         ),
         Scenario(
-            "A/A (both steps change nothing), pooled noise",
+            f"A/A (both steps change nothing), pooled noise{more}",
             (StepTruth("null-1", 0.0, 0.0, ttft, tok), StepTruth("null-2", 0.0, 0.0, ttft, tok)),
             earlier=1,
+            requests=requests,
         ),
     )
 
@@ -400,6 +407,13 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = print) 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=1000, help="repetitions (pairs of runs) per scenario")
     parser.add_argument("--seed", type=int, default=20261207)
+    parser.add_argument("--only", default=None, help="the scenarios whose label contains this text")
+    parser.add_argument(
+        "--requests-factor",
+        type=float,
+        default=1.0,
+        help="trials measuring this many times the real runs' requests (2: 12 s trials), for the errors-rate guard",
+    )
     args = parser.parse_args(argv)
     # The tuning record's metrics (decide_step's `deltas`) never enter a verdict; leaving them out makes a look
     # about five times faster and changes no decision.
@@ -414,7 +428,9 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = print) 
     )
     t0 = time.perf_counter()
     summaries = []
-    for i, scenario in enumerate(scenarios()):
+    for i, scenario in enumerate(scenarios(args.requests_factor)):
+        if args.only is not None and args.only not in scenario.label:
+            continue
         per_row: dict[str, list[tuple[RunResult, RunResult]]] = {}
         for rep in range(args.reps):
             for second, pair in repetition(rep, args.seed + i, scenario, playbook).items():
