@@ -16,13 +16,16 @@ trial: the errors.rate guard's count interval rests on them), and the steps' eff
 TTFT and +5 % throughput, kv-cache-q8 about +40 % and -12 %. Engine time is proportional to pairs (a trial is a fixed
 6 s of load plus the engine's start, about 11 s in both runs).
 
-Per scenario, 1,000 repetitions (by default) of: a first run (no history); runs 2-6, each with the earlier ones as history (the
-"1 earlier run" row is run 2, the README's line; "5 earlier runs" is run 6); the first run's own trials decided again
-with an independent earlier run as history (what the history changes when the trials are the same); and a run whose
-history is the true noise with 10^6 degrees of freedom (the oracle: the noise known exactly).
+Per scenario, 1,000 repetitions (by default) of: a first run (no history); runs 2-6, each with the earlier ones as
+history (the "1 earlier run" row is run 2, the README's line; "5 earlier runs" is run 6); the first run's own trials
+decided again with an independent earlier run as history (what the history changes when the trials are the same); and
+a run whose history is the true noise with 10^6 degrees of freedom (the oracle: the noise known exactly). Reported per
+row: how often the second run decides at least as many steps, in no more pairs, both (the line); mean pairs and steps
+decided; how often the F test refused the history; false decisions; the detectable effect the power lines printed.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/twice.py               # the tables (about 4 minutes of one core)
-    PYTHONPATH=. .venv/bin/python benchmarks/twice.py --reps 300    # quicker, noisier
+    PYTHONPATH=. .venv/bin/python benchmarks/twice.py                 # the tables (about 4 minutes of one core)
+    PYTHONPATH=. .venv/bin/python benchmarks/twice.py --reps 300      # quicker, noisier
+    PYTHONPATH=. .venv/bin/python benchmarks/twice.py --requests-factor 2 --only pooled   # 12 s trials' requests
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from benchmarks.verdicts import Row, StepOutcome, _run_step
 from llmplay.archive.model import KEPT, REJECTED
 from llmplay.playbook.load import load_playbook
 from llmplay.spec import Playbook
-from llmplay.stats import decide
+from llmplay.stats import decide, intervals
 from llmplay.stats.intervals import Noise, pooled_noise, wilson_interval
 from llmplay.stats.power import plan_text
 from llmplay.tuning.quality import speed_goals
@@ -403,6 +406,20 @@ def step_table(summaries: Sequence[Summary]) -> str:
     return "\n".join(lines)
 
 
+def refused_falls_back_to_run() -> None:
+    """A variant of the rule, for comparison only: a step whose history the F test refuses takes the run's steps
+    moderated (as the first run's steps do) instead of its own pairs alone (intervals.with_history)."""
+    today = intervals.with_history
+
+    def variant(own: Noise, run: Sequence[Noise], history: Noise) -> tuple[float, float, str]:
+        var, df, method = today(own, run, history)
+        if "history noise not used" in method and run:
+            var, df = intervals.moderate(own, run)
+        return var, df, method
+
+    intervals.with_history = variant  # type: ignore[assignment]
+
+
 def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = print) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=1000, help="repetitions (pairs of runs) per scenario")
@@ -414,10 +431,17 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = print) 
         default=1.0,
         help="trials measuring this many times the real runs' requests (2: 12 s trials), for the errors-rate guard",
     )
+    parser.add_argument(
+        "--refused-falls-back",
+        action="store_true",
+        help="a variant of the rule: a refused history leaves the step the run's steps moderated, not its own pairs",
+    )
     args = parser.parse_args(argv)
     # The tuning record's metrics (decide_step's `deltas`) never enter a verdict; leaving them out makes a look
     # about five times faster and changes no decision.
     decide.RECORD_METRICS = ()  # type: ignore[misc]
+    if args.refused_falls_back:
+        refused_falls_back_to_run()
     playbook = load_playbook(PLAYBOOK)
     noise = real_noise()
     say(
