@@ -87,7 +87,7 @@ if [ "$with_tests" = 1 ] && [ "$compiler" = 0 ]; then
   echo "cmake, c++ or make is missing (root installs them): the llama.cpp upgrade tests' releases are not compiled" >&2
 elif [ "$with_tests" = 1 ]; then
   # The upgrade tests' two llama.cpp releases, compiled from source one after the other (each on both cores, about
-  # 4 minutes alone) while the rest of set-up downloads: at a lower priority, so that the vLLM images (set-up's
+  # 5 CPU-minutes) while the rest of set-up downloads: at a lower priority, so that the vLLM images (set-up's
   # longest wait when it builds them) lose no time to it. Started after the default image, whose check of the
   # prebuilt server must not wait on a compiler. Cached under ~/.cache/llmplay: seconds on a second set-up.
   upgrade_log=${LLMPLAY_CACHE:-$HOME/.cache/llmplay}/llamacpp-upgrade-setup.log

@@ -36,7 +36,8 @@ from llmplay_testing.llamacpp_releases import NEWER, OLDER, UPGRADE_RELEASES
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 NAME = "llamacpp-upgrade"
-# A compile of one release from an empty cache: about 4 minutes alone on 2 cores, longer beside other jobs.
+# A compile of one release from an empty cache: 0.3.8 took 348 CPU-seconds, 0.3.16 282, so 10-11 minutes each on the
+# 2-core machine beside other jobs (load 6-12); a generous limit, as a busy machine's is the noise's to decide.
 BUILD_TIMEOUT_S = 1800
 RUN_TIMEOUT_S = 600
 DROPPED_FLAG = "--dump-kv-cache"  # in the older release's llama-server, gone from the newer one's
@@ -141,7 +142,7 @@ def test_a_run_on_the_older_release_retested_on_the_newer(release_images: dict[s
     assert code in (ExitCode.OK, ExitCode.REGRESSION), out
     (change,) = [line for line in out.splitlines() if line.startswith("engine change: ")]
     assert change.startswith(f"engine change: llamacpp {released(OLDER)} -> {released(NEWER)}; "), change
-    assert DROPPED_FLAG in change, change
+    assert change.endswith(f"2 removed ({DROPPED_FLAG}, -dkvc)"), change  # the two releases' own --help
     assert f"{image_tag(NEWER)} (llamacpp {released(NEWER)}" in out  # the preflight read the newer release's flags
     (retest_dir,) = [p.parent for p in archive.glob(f"{NAME}/*/manifest.json") if p.parent != reference_dir]
     assert _engine_versions(retest_dir) == {released(NEWER)}  # both releases named in the archives
