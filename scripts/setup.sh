@@ -5,7 +5,9 @@
 # Heavy builds are cached under ${LLMPLAY_CACHE:-~/.cache/llmplay}; a second run takes seconds.
 # By default only what the demo needs (`llmplay run playbooks/cpu-tiny.yaml`): a first result in minutes.
 # `--gemma` also assembles the real Gemma 3 270M model (253 MB; cpu-gemma, cpu-chat and the quality probes);
-# `--test` also installs the test tools, Chromium (the report tests render pages in it) and the Gemma model;
+# `--test` also installs the test tools, Chromium (the report tests render pages in it) and the Gemma model, and
+# compiles the two llama.cpp releases the upgrade tests re-test across (llmplay_testing/llamacpp_releases.py) in the
+# background, beside the downloads;
 # `--vllm-cpu` (or LLMPLAY_VLLM_CPU=1) also builds the vLLM CPU images, LLMPLAY_VLLM_CPU_VERSIONS of them
 # (default "0.32.0 0.28.0": the playbook's release and an older one for the upgrade re-test).
 set -euo pipefail
@@ -33,15 +35,20 @@ else
   "$VENV/bin/python" -m pip install -q -e '.[cpu]'  # gguf writes the tiny model and reads GGUF facts
 fi
 echo "llmplay installed in $(( $(date +%s) - started ))s"
-need_docker=0; need_chromium=0
+need_docker=0; need_chromium=0; need_compiler=0
 command -v dockerd >/dev/null 2>&1 || need_docker=1
 # Headless Chromium renders the archive site (reports/index.html) in the tests; Debian's package, no registry.
 # Without root it is skipped, and so are the tests that need it.
 [ "$with_tests" = 0 ] || command -v chromium >/dev/null 2>&1 || [ "$(id -u)" -ne 0 ] || need_chromium=1
+# The upgrade tests' llama.cpp releases compile from source: cmake, a C++ compiler and make, installed here rather than
+# by the background builds, so that no two apt-get runs ever wait on each other's lock.
+if [ "$with_tests" = 1 ] && [ "$(id -u)" -eq 0 ]; then
+  for tool in cmake c++ make; do command -v "$tool" >/dev/null 2>&1 || need_compiler=1; done
+fi
 if [ "$need_docker" = 1 ] && [ "$(id -u)" -ne 0 ]; then
   echo "docker is not installed; run as root or install docker.io" >&2; exit 1
 fi
-if [ "$need_docker" = 1 ] || [ "$need_chromium" = 1 ]; then apt-get update -qq; fi
+if [ "$need_docker" = 1 ] || [ "$need_chromium" = 1 ] || [ "$need_compiler" = 1 ]; then apt-get update -qq; fi
 if [ "$need_docker" = 1 ]; then
   echo "installing docker.io with apt-get"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
@@ -49,6 +56,10 @@ fi
 if [ "$need_chromium" = 1 ]; then
   echo "installing chromium with apt-get (the report tests render pages in it)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+if [ "$need_compiler" = 1 ]; then
+  echo "installing cmake, g++ and make with apt-get (the upgrade tests compile two llama.cpp releases)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cmake g++ make >/dev/null
 fi
 # One daemon for the builds below, started before any of them so that two never race to start it.
 "$VENV/bin/python" -c 'from llmplay.runtime.dockerd import ensure_dockerd; ensure_dockerd()'
@@ -69,6 +80,28 @@ if [ "${LLMPLAY_VLLM_CPU:-0}" = 1 ]; then
   echo "building the vLLM CPU images in the background; log: $vllm_log"
 fi
 "$VENV/bin/llmplay" engine build-cpu
+upgrade_pid=
+compiler=1
+for tool in cmake c++ make; do command -v "$tool" >/dev/null 2>&1 || compiler=0; done
+if [ "$with_tests" = 1 ] && [ "$compiler" = 0 ]; then
+  echo "cmake, c++ or make is missing (root installs them): the llama.cpp upgrade tests' releases are not compiled" >&2
+elif [ "$with_tests" = 1 ]; then
+  # The upgrade tests' two llama.cpp releases, compiled from source one after the other (each on both cores, about
+  # 5 CPU-minutes) while the rest of set-up downloads: at a lower priority, so that the vLLM images (set-up's
+  # longest wait when it builds them) lose no time to it. Started after the default image, whose check of the
+  # prebuilt server must not wait on a compiler. Cached under ~/.cache/llmplay: seconds on a second set-up.
+  upgrade_log=${LLMPLAY_CACHE:-$HOME/.cache/llmplay}/llamacpp-upgrade-setup.log
+  releases=$("$VENV/bin/python" -m llmplay_testing.llamacpp_releases)
+  (
+    for version in $releases; do
+      upgrade_started=$(date +%s)
+      nice -n 10 "$VENV/bin/llmplay" engine build-cpu --llama-cpp-python "$version"
+      echo "llama.cpp from llama-cpp-python $version ready in $(( $(date +%s) - upgrade_started ))s"
+    done
+  ) >"$upgrade_log" 2>&1 &
+  upgrade_pid=$!
+  echo "compiling llama.cpp from llama-cpp-python $releases in the background (the upgrade tests); log: $upgrade_log"
+fi
 if [ "$with_gemma" = 1 ]; then
   # A real model for the quality probes (Gemma 3 270M, Q4_K_M GGUF, 253 MB): assembled once into the cache.
   gemma_started=$(date +%s)
@@ -84,4 +117,12 @@ if [ -n "$vllm_pid" ]; then
     exit 1
   fi
   grep -E "image ready in|engine ready" "$vllm_log"
+fi
+if [ -n "$upgrade_pid" ]; then
+  if ! wait "$upgrade_pid"; then
+    echo "compiling the upgrade tests' llama.cpp releases failed; the end of $upgrade_log:" >&2
+    tail -n 20 "$upgrade_log" >&2
+    exit 1
+  fi
+  grep -E "built llama-server in|ready in" "$upgrade_log"
 fi

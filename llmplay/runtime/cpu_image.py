@@ -271,10 +271,15 @@ def write_tiny_model(cache: Path, force: bool = False, log: Log = print) -> Path
     if path.exists() and not force:
         return path
     vocab_file = vocab_path(cache, log)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    write_llama_gguf(tmp, vocab_file)
-    tmp.rename(path)
+    # Set-up builds the default image and the upgrade tests' releases at once, and each writes this model first:
+    # one writes it while the others wait, then find it (they would otherwise share the temporary file).
+    with cache_lock(cache, "model"):
+        if path.exists() and not force:
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        write_llama_gguf(tmp, vocab_file)
+        tmp.rename(path)
     log(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
     return path
 
@@ -398,17 +403,21 @@ def _rootfs_tar(server: ServerFiles, model: Path, libs: list[Path], dest: Path) 
     return dest
 
 
-def ggml_version(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VERSION) -> str:
+def ggml_version(cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VERSION) -> str | None:
     """The vendored ggml's release (ggml/CMakeLists.txt): the sdist carries no git metadata, so llama.cpp's own
-    build number is 0 and its commit "unknown"; this and the llama-cpp-python release are what names the source."""
+    build number is 0 and its commit "unknown"; this and the llama-cpp-python release are what names the source.
+    None where that ggml did not number its releases yet (llama-cpp-python 0.3.16's and older)."""
     src = _extract(sdist_path(cache, log, version), cache / "src", "vendor/llama.cpp/ggml/CMakeLists.txt", version)
     parts = dict(re.findall(r"set\(GGML_VERSION_(MAJOR|MINOR|PATCH)\s+(\d+)\)", src.read_text()))
+    if not parts:
+        return None
     return ".".join(parts.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH"))
 
 
 def source_server(binary: Path, cache: Path, log: Log = print, version: str = LLAMA_CPP_PYTHON_VERSION) -> ServerFiles:
     """A llama-server built from a llama-cpp-python release: the binary alone; its label names the source."""
-    described = f"llama-cpp-python {version}, ggml {ggml_version(cache, log, version)}"
+    ggml = ggml_version(cache, log, version)
+    described = f"llama-cpp-python {version}" + (f", ggml {ggml}" if ggml else "")
     return ServerFiles(binary, (), (binary,), described, ("llmplay.llama_cpp_python", version))
 
 

@@ -4,6 +4,10 @@ no dockerd."""
 
 from __future__ import annotations
 
+import io
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +23,16 @@ from llmplay.runtime.cpu_image import (
     CpuEngine,
     binary_path,
     build_image,
+    ggml_version,
     image_tag,
     sdist_name,
     source_server,
 )
 from llmplay.runtime.docker import image_hint
 from llmplay.runtime.llama_server import XLLAMACPP_VERSION, ServerFiles
+from llmplay_testing.llamacpp_releases import OLDER, UPGRADE_RELEASES
 
-OLDER = "0.3.30"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_default_image_keeps_the_local_tag_and_source_builds_are_tagged_with_their_release() -> None:
@@ -131,3 +137,42 @@ def test_build_cpu_passes_the_release_through(monkeypatch: pytest.MonkeyPatch) -
     assert runner.invoke(cli, ["engine", "build-cpu", "--llama-cpp-python", OLDER]).exit_code == 0
     assert runner.invoke(cli, ["engine", "build-cpu"]).exit_code == 0
     assert asked == [OLDER, None]  # no release named: the prebuilt default
+
+
+def _sdist_with_ggml_cmake(cache: Path, version: str, cmake_text: str) -> None:
+    """A stand-in sdist in the cache holding only the vendored ggml's CMakeLists.txt."""
+    (cache / "sdist").mkdir(parents=True, exist_ok=True)
+    data = cmake_text.encode()
+    with tarfile.open(cache / "sdist" / f"{sdist_name(version)}.tar.gz", "w:gz") as tf:
+        info = tarfile.TarInfo(f"{sdist_name(version)}/vendor/llama.cpp/ggml/CMakeLists.txt")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+
+
+def test_the_label_names_ggml_where_it_numbers_its_releases_and_the_release_alone_before(tmp_path: Path) -> None:
+    numbered = (
+        'project("ggml" C CXX)\nset(GGML_VERSION_MAJOR 0)\nset(GGML_VERSION_MINOR 25)\nset(GGML_VERSION_PATCH 3)\n'
+    )
+    _sdist_with_ggml_cmake(tmp_path, "9.9.9", numbered)
+    _sdist_with_ggml_cmake(tmp_path, OLDER, 'project("ggml" C CXX)\n')
+    binary = tmp_path / "llama-server"
+    binary.write_bytes(b"binary")
+    assert ggml_version(tmp_path, version="9.9.9") == "0.25.3"
+    assert source_server(binary, tmp_path, version="9.9.9").version == "llama-cpp-python 9.9.9, ggml 0.25.3"
+    assert ggml_version(tmp_path, version=OLDER) is None
+    assert source_server(binary, tmp_path, version=OLDER).version == f"llama-cpp-python {OLDER}"  # not "ggml ?.?.?"
+
+
+def test_set_up_compiles_the_releases_the_upgrade_tests_pin() -> None:
+    """The pins live in one module; `setup.sh --test` reads them from it rather than naming releases of its own."""
+    printed = subprocess.run(
+        [sys.executable, "-m", "llmplay_testing.llamacpp_releases"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert printed == list(UPGRADE_RELEASES) and len(set(printed)) == 2
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "-m llmplay_testing.llamacpp_releases" in setup
+    assert 'engine build-cpu --llama-cpp-python "$version"' in setup
