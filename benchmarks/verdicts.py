@@ -131,7 +131,7 @@ class StepOutcome:
     reason: str = ""
 
 
-def _run_step(
+def run_step(
     rng: np.random.Generator,
     row: Row,
     trials: Trials,
@@ -140,6 +140,8 @@ def _run_step(
     borrowed: dict[str, list[Noise]],
     history: dict[str, Noise] | None = None,
 ) -> tuple[StepOutcome, dict[str, Noise]]:
+    """One step decided as `tuning/steps.py` drives it: `repeats` pairs, then (sequential) one more pair per
+    inconclusive look up to max_repeats; its outcome and its own noise per metric."""
     most = trials.max_repeats if trials.sequential else trials.repeats
     noise = _trial_values(rng, row, sigma, 2 * most)
     counts = rng.choice(row.requests_drawn, 2 * most) if row.requests_drawn else None
@@ -222,7 +224,7 @@ def run_row(row: Row, reps: int, seed: int) -> dict[str, dict[str, float]]:
             history = _history(rng, row)
             for step in range(row.steps):
                 sigma = row.sigmas[step] if row.sigmas else row.sigma
-                outcome, noise = _run_step(rng, row, trials, goals, sigma, borrowed, history)
+                outcome, noise = run_step(rng, row, trials, goals, sigma, borrowed, history)
                 per_step[step].append(outcome)
                 for metric, n in noise.items():
                     borrowed.setdefault(metric, []).append(n)
