@@ -110,8 +110,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("docker") or _ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    # Files with an engine test first: the two workers (--dist loadfile) take files in this order, so the long
-    # real-engine files start early and the many short files fill the end, rather than one worker finishing the
-    # engine files under tests/tuning alone while the other idles. Stable: each file's tests keep their order.
-    engine_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in engine_files)
