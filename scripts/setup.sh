@@ -36,6 +36,20 @@ else
 fi
 echo "llmplay installed in $(( $(date +%s) - started ))s"
 need_docker=0; need_chromium=0; need_compiler=0
+have_compiler() {
+  local tool
+  for tool in cmake c++ make; do command -v "$tool" >/dev/null 2>&1 || return 1; done
+}
+# A background build set-up waits for at the end: its log's last lines on failure, its timing lines on success.
+wait_for_build() {
+  local pid=$1 what=$2 log=$3 timings=$4
+  if ! wait "$pid"; then
+    echo "$what failed; the end of $log:" >&2
+    tail -n 20 "$log" >&2
+    exit 1
+  fi
+  grep -E "$timings" "$log"
+}
 command -v dockerd >/dev/null 2>&1 || need_docker=1
 # Headless Chromium renders the archive site (reports/index.html) in the tests; Debian's package, no registry.
 # Without root it is skipped, and so are the tests that need it.
@@ -43,7 +57,7 @@ command -v dockerd >/dev/null 2>&1 || need_docker=1
 # The upgrade tests' llama.cpp releases compile from source: cmake, a C++ compiler and make, installed here rather than
 # by the background builds, so that no two apt-get runs ever wait on each other's lock.
 if [ "$with_tests" = 1 ] && [ "$(id -u)" -eq 0 ]; then
-  for tool in cmake c++ make; do command -v "$tool" >/dev/null 2>&1 || need_compiler=1; done
+  have_compiler || need_compiler=1
 fi
 if [ "$need_docker" = 1 ] && [ "$(id -u)" -ne 0 ]; then
   echo "docker is not installed; run as root or install docker.io" >&2; exit 1
@@ -81,9 +95,7 @@ if [ "${LLMPLAY_VLLM_CPU:-0}" = 1 ]; then
 fi
 "$VENV/bin/llmplay" engine build-cpu
 upgrade_pid=
-compiler=1
-for tool in cmake c++ make; do command -v "$tool" >/dev/null 2>&1 || compiler=0; done
-if [ "$with_tests" = 1 ] && [ "$compiler" = 0 ]; then
+if [ "$with_tests" = 1 ] && ! have_compiler; then
   echo "cmake, c++ or make is missing (root installs them): the llama.cpp upgrade tests' releases are not compiled" >&2
 elif [ "$with_tests" = 1 ]; then
   # The upgrade tests' two llama.cpp releases, compiled from source one after the other (each on both cores, about
@@ -111,18 +123,8 @@ if [ "$with_gemma" = 1 ]; then
   echo "gemma model ready in $(( $(date +%s) - gemma_started ))s"
 fi
 if [ -n "$vllm_pid" ]; then
-  if ! wait "$vllm_pid"; then
-    echo "building the vLLM CPU images failed; the end of $vllm_log:" >&2
-    tail -n 20 "$vllm_log" >&2
-    exit 1
-  fi
-  grep -E "image ready in|engine ready" "$vllm_log"
+  wait_for_build "$vllm_pid" "building the vLLM CPU images" "$vllm_log" "image ready in|engine ready"
 fi
 if [ -n "$upgrade_pid" ]; then
-  if ! wait "$upgrade_pid"; then
-    echo "compiling the upgrade tests' llama.cpp releases failed; the end of $upgrade_log:" >&2
-    tail -n 20 "$upgrade_log" >&2
-    exit 1
-  fi
-  grep -E "built llama-server in|ready in" "$upgrade_log"
+  wait_for_build "$upgrade_pid" "compiling the upgrade tests' llama.cpp releases" "$upgrade_log" "built llama-server in|ready in"
 fi
