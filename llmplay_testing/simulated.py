@@ -5,6 +5,7 @@ statistics, diagnosis and archive then see them as they would a real engine's.""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -50,7 +51,6 @@ class SimulatedEngine:
     ):
         self.surface, self.requests, self.noise, self.trial_s = surface, requests, noise, trial_s
         self.output_tokens = output_tokens
-        self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.trials = 0
         self.engine_s = 0.0
@@ -61,15 +61,19 @@ class SimulatedEngine:
         self.engine_s += self.trial_s
         # One round's trials share a drift (the same request sequence on the same host minutes apart).
         drift = np.random.default_rng([self.seed, config.workload.seed, repeat]).normal(0, self.noise)
-        level = np.exp(drift + self.rng.normal(0, self.noise / 2))
+        # Each trial's own draws come from what the trial is, not from when it is called: which side of a pair goes
+        # first is drawn from the run id, and a resumed run re-measures only some trials, so draws taken in call order
+        # would change a test's data, and its verdict, from one run to the next.
+        rng = np.random.default_rng([self.seed, config.workload.seed, repeat, _trial_key(config, step, role)])
+        level = np.exp(drift + rng.normal(0, self.noise / 2))
         n = self.requests
-        ttft = self.rng.lognormal(np.log(truth.ttft_s * level), 0.25, n)
-        tpot = self.rng.lognormal(np.log(truth.tpot_s * level), 0.1, n)
+        ttft = rng.lognormal(np.log(truth.ttft_s * level), 0.25, n)
+        tpot = rng.lognormal(np.log(truth.tpot_s * level), 0.1, n)
         out = np.full(n, float(self.output_tokens))
         e2el = ttft + tpot * (out - 1)
         tok_s = truth.output_tok_s / level
         duration = float(out.sum() / tok_s)
-        errors = int(self.rng.binomial(n, truth.error_rate)) if truth.error_rate > 0 else 0
+        errors = int(rng.binomial(n, truth.error_rate)) if truth.error_rate > 0 else 0
         values = {"ttft": ttft, "tpot": tpot, "e2el": e2el, "itl": tpot, "output_tokens": out}
         values |= {"total_tokens": out * 4, "good": np.ones(n)}
         scalars: dict[str, float] = {
@@ -93,6 +97,12 @@ class SimulatedEngine:
         )
         sample = TrialSample(duration, values, n + errors, errors, scalars=scalars, repeat=repeat)
         return TrialResult(trial, sample=sample)
+
+
+def _trial_key(config: Config, step: str | None, role: str) -> int:
+    """A stable number for what a trial measures: the engine's knobs, the load's users, its step and side."""
+    knobs = sorted((name, repr(value)) for name, value in config.engine.args.items())
+    return zlib.crc32(repr((knobs, config.workload.concurrency, step, role)).encode())
 
 
 def slots_of(args: Mapping[str, Scalar], default: int = 4) -> int:

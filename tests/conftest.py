@@ -110,3 +110,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("docker") or _ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def draws_free_of_run_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run draws which side of each pair starts, and a search the order it tries values in, from its run id (a time
+    and a random part). A simulated engine's data follow those orders, so on one its verdicts would change with the
+    run id: here both draws take a fixed run id instead, and stay varied across steps and pairs."""
+    from llmplay.tuning import search_step, steps
+
+    real_first, real_seed = steps.candidate_first, search_step.search_seed
+    monkeypatch.setattr(steps, "candidate_first", lambda _run_id, step, repeat: real_first("fixed", step, repeat))
+    monkeypatch.setattr(search_step, "search_seed", lambda _run_id, step: real_seed("fixed", step))

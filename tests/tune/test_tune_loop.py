@@ -3,6 +3,7 @@ statistics, diagnosis, ranking and archive; only the engine's response is known 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -20,10 +21,12 @@ from llmplay.spec import Scalar
 from llmplay.tune import trail
 from llmplay.tune.loop import TuneLoop
 from llmplay.tuning import run as run_module
-from llmplay.tuning import steps
 from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
 from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
 from llmplay_testing.tune_sessions import CtrlC, TwoPairsAtOnce, one_slot_chat, tune, tune_playbook, two_cures
+
+# simulated engines: their data, and so each verdict, must not change with the run id
+pytestmark = pytest.mark.usefixtures("draws_free_of_run_id")
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,9 +61,12 @@ def test_an_unreachable_ttft_gate_stops_after_the_unloaded_probe(tmp_path):
     engine = SimulatedEngine(one_slot_chat, seed=2)
     outcome = tune(tmp_path, engine, [], gates=["ttft.p95 < 50ms"]).execute()
     assert outcome.trail.infeasible and outcome.trail.rounds == ()
-    assert outcome.trail.stop.startswith(
-        "goal unreachable (one request alone): ttft.p95 < 50ms: the limit 50 ms is below the 98 ms one request alone"
-    )
+    # the simulated engine's true TTFT alone is 100 ms; the probe's median of 12 lands near it
+    assert re.match(
+        r"goal unreachable \(one request alone\): ttft\.p95 < 50ms: the limit 50 ms is below the (9\d|1[01]\d) ms one "
+        r"request alone",
+        outcome.trail.stop,
+    ), outcome.trail.stop
     assert "one request alone takes on this engine (median of 12 requests sent one at a time)" in outcome.trail.stop
     assert engine.trials == 1  # far less than half of any budget: one short probe
     assert outcome.tuned is None
@@ -144,11 +150,7 @@ def test_a_knob_rejected_twice_before_on_this_engine_and_image_is_skipped_saying
     assert skipped["max_batch"].endswith("tune.retry_rejected tries it again")
 
 
-def test_a_round_interrupted_mid_run_resumes_its_run_keeping_the_trials_it_archived(tmp_path, monkeypatch):
-    # Which side of a pair starts is drawn from the run id (a time and a random part), and the simulated engine's
-    # draws follow the order it is called in: fixed here, so the data (and the verdict) are the same every run and
-    # the test is about the resume, not about which random numbers a run id gave each side.
-    monkeypatch.setattr(steps, "candidate_first", lambda run_id, step, repeat: repeat % 2 == 1)
+def test_a_round_interrupted_mid_run_resumes_its_run_keeping_the_trials_it_archived(tmp_path):
     playbook = load_playbook(tune_playbook(tmp_path))
     step = "tune-max-batch-parallel"
 
@@ -171,13 +173,14 @@ def test_a_round_interrupted_mid_run_resumes_its_run_keeping_the_trials_it_archi
     again = CtrlC(SimulatedEngine(one_slot_chat, seed=6))
     outcome = TuneLoop(playbook, tmp_path / "tune", runner(again), lines.append, state).execute()
     resumed = outcome.trail.rounds[1]
-    assert resumed.run_dir == str(interrupted) and resumed.step == step and resumed.verdict == "kept"
+    assert resumed.run_dir == str(interrupted) and resumed.step == step and resumed.verdict == "kept", resumed
     assert resumed.ranked == pending.ranked  # the same ranking, not ranked again
     trials = ArchivedRun.open(interrupted).trials()
     assert kept_before <= {t.trial_id for t in trials if t.status == TRIAL_OK}
     measured_first = {key for key in first.asked if key[0] == step}
     assert len(measured_first) == 4 and not measured_first & set(again.asked)  # none measured a second time
-    assert all(key[0] == step for key in again.asked)  # no new probe or baseline either
+    later = {r.step for r in outcome.trail.rounds[2:]}  # rounds the resumed loop went on to, with their own trials
+    assert all(key[0] == step or key[0] in later for key in again.asked), again.asked  # no new probe or baseline
     assert outcome.trail.pending is None and trail.load(tmp_path / "tune").pending is None
     assert verify(interrupted) == []
 

@@ -19,6 +19,9 @@ from llmplay.tuning.run import RunOptions, RunOutcome, run_playbook
 from llmplay_testing.simulated import SimulatedEngine
 from llmplay_testing.tune_sessions import CtrlC, TwoPairsAtOnce, one_slot_chat, tune, tune_playbook, two_cures
 
+# simulated engines: their data, and so each verdict, must not change with the run id
+pytestmark = pytest.mark.usefixtures("draws_free_of_run_id")
+
 
 class Page(HTMLParser):
     """Each table row's cells as text, the text under each element with an id, every link, and the tags."""

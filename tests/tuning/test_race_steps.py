@@ -9,6 +9,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
 import yaml
 
 from llmplay.archive.reader import ArchivedRun
@@ -18,6 +19,9 @@ from llmplay.tuning import run as run_module
 from llmplay.tuning.run import RunOptions, run_playbook
 from llmplay_testing.simulated import Response, SimulatedEngine, slots_of
 from llmplay_testing.tune_sessions import TwoPairsAtOnce
+
+# simulated engines: their data, and so each verdict, must not change with the run id
+pytestmark = pytest.mark.usefixtures("draws_free_of_run_id")
 
 ROOT = Path(__file__).resolve().parents[2]
 
