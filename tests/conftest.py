@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -104,6 +105,14 @@ def _timing_modules_at_a_raised_priority(request: pytest.FixtureRequest) -> Iter
         return
     with timing_priority():
         yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The live-runs registry is host-wide and keeps each ended run a day: a suite's runs, and every earlier suite's
+    # on this machine, would pile up there, and each trial reads it all twice. One fresh registry per test session
+    # (its workers and the CLI processes they start inherit it); a test that names its own keeps its own.
+    if not os.environ.get("LLMPLAY_LIVE_RUNS"):
+        os.environ["LLMPLAY_LIVE_RUNS"] = tempfile.mkdtemp(prefix="llmplay-live-runs-")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Mapping
@@ -59,12 +60,26 @@ def _gguf_value(reader: GGUFReader, key: str) -> object:
 
 def model_facts_from_gguf(path: str | Path) -> ModelFacts:
     """Facts from GGUF metadata; parameters and bytes are summed over the tensors actually stored."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        st = None
+    if st is None or not p.is_file():
+        return _gguf_facts(p, None)
+    return _gguf_facts(p, (st.st_size, st.st_mtime_ns, st.st_ino))
+
+
+# The reader parses every metadata field, the vocabulary's hundreds of thousands of parts included: seconds for one
+# file, and a tuning session diagnoses each of its runs on the same model. Keyed on the file's size, modification
+# time and inode, so a model rewritten in place is read again.
+@functools.lru_cache(maxsize=16)
+def _gguf_facts(p: Path, identity: tuple[int, int, int] | None) -> ModelFacts:
     try:
         import gguf  # deferred: optional extra `cpu`; config.json models never need it
     except ImportError as e:
-        raise ModelFactsError(f"reading {path} needs the gguf package: pip install 'llmplay[cpu]' ({e})") from e
-    p = Path(path)
-    if not p.is_file():
+        raise ModelFactsError(f"reading {p} needs the gguf package: pip install 'llmplay[cpu]' ({e})") from e
+    if identity is None:
         raise ModelFactsError(f"{p}: no such GGUF file")
     try:
         reader = gguf.GGUFReader(str(p))
