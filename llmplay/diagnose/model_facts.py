@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import stat
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -64,10 +65,8 @@ def model_facts_from_gguf(path: str | Path) -> ModelFacts:
     try:
         st = p.stat()
     except OSError:
-        st = None
-    if st is None or not p.is_file():
         return _gguf_facts(p, None)
-    return _gguf_facts(p, (st.st_size, st.st_mtime_ns, st.st_ino))
+    return _gguf_facts(p, (st.st_size, st.st_mtime_ns, st.st_ino) if stat.S_ISREG(st.st_mode) else None)
 
 
 # The reader parses every metadata field, the vocabulary's hundreds of thousands of parts included: seconds for one
