@@ -114,6 +114,14 @@ def kill_raylet(node: Any) -> int:
     return int(proc.pid)
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """Other nodes' trials read these lines while this one writes: a rename shows them the old line or the new, never
+    the empty file an in-place rewrite leaves for a moment (a reader that saw it once failed a run)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 @dataclass
 class FixedTrials:
     """A trial that holds its node for `duration_s` and returns `requests` synthetic streamed requests; TTFT is
@@ -134,7 +142,9 @@ class FixedTrials:
     def _meet(self, started: Path) -> bool:
         deadline = time.monotonic() + self.meet_timeout_s
         while time.monotonic() < deadline:
-            nodes = {f.read_text().split()[0] for f in started.iterdir() if f.read_text().strip()}
+            nodes = {
+                words[0] for f in started.iterdir() if not f.name.startswith(".") and (words := f.read_text().split())
+            }
             if len(nodes) >= self.meet_nodes:
                 return True
             time.sleep(0.05)
@@ -147,10 +157,10 @@ class FixedTrials:
 
             node = ray.get_runtime_context().get_node_id()
             line = Path(self.started_dir) / trial_id
-            line.write_text(f"{node} {time.time()}")
+            _write_whole(line, f"{node} {time.time()}")
             if self.meet_nodes:
                 met = self._meet(Path(self.started_dir))
-                line.write_text(f"{node} {time.time()}{' met' if met else ''}")
+                _write_whole(line, f"{node} {time.time()}{' met' if met else ''}")
                 start = time.perf_counter()  # the trial's own duration starts once the wait is over
         ttft_ms = self.fast_ttft_ms if config.engine.args.get("parallel") == 4 else self.ttft_ms
         records = []
