@@ -175,4 +175,4 @@ def test_set_up_compiles_the_releases_the_upgrade_tests_pin() -> None:
     assert printed == list(UPGRADE_RELEASES) and len(set(printed)) == 2
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     assert "-m llmplay_testing.llamacpp_releases" in setup
-    assert 'engine build-cpu --llama-cpp-python "$version"' in setup
+    assert 'engine build-cpu --llama-cpp-python "$1"' in setup  # each release the module printed
