@@ -134,16 +134,15 @@ if [ "$with_tests" = 1 ] && ! have_compiler; then
   echo "cmake, c++ or make is missing (root installs them): the llama.cpp upgrade tests' releases are not compiled" >&2
 elif [ "$with_tests" = 1 ]; then
   # The upgrade tests' two llama.cpp releases, compiled from source one after the other (each on both cores, about
-  # 5 CPU-minutes) while the rest of set-up downloads: at the lowest priority, so that the vLLM images (set-up's
-  # longest wait when it builds them) lose no time to it, nor, with --builds-in-background, the tests: beside a
-  # compile at nice 10, in a run from empty caches, the Gemma quality tests (llama.cpp threads, which wait on one
-  # another) took 436 s, against 141 s with no compile beside them. Started after the default
-  # image, whose check of the prebuilt server must not wait on a compiler. Cached under ~/.cache/llmplay: seconds on
-  # a second set-up.
+  # 5 CPU-minutes) while the rest of set-up downloads: at a lower priority, so that the vLLM images (set-up's
+  # longest wait when it builds them) lose no time to it. Not at the lowest: with --builds-in-background the tests
+  # run beside it, and at nice 19 one compile took 729 s rather than 483 s and the run was no shorter (the Gemma
+  # quality tests were as slow beside the builds either way). Started after the default image, whose check of the
+  # prebuilt server must not wait on a compiler. Cached under ~/.cache/llmplay: seconds on a second set-up.
   upgrade_log=${LLMPLAY_CACHE:-$HOME/.cache/llmplay}/llamacpp-upgrade-setup.log
   releases=$("$VENV/bin/python" -m llmplay_testing.llamacpp_releases)
   rm -f "$builds_dir"/llama-cpp-python-*.state
-  build_release() { nice -n 19 "$VENV/bin/llmplay" engine build-cpu --llama-cpp-python "$1"; }
+  build_release() { nice -n 10 "$VENV/bin/llmplay" engine build-cpu --llama-cpp-python "$1"; }
   # shellcheck disable=SC2086  # the releases are words
   build_queue "$upgrade_log" llama-cpp-python build_release $releases >"$upgrade_log" 2>&1 &
   upgrade_pid=$!
