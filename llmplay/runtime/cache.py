@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,12 +41,15 @@ def content_key(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def run_logged(argv: list[str], log_path: Path, what: str, cwd: Path | None = None) -> None:
-    """Run a build step with its output appended to `log_path`; a failure names the log and quotes its end."""
+def run_logged(
+    argv: list[str], log_path: Path, what: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> None:
+    """Run a build step with its output appended to `log_path`; a failure names the log and quotes its end. `env`
+    adds to the environment."""
     with open(log_path, "ab") as log:
         log.write(f"\n$ {' '.join(argv)}\n".encode())
         log.flush()
-        rc = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
+        rc = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=os.environ | env if env else None)
     if rc != 0:
         tail = " | ".join(log_path.read_text(errors="replace").splitlines()[-5:])
         raise InfrastructureError(f"{what} failed (exit code {rc}); see {log_path}: {tail}")
