@@ -122,9 +122,15 @@ def uv_cache_dir() -> Path:
     return cache_root() / "uv"
 
 
-def install_command(python: str, args: list[str], quiet: bool = True) -> tuple[list[str], dict[str, str], str]:
-    """(argv, extra environment, which installer and why) to install `args` into the venv of `python`."""
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", *(["-q"] if quiet else [])]
+def install_command(
+    python: str, args: list[str], quiet: bool = True, bytecode: bool = True
+) -> tuple[list[str], dict[str, str], str]:
+    """(argv, extra environment, which installer and why) to install `args` into the venv of `python`.
+    `bytecode=False` tells pip not to write its bytecode; uv writes none either way unless asked."""
+    quiet_flag = ["-q"] if quiet else []
+    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", *quiet_flag]
+    if not bytecode:
+        pip.append("--no-compile")
     uv = uv_binary()
     if uv is None:
         return [*pip, *args], {}, "pip (uv is not installed)"
@@ -133,7 +139,7 @@ def install_command(python: str, args: list[str], quiet: bool = True) -> tuple[l
     settings = uv_settings(parse_pip_config(listed))
     if settings.unmapped:
         return [*pip, *args], {}, f"pip (pip's setting {', '.join(settings.unmapped)} has no uv equivalent)"
-    argv = [uv, "pip", "install", "--python", python, *(["-q"] if quiet else []), *settings.options, *args]
+    argv = [uv, "pip", "install", "--python", python, *quiet_flag, *settings.options, *args]
     return argv, settings.env | {"UV_CACHE_DIR": str(uv_cache_dir())}, "uv"
 
 

@@ -42,14 +42,19 @@ def content_key(*parts: object) -> str:
 
 
 def run_logged(
-    argv: list[str], log_path: Path, what: str, cwd: Path | None = None, env: dict[str, str] | None = None
+    argv: list[str],
+    log_path: Path,
+    what: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    ok_codes: tuple[int, ...] = (0,),
 ) -> None:
-    """Run a build step with its output appended to `log_path`; a failure names the log and quotes its end. `env`
-    adds to the environment."""
+    """Run a build step with its output appended to `log_path`; an exit code outside `ok_codes` names the log and
+    quotes its end. `env` adds to the environment."""
     with open(log_path, "ab") as log:
         log.write(f"\n$ {' '.join(argv)}\n".encode())
         log.flush()
         rc = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=os.environ | env if env else None)
-    if rc != 0:
+    if rc not in ok_codes:
         tail = " | ".join(log_path.read_text(errors="replace").splitlines()[-5:])
         raise InfrastructureError(f"{what} failed (exit code {rc}); see {log_path}: {tail}")

