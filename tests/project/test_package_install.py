@@ -54,6 +54,19 @@ def test_a_pip_setting_without_a_uv_equivalent_means_pip_and_is_named(monkeypatc
     assert which == "pip (pip's setting use-feature has no uv equivalent)"
 
 
+def test_no_bytecode_is_pips_no_compile_and_nothing_for_uv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uv writes no bytecode unless asked, so only pip needs telling; a uv argv with pip's flag would fail."""
+    monkeypatch.setattr(package_install, "uv_binary", lambda: None)
+    argv, _, which = install_command("/venv/bin/python", ["pkg"], bytecode=False)
+    assert which.startswith("pip") and "--no-compile" in argv and argv[-1] == "pkg"
+    assert "--no-compile" not in install_command("/venv/bin/python", ["pkg"])[0]
+    monkeypatch.setattr(package_install, "uv_binary", lambda: "/usr/bin/uv")
+    monkeypatch.setattr(package_install.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=""))
+    argv, _, which = install_command("/venv/bin/python", ["pkg"], bytecode=False)
+    assert which == "uv" and argv[:3] == ["/usr/bin/uv", "pip", "install"]
+    assert "--no-compile" not in argv and "--compile-bytecode" not in argv
+
+
 def _wheel(folder: Path, name: str, version: str) -> Path:
     """A pure-Python wheel holding one module, written by hand: the smallest thing an installer accepts."""
     dist = f"{name}-{version}.dist-info"

@@ -441,9 +441,10 @@ def test_llamacpp_capacity_ab_parallel_4_beats_parallel_1(tmp_path, cpu_engine, 
     doc["goals"]["objective"] = {"maximize": "capacity.concurrency", "min_effect": "10%"}
     doc["goals"]["gates"] = ["capacity.concurrency >= 1", "cost.usd_per_1m_tokens_at_slo < $1"]
     doc["goals"]["slo"] = {"ttft": "300ms"}
-    # 75 s of load a search: a quiet machine pins both boundaries in about 40; with an engine test on the other
-    # worker probes come back noisier and take replicates, and 45 s left both four-slot searches unpinned.
-    doc["goals"]["capacity"].update(search="concurrency", bounds=[1, 16], precision="25%", max_engine_time="75s")
+    # A coarse search: the test checks the pipeline, not the boundary's last user. Up to 12 users, to 50% (one slot's
+    # boundary has been 4-6 users here, four slots' 8-9): a search took 36-42 s of load on a quiet machine and 44-50 s
+    # beside two busy loops, where 16 users to 25% took 56-62 s quiet and ran into 75 s beside an engine test.
+    doc["goals"]["capacity"].update(search="concurrency", bounds=[1, 12], precision="50%", max_engine_time="60s")
     doc["workload"].pop("rate")
     doc["workload"]["concurrency"] = 4
     # Two pairs: the least that gives a paired interval (one degree of freedom); whether it clears zero is noise.

@@ -60,6 +60,10 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
         {"metric": "throughput.output_tok_s", "tolerance": "35%"},
         {"metric": "errors.rate", "tolerance": "2pp"},
     ]
+    # The median, where cpu-tiny minimizes the P95: a 4 s trial holds about 50 requests, so its P95 is its third
+    # slowest, which an engine test on the other worker decides. CI once measured the P95 of four slots +1.5% against
+    # one slot's (the means 253 ms against 315 ms) where a pair beside two busy loops here gave P50 88 ms against 294 ms.
+    doc["goals"]["objective"] = {"minimize": "ttft.p50", "min_effect": "10%"}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     playbook = load_playbook(path)
     lines: list[str] = []
@@ -70,10 +74,10 @@ def test_tuning_run_decides_from_real_measurements(cpu_engine, docker_client, tm
     by_step = {v.step: v for v in outcome.verdicts}
     parallel = by_step["parallel-4"]
     objective = parallel.objective
-    assert objective.metric == "ttft.p95" and objective.rel_change is not None
-    # Four slots serve four users at once, where one slot queues them: the point estimate has the sign the queueing
-    # dictates, inside its own interval. How large a cut a loaded 2-core machine shows is a measurement (README's
-    # demo: -64% to -68% in 5 of 5 runs), not llmplay's to assert.
+    assert objective.metric == "ttft.p50" and objective.rel_change is not None
+    # Four slots serve four users at once, where one slot queues each behind the other three: the median request's
+    # wait has the sign the queueing dictates, inside its own interval. How large a cut a loaded 2-core machine shows
+    # is a measurement (README's demo), not llmplay's to assert.
     assert objective.rel_change < 0, objective
     assert objective.ci_low is not None and objective.ci_high is not None
     assert objective.ci_low <= objective.rel_change <= objective.ci_high, objective
