@@ -292,8 +292,11 @@ class DockerRuntime(Runtime):
         for c in self.client.containers.list(
             all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}, ignore_removed=True
         ):
-            with contextlib.suppress(docker.errors.NotFound):
+            try:
                 c.remove(force=True)
+            except docker.errors.APIError as exc:
+                if not (isinstance(exc, docker.errors.NotFound) or being_removed(exc)):
+                    raise
 
     def logs(self, tail: int | None = None) -> str:
         container = self.container
@@ -321,7 +324,7 @@ class DockerRuntime(Runtime):
                     except docker.errors.NotFound:
                         pass
                     except docker.errors.APIError as exc:
-                        if "already in progress" not in str(exc):
+                        if not being_removed(exc):
                             raise
             finally:
                 self.container = None
@@ -341,6 +344,11 @@ def owner_labels(owner: Owner | None = None) -> dict[str, str]:
 
 
 ORPHAN, LIVE, OTHER_HOST, UNPROVEN = "orphan", "live", "other host", "unproven"
+
+
+def being_removed(exc: docker.errors.APIError) -> bool:
+    """Docker's answer when another client is already removing the container: a conflict, not a failure."""
+    return exc.status_code == 409 and "already in progress" in str(exc)
 
 
 @dataclass(frozen=True)
@@ -409,6 +417,12 @@ def gc(client: DockerClient | None = None, *, run_id: str | None = None, force: 
                 c.remove(force=True)
             except docker.errors.NotFound:
                 continue
+            except docker.errors.APIError as exc:
+                # Another process got there first (the dead run's watchdog, or a run starting beside this one that
+                # collects orphans too): the container goes all the same, and a run must not stop over it.
+                if being_removed(exc):
+                    continue
+                raise InfrastructureError(f"Docker could not remove {c.name}: {exc.explanation or exc}") from None
             removed.append(found)
     finally:
         if own:

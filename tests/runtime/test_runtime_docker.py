@@ -8,12 +8,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from dataclasses import replace
 from typing import Any
 
+import docker.errors
 import httpx
 import pytest
+import requests
 from click.testing import CliRunner
 
 from llmplay.cli import cli
@@ -21,7 +24,7 @@ from llmplay.engines import get_engine
 from llmplay.errors import EngineStartError, InfrastructureError, PlaybookError
 from llmplay.runtime import make_runtime, stop_all
 from llmplay.runtime.cpu_image import build_cpu_engine
-from llmplay.runtime.docker import DockerRuntime, connect, gc, image_hint, owner_labels
+from llmplay.runtime.docker import DockerRuntime, being_removed, connect, gc, image_hint, owner_labels
 from llmplay.runtime.endpoint import EndpointRuntime, refuse_engine_changes
 from llmplay.runtime.labels import LABEL_HOST, LABEL_PID, LABEL_PID_STARTED, LABEL_RUN, LABEL_TRIAL
 from llmplay.spec import Change, EngineSpec, RuntimeSpec, Step
@@ -228,6 +231,53 @@ def test_gc_never_touches_a_live_run_and_removes_it_once_its_owner_is_gone(docke
             with contextlib.suppress(Exception):
                 c.remove(force=True)
         gc(docker_client, run_id=run, force=True)
+
+
+def test_two_collectors_at_once_remove_each_orphan_once_and_neither_fails(docker_client: Any, cpu_engine: Any) -> None:
+    """Every run collects orphans as it starts, so two runs starting together race for the same containers: Docker
+    answers the slower one 409 ("removal ... already in progress") or 404, and that run must go on (CI once lost a
+    run to the 409)."""
+    run = f"test-gc-race-{uuid.uuid4().hex[:8]}"
+    me = owner_labels()
+    dead_owner = {**me, LABEL_PID_STARTED: f"{float(me[LABEL_PID_STARTED]) - 3600:.2f}"}  # a recycled pid: gone
+    made = [
+        docker_client.containers.create(cpu_engine.image, ["--version"], labels={LABEL_RUN: run, **dead_owner})
+        for _ in range(12)
+    ]
+    results: list[Any] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def collect() -> None:
+        start.wait()
+        try:
+            results.append(gc(connect(), run_id=run))
+        except BaseException as exc:  # the failure under test is any exception, in a thread pytest does not watch
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=collect) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert errors == []
+        removed = [c.name for result in results for c in result.removed]
+        assert sorted(removed) == sorted(c.name for c in made)  # each once, by one of the two
+        assert left_over(docker_client, {LABEL_RUN: run}) == []
+    finally:
+        gc(docker_client, run_id=run, force=True)
+
+
+def test_only_a_removal_already_under_way_counts_as_being_removed() -> None:
+    def api_error(status: int, explanation: str) -> docker.errors.APIError:
+        response = requests.Response()
+        response.status_code = status
+        return docker.errors.APIError(f"{status} Client Error", response=response, explanation=explanation)
+
+    assert being_removed(api_error(409, "removal of container 106ea6d0f1d3 is already in progress"))
+    assert not being_removed(api_error(409, "container 106ea6d0f1d3 is running: stop it first"))
+    assert not being_removed(api_error(500, "driver failed to remove root filesystem"))
 
 
 @pytest.mark.docker
