@@ -292,11 +292,7 @@ class DockerRuntime(Runtime):
         for c in self.client.containers.list(
             all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}, ignore_removed=True
         ):
-            try:
-                c.remove(force=True)
-            except docker.errors.APIError as exc:
-                if not (isinstance(exc, docker.errors.NotFound) or being_removed(exc)):
-                    raise
+            remove_container(c)
 
     def logs(self, tail: int | None = None) -> str:
         container = self.container
@@ -319,13 +315,7 @@ class DockerRuntime(Runtime):
                         container.stop(timeout=STOP_TIMEOUT_S)
                     with contextlib.suppress(docker.errors.APIError):
                         self._final_logs = container.logs(stdout=True, stderr=True).decode("utf-8", errors="replace")
-                    try:
-                        container.remove(force=True)
-                    except docker.errors.NotFound:
-                        pass
-                    except docker.errors.APIError as exc:
-                        if not being_removed(exc):
-                            raise
+                    remove_container(container)
             finally:
                 self.container = None
                 self._unregister()
@@ -349,6 +339,18 @@ ORPHAN, LIVE, OTHER_HOST, UNPROVEN = "orphan", "live", "other host", "unproven"
 def being_removed(exc: docker.errors.APIError) -> bool:
     """Docker's answer when another client is already removing the container: a conflict, not a failure."""
     return exc.status_code == 409 and "already in progress" in str(exc)
+
+
+def remove_container(container: Container) -> bool:
+    """Force-remove; False when it was already gone or another client is removing it (gone all the same). Any other
+    refusal is Docker's APIError."""
+    try:
+        container.remove(force=True)
+    except docker.errors.APIError as exc:
+        if isinstance(exc, docker.errors.NotFound) or being_removed(exc):
+            return False
+        raise
+    return True
 
 
 @dataclass(frozen=True)
@@ -413,15 +415,12 @@ def gc(client: DockerClient | None = None, *, run_id: str | None = None, force: 
             if kind == LIVE or (kind != ORPHAN and not force):
                 kept.append(found)
                 continue
+            # Another process may get there first (the dead run's watchdog, or a run starting beside this one that
+            # collects orphans too): the container goes all the same, and a run must not stop over it.
             try:
-                c.remove(force=True)
-            except docker.errors.NotFound:
-                continue
-            except docker.errors.APIError as exc:
-                # Another process got there first (the dead run's watchdog, or a run starting beside this one that
-                # collects orphans too): the container goes all the same, and a run must not stop over it.
-                if being_removed(exc):
+                if not remove_container(c):
                     continue
+            except docker.errors.APIError as exc:
                 raise InfrastructureError(f"Docker could not remove {c.name}: {exc.explanation or exc}") from None
             removed.append(found)
     finally:
