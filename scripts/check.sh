@@ -7,3 +7,6 @@ BIN=${LLMPLAY_VENV:-.venv}/bin
 "$BIN/ruff" format --check .
 "$BIN/lint-imports"
 "$BIN/mypy"
+# The project's static tests (typing comments, README, layout) take seconds; run them with the linters so a change
+# that passes ruff and mypy cannot still fail CI on them.
+"$BIN/python" -m pytest -q -p no:cacheprovider -m "not slow" tests/project

@@ -342,8 +342,8 @@ def being_removed(exc: docker.errors.APIError) -> bool:
 
 
 def remove_container(container: Container) -> bool:
-    """Force-remove; False when it was already gone or another client is removing it (gone all the same). Any other
-    refusal is Docker's APIError."""
+    """Force-remove; False when it was already gone or another client is removing it (gone all the same). Docker's
+    other refusals raise its APIError."""
     try:
         container.remove(force=True)
     except docker.errors.APIError as exc:
