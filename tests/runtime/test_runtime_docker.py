@@ -233,10 +233,11 @@ def test_gc_never_touches_a_live_run_and_removes_it_once_its_owner_is_gone(docke
         gc(docker_client, run_id=run, force=True)
 
 
-def test_two_collectors_at_once_remove_each_orphan_once_and_neither_fails(docker_client: Any, cpu_engine: Any) -> None:
+def test_two_collectors_at_once_remove_every_orphan_and_neither_fails(docker_client: Any, cpu_engine: Any) -> None:
     """Every run collects orphans as it starts, so two runs starting together race for the same containers: Docker
     answers the slower one 409 ("removal ... already in progress") or 404, and that run must go on (CI once lost a
-    run to the 409)."""
+    run to the 409). When the two removals overlap closely enough, Docker answers both 204 (CI saw one container
+    reported by both collectors), so "removed" means "gone after this collector asked", not "removed by it alone"."""
     run = f"test-gc-race-{uuid.uuid4().hex[:8]}"
     me = owner_labels()
     dead_owner = {**me, LABEL_PID_STARTED: f"{float(me[LABEL_PID_STARTED]) - 3600:.2f}"}  # a recycled pid: gone
@@ -262,8 +263,9 @@ def test_two_collectors_at_once_remove_each_orphan_once_and_neither_fails(docker
         for t in threads:
             t.join(timeout=120)
         assert errors == []
-        removed = [c.name for result in results for c in result.removed]
-        assert sorted(removed) == sorted(c.name for c in made)  # each once, by one of the two
+        assert len(results) == 2
+        removed = {c.name for result in results for c in result.removed}
+        assert removed == {c.name for c in made}  # each by one of the two at least; Docker may answer both 204
         assert left_over(docker_client, {LABEL_RUN: run}) == []
     finally:
         gc(docker_client, run_id=run, force=True)
