@@ -169,6 +169,12 @@ def test_stop_all_stops_live_containers(docker_client: Any, llama_server_spec: E
     assert left_over(docker_client, labels) == []
 
 
+def recycled_pid_labels() -> dict[str, str]:
+    """Owner labels naming this process's pid with another start time: a recycled pid, so an owner provably gone."""
+    me = owner_labels()
+    return {**me, LABEL_PID_STARTED: f"{float(me[LABEL_PID_STARTED]) - 3600:.2f}"}
+
+
 # A live llmplay process as far as gc can tell: it creates a container labelled as its own, says its id, and
 # lives until its stdin closes.
 LIVE_OWNER = """
@@ -199,6 +205,7 @@ def test_gc_never_touches_a_live_run_and_removes_it_once_its_owner_is_gone(docke
         return docker_client.containers.create(cpu_engine.image, ["--version"], labels={LABEL_RUN: run, **labels})
 
     me = owner_labels()
+    recycled_pid = recycled_pid_labels()
     older = labelled(**{LABEL_PID: str(os.getpid()), LABEL_HOST: host})  # labels of an older llmplay
     elsewhere = labelled(**{**me, LABEL_HOST: "another-host"})
     made = [older, elsewhere]
@@ -208,7 +215,7 @@ def test_gc_never_touches_a_live_run_and_removes_it_once_its_owner_is_gone(docke
         # A run starting in the other test worker collects every orphan on this host, ours too, if it lists the
         # containers between our create and our gc: then this gc never saw it, so make another and ask again.
         for _ in range(5):
-            recycled = labelled(**{**me, LABEL_PID_STARTED: f"{float(me[LABEL_PID_STARTED]) - 3600:.2f}"})
+            recycled = labelled(**recycled_pid)
             made.append(recycled)
             out = runner.invoke(cli, ["gc", "--run", run]).output
             if recycled.name in out:
@@ -245,8 +252,7 @@ def test_two_collectors_at_once_remove_every_orphan_and_neither_fails(docker_cli
     answers the slower one 409 ("removal ... already in progress") or 404, and that run must go on (CI once lost a
     run to the 409). When the two removals overlap closely enough, Docker answers both 204 (CI saw one container
     reported by both collectors), so "removed" means "gone after this collector asked", not "removed by it alone"."""
-    me = owner_labels()
-    dead_owner = {**me, LABEL_PID_STARTED: f"{float(me[LABEL_PID_STARTED]) - 3600:.2f}"}  # a recycled pid: gone
+    dead_owner = recycled_pid_labels()
     # A run starting in the other test worker collects every orphan on this host too, and may take some of ours
     # first: then the two here cannot account for all twelve, so race them again over a fresh twelve.
     for _ in range(5):
@@ -261,8 +267,9 @@ def test_two_collectors_at_once_remove_every_orphan_and_neither_fails(docker_cli
             # Docker lists a container until its removal ends, and a third collector's may still be under way.
             wait_for(lambda run=run: not left_over(docker_client, {LABEL_RUN: run}), 30, "every orphan gone")
             removed = {c.name for result in results for c in result.removed}
-            assert removed <= {c.name for c in made}
-            if removed == {c.name for c in made}:  # each by one of the two at least
+            orphans = {c.name for c in made}
+            assert removed <= orphans
+            if removed == orphans:  # each by one of the two at least
                 return
         finally:
             gc(docker_client, run_id=run, force=True)
