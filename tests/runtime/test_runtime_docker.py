@@ -220,6 +220,8 @@ def test_gc_never_touches_a_live_run_and_removes_it_once_its_owner_is_gone(docke
             out = runner.invoke(cli, ["gc", "--run", run]).output
             if recycled.name in out:
                 break
+        else:
+            pytest.fail("five times running, a third collector took the orphan before the gc under test saw it")
         # our pid with another start time is a recycled pid, not the owner: provably gone
         assert f"removed {recycled.name} (run {run}: its llmplay process (pid {os.getpid()} on {host}) is gone)" in out
         assert f"left {older.name} (run {run}: pid {os.getpid()} runs, but an older llmplay labelled it" in out
